@@ -1,0 +1,20 @@
+# Two commands for a newcomer on a fresh machine:
+#   make demo   installs everything, then trains two agents on Plan-Path on the CPU (minutes)
+#   make test   installs everything, then runs the test suite
+PYTHON ?= python3
+
+.PHONY: install demo test lint
+
+install:
+	@# The CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
+	$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install --quiet torch==2.13.0
+	$(PYTHON) -m pip install --quiet -e ".[dev]"
+
+demo: install
+	$(PYTHON) -m mas_async train configs/plan_path_tiny.yaml
+
+test: install
+	$(PYTHON) -m pytest -q
+
+lint:
+	$(PYTHON) -m ruff check . && $(PYTHON) -m ruff format --check .

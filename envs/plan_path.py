@@ -1,0 +1,248 @@
+"""Plan-Path: two agents steer one shared token through a grid to a goal.
+
+The "vertical" agent moves the token up or down ("U", "D") and the "horizontal" agent left or right
+("L", "R"); either may stay ("S"), though the shipped workflow's movers must move (nodes/plan_path.py). Neither can solve a problem alone: generated problems put the start
+and the goal in different rows and different columns. A move into a wall or off the grid leaves the
+token where it was and is recorded as blocked in `infos[agent]["blocked"]`. The episode terminates when
+the token reaches the goal; `team_reward()` is then 1.0 (0.0 before), and `distance()` (the BFS
+shortest-path length to the goal) gives nodes a dense local reward.
+
+Problems are procedural: `PlanPathEnv.problems(split, count, sizes=[4, 5], density=0.2)` derives problem
+i of "train" from seed i and problem i of "test" from seed 10**9 + i, so the splits never overlap. A
+problem is a plain dict {"seed", "rows", "cols", "walls": [[r, c], ...], "start": [r, c],
+"goal": [r, c], "shortest": int, "team_moves": int}; every generated start reaches its goal in at least
+2 moves, and the team reaches it too when it must alternate a vertical and a horizontal move without
+staying (`team_moves`, the fewest such moves).
+
+The observation is a short string using only the characters of the tiny built-in character-level model
+(digits, A-Z, space, newline and `. # : , = -`):
+
+    V          role: V = vertical, H = horizontal
+    .#..       the grid: "." free, "#" wall, "A" the token, "G" the goal
+    A..#
+    ..#G
+    A=1,0 G=2,3
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from functools import lru_cache
+from typing import Any
+
+from envs.base import Env, check_split
+
+Cell = tuple[int, int]
+
+TEST_SEED_OFFSET = 10**9
+ROLE_LETTER = {"vertical": "V", "horizontal": "H"}
+MOVES: dict[str, dict[str, Cell]] = {
+    "vertical": {"U": (-1, 0), "D": (1, 0), "S": (0, 0)},
+    "horizontal": {"L": (0, -1), "R": (0, 1), "S": (0, 0)},
+}
+MAX_ATTEMPTS = 1000  # grids drawn per seed before giving up (only a very high density gets there)
+
+
+def bfs_distances(rows: int, cols: int, walls: frozenset[Cell], goal: Cell) -> dict[Cell, int]:
+    """Shortest-path length (4-neighbour moves) from every cell that can reach `goal` to `goal`."""
+    dist = {goal: 0}
+    queue = deque([goal])
+    while queue:
+        r, c = queue.popleft()
+        for dr, dc in ((-1, 0), (1, 0), (0, -1), (0, 1)):
+            nxt = (r + dr, c + dc)
+            if 0 <= nxt[0] < rows and 0 <= nxt[1] < cols and nxt not in walls and nxt not in dist:
+                dist[nxt] = dist[(r, c)] + 1
+                queue.append(nxt)
+    return dist
+
+
+@lru_cache(maxsize=4096)
+def _distance_map(rows: int, cols: int, walls: frozenset[Cell], goal: Cell) -> dict[Cell, int]:
+    # Shared by every reset and clone of the same problem; callers must not mutate it.
+    return bfs_distances(rows, cols, walls, goal)
+
+
+def shortest_path_length(rows: int, cols: int, walls: frozenset[Cell], start: Cell, goal: Cell) -> int | None:
+    """BFS shortest-path length from `start` to `goal`, or None when the goal cannot be reached."""
+    return bfs_distances(rows, cols, walls, goal).get(start)
+
+
+def team_moves(rows: int, cols: int, walls: frozenset[Cell], start: Cell, goal: Cell) -> int | None:
+    """Fewest moves from `start` to `goal` when a vertical move (U/D) and a horizontal move (L/R)
+    alternate, vertical first, and nobody may stay (a blocked move leaves the token in place);
+    None when the goal cannot be reached that way. BFS over (cell, whose move)."""
+    axes = (((-1, 0), (1, 0)), ((0, -1), (0, 1)))
+    seen = {(start, 0)}
+    queue = deque([(start, 0, 0)])
+    while queue:
+        cell, phase, moves = queue.popleft()
+        if cell == goal:
+            return moves
+        for dr, dc in axes[phase]:
+            nxt = (cell[0] + dr, cell[1] + dc)
+            if not (0 <= nxt[0] < rows and 0 <= nxt[1] < cols) or nxt in walls:
+                nxt = cell
+            if (nxt, 1 - phase) not in seen:
+                seen.add((nxt, 1 - phase))
+                queue.append((nxt, 1 - phase, moves + 1))
+    return None
+
+
+def make_problem(seed: int, sizes: list[int], density: float) -> dict[str, Any]:
+    """The problem of `seed`: the same seed, sizes and density always give the same dict."""
+    rng = random.Random(seed)
+    for _ in range(MAX_ATTEMPTS):
+        rows, cols = rng.choice(sizes), rng.choice(sizes)
+        cells = [(r, c) for r in range(rows) for c in range(cols)]
+        walls = frozenset(cell for cell in cells if rng.random() < density)
+        free = [cell for cell in cells if cell not in walls]
+        if len(free) < 2:
+            continue
+        start, goal = rng.sample(free, 2)
+        if start[0] == goal[0] or start[1] == goal[1]:
+            continue  # both agents must move the token for the team to succeed
+        shortest = shortest_path_length(rows, cols, walls, start, goal)
+        if shortest is None or shortest < 2:
+            continue
+        team = team_moves(rows, cols, walls, start, goal)
+        if team is None:
+            continue
+        return {
+            "seed": seed,
+            "rows": rows,
+            "cols": cols,
+            "walls": [list(cell) for cell in sorted(walls)],
+            "start": list(start),
+            "goal": list(goal),
+            "shortest": shortest,
+            "team_moves": team,
+        }
+    raise ValueError(
+        f"plan_path: no solvable grid for seed {seed} in {MAX_ATTEMPTS} attempts "
+        f"(sizes={sizes}, density={density}); lower the density"
+    )
+
+
+class PlanPathEnv(Env):
+    """Two agents, one token, one grid: see the module docstring for the rules and observation."""
+
+    possible_agents = ["vertical", "horizontal"]
+
+    def __init__(self) -> None:
+        self.problem: dict[str, Any] | None = None
+        self.terminations = {}
+        self.truncations = {}
+        self.infos = {}
+
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
+        """Start on `options["problem"]`, or on the train problem of `seed` when no problem is given."""
+        problem = (options or {}).get("problem")
+        if problem is None:
+            if seed is None:
+                raise ValueError("plan_path: reset needs options={'problem': dict} or a seed")
+            problem = make_problem(seed, [4, 5], 0.2)
+        self.problem = problem
+        self.rows, self.cols, self.walls, self.goal, self.position = _parse_problem(problem)
+        self.dist = _distance_map(self.rows, self.cols, self.walls, self.goal)
+        if self.position not in self.dist:
+            raise ValueError(
+                f"plan_path: problem {problem.get('seed')!r} has a start that cannot reach its goal"
+            )
+        done = self.position == self.goal
+        self.terminations = {agent: done for agent in self.possible_agents}
+        self.truncations = {agent: False for agent in self.possible_agents}
+        self.infos = {agent: {"blocked": False} for agent in self.possible_agents}
+
+    def observe(self, agent: str) -> str:
+        """Role letter, the grid rows, then "A=r,c G=r,c" (see the module docstring)."""
+        if agent not in ROLE_LETTER:
+            raise ValueError(
+                f"plan_path: unknown agent {agent!r}: agents are {', '.join(self.possible_agents)}"
+            )
+        lines = [ROLE_LETTER[agent]]
+        for r in range(self.rows):
+            row = []
+            for c in range(self.cols):
+                cell = (r, c)
+                if cell == self.position:
+                    row.append("A")
+                elif cell == self.goal:
+                    row.append("G")
+                else:
+                    row.append("#" if cell in self.walls else ".")
+            lines.append("".join(row))
+        (ar, ac), (gr, gc) = self.position, self.goal
+        lines.append(f"A={ar},{ac} G={gr},{gc}")
+        return "\n".join(lines)
+
+    def step(self, agent: str, action: str) -> None:
+        """Move the token by `agent`'s action; a move into a wall or off the grid is blocked."""
+        moves = MOVES.get(agent)
+        if moves is None:
+            raise ValueError(
+                f"plan_path: unknown agent {agent!r}: agents are {', '.join(self.possible_agents)}"
+            )
+        if action not in moves:
+            raise ValueError(
+                f"plan_path: agent {agent!r} cannot play {action!r}: allowed are {', '.join(moves)}"
+            )
+        if self.done:
+            raise ValueError("plan_path: the episode is over (the token is on the goal); reset first")
+        dr, dc = moves[action]
+        target = (self.position[0] + dr, self.position[1] + dc)
+        blocked = not (0 <= target[0] < self.rows and 0 <= target[1] < self.cols) or target in self.walls
+        if not blocked:
+            self.position = target
+        self.infos[agent] = {"blocked": blocked}
+        if self.position == self.goal:
+            self.terminations = {a: True for a in self.possible_agents}
+
+    def team_reward(self) -> float:
+        return 1.0 if self.position == self.goal else 0.0
+
+    def distance(self) -> int:
+        """BFS shortest-path length from the token to the goal (0 on the goal)."""
+        return self.dist[self.position]
+
+    def clone(self) -> PlanPathEnv:
+        # The problem, walls and distance map are never mutated, so clones share them.
+        other = PlanPathEnv.__new__(PlanPathEnv)
+        other.__dict__.update(self.__dict__)
+        other.terminations = dict(self.terminations)
+        other.truncations = dict(self.truncations)
+        other.infos = {agent: dict(info) for agent, info in self.infos.items()}
+        return other
+
+    @classmethod
+    def problems(
+        cls, split: str, count: int, sizes: list[int] | None = None, density: float = 0.2, first: int = 0
+    ) -> list[dict[str, Any]]:
+        """Problems `first .. first + count - 1` of `split`; train seed i is i, test seed i is 10**9 + i."""
+        check_split(split, count)
+        sizes = [4, 5] if sizes is None else list(sizes)
+        if not sizes or any(not isinstance(s, int) or s < 2 for s in sizes):
+            raise ValueError(f"plan_path: sizes must be a non-empty list of integers >= 2, got {sizes!r}")
+        if not 0.0 <= density < 1.0:
+            raise ValueError(f"plan_path: density must be in [0, 1), got {density!r}")
+        if first < 0 or first + count > TEST_SEED_OFFSET:
+            raise ValueError(
+                f"plan_path: problem indices must lie in [0, {TEST_SEED_OFFSET}), got first={first}"
+            )
+        offset = 0 if split == "train" else TEST_SEED_OFFSET
+        return [make_problem(offset + i, sizes, density) for i in range(first, first + count)]
+
+
+def _parse_problem(problem: dict[str, Any]) -> tuple[int, int, frozenset[Cell], Cell, Cell]:
+    missing = [key for key in ("rows", "cols", "walls", "start", "goal") if key not in problem]
+    if missing:
+        raise ValueError(f"plan_path: problem dict lacks {', '.join(missing)}")
+    rows, cols = int(problem["rows"]), int(problem["cols"])
+    walls = frozenset((int(r), int(c)) for r, c in problem["walls"])
+    start = (int(problem["start"][0]), int(problem["start"][1]))
+    goal = (int(problem["goal"][0]), int(problem["goal"][1]))
+    for name, cell in (("start", start), ("goal", goal)):
+        if not (0 <= cell[0] < rows and 0 <= cell[1] < cols) or cell in walls:
+            raise ValueError(f"plan_path: {name} {list(cell)} is off the {rows}x{cols} grid or on a wall")
+    return rows, cols, walls, goal, start

@@ -1,0 +1,235 @@
+"""The run configuration: typed, validated models of the YAML file, with dotted overrides.
+
+`load_config(path, overrides)` reads a YAML file, applies `section.key=value` overrides from the command
+line, and validates the result. Unknown or mistyped keys are errors that name the key, the value and the
+file (`ConfigError`). Defaults live here, documented under each field; YAML files stay short. The
+resolved config is written to the run directory by the launcher (`dump_config`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A user mistake in a config file or an override, described in one sentence."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=False)
+
+
+class RunConfig(_Section):
+    name: str = "run"
+    """Name of the run; the default output directory is runs/<name>."""
+    output_dir: str | None = None
+    """Run directory (resolved config, logs, metrics.jsonl). Default: runs/<name>."""
+    seed: int = 0
+    """Seed for problem order, sampling and tie-breaks."""
+    iterations: int = Field(10, ge=1)
+    """Number of training iterations (one optimiser step per policy each, at fixed weights)."""
+
+
+class PolicyConfig(_Section):
+    model: str = "builtin:tiny-char"
+    """'builtin:<preset>' (materialised once by the launcher) or a local model folder."""
+    backend: Literal["hf", "vllm", "mock"] = "hf"
+    """Inference backend: hf (transformers, CPU default), vllm, or mock (benchmarks only)."""
+    replicas: int = Field(1, ge=1)
+    """Inference server replicas for this policy; the router balances by outstanding requests."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weights dtype on both trainer and inference servers."""
+    lr: float = Field(1e-6, gt=0)
+    """Adam learning rate of this policy's trainer."""
+    max_batch_sequences: int = Field(512, ge=1)
+    """Most sequences one batched generate call holds (dynamic batching limit)."""
+
+
+class AgentConfig(_Section):
+    node: str
+    """Node class of this agent: a registry key of nodes.NODES or 'module:Class'."""
+    policy: str
+    """Name of the policy (a key of `policies`) that serves this agent."""
+
+
+class WorkflowConfig(_Section):
+    name: str
+    """Workflow class: a registry key of nodes.WORKFLOWS or 'module:Class'."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments for the workflow's constructor (e.g. max_turns)."""
+
+
+class EnvConfig(_Section):
+    name: str
+    """Env class: a registry key of envs.ENVS or 'module:Class'."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the env's problems() generator (grid sizes, densities, ...)."""
+    train_size: int = Field(4096, ge=1)
+    """Number of training problems (procedural envs generate them from train seeds)."""
+    test_size: int = Field(64, ge=1)
+    """Number of held-out test problems (seeds disjoint from training)."""
+
+
+class AlgorithmConfig(_Section):
+    sampling: Literal["tree"] = "tree"
+    """tree: K candidates per agent per turn from one request (n=K), best committed (AT-GRPO)."""
+    k: int = Field(4, ge=1)
+    """Candidates per agent per turn (the group size)."""
+    alpha: float = 1.0
+    """Weight of the team reward: r = alpha * team_reward + local_reward."""
+    grouping: Literal["agent_turn", "agent", "trajectory"] = "agent_turn"
+    """Advantage groups: agent_turn (AT-GRPO), agent (Dr. MAS), trajectory (vanilla GRPO)."""
+    normalize_std: bool = True
+    """Divide group-relative advantages by the group's std (+eps)."""
+    eps: float = Field(1e-6, gt=0)
+    """Added to the std in the advantage denominator."""
+    clip_low: float = Field(0.2, ge=0)
+    """PPO clip: ratio is clipped below at 1 - clip_low."""
+    clip_high: float = Field(0.2, ge=0)
+    """PPO clip: ratio is clipped above at 1 + clip_high."""
+    loss_agg: Literal["token_mean", "seq_mean"] = "token_mean"
+    """How per-token losses are averaged over the policy's batch."""
+    old_logprobs: Literal["recompute", "rollout"] = "recompute"
+    """Old log-probs for the PPO ratio: recomputed by the trainer, or taken from the rollout."""
+
+
+class RolloutConfig(_Section):
+    batch_size: int = Field(16, ge=1)
+    """Problems (episodes) per iteration."""
+    max_tokens: int = Field(1, ge=1)
+    """Most tokens generated per completion."""
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature (the trainer uses the same one for its log-probs)."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling threshold (1.0 samples from the full distribution)."""
+    episodes_per_worker: int = Field(64, ge=1)
+    """Most episodes one env worker runs concurrently."""
+    episode_timeout_s: float = Field(300.0, gt=0)
+    """An episode not finished by then is counted as dropped for its iteration."""
+    request_timeout_s: float = Field(120.0, gt=0)
+    """Deadline of one generate request."""
+
+
+class EvalConfig(_Section):
+    every: int = Field(5, ge=0)
+    """Evaluate on the test split every N iterations (0 disables), plus after the last one."""
+    size: int = Field(32, ge=1)
+    """Test problems per evaluation (one sample per agent per turn, no best-of-K)."""
+    greedy: bool = True
+    """Greedy decoding during evaluation (else sampled at the rollout temperature)."""
+
+
+class TrainerConfig(_Section):
+    grad_clip: float = Field(1.0, ge=0)
+    """Max global gradient norm (0 disables clipping)."""
+    weight_decay: float = Field(0.0, ge=0)
+    """Adam weight decay."""
+    micro_batch_sequences: int = Field(256, ge=1)
+    """Sequences per forward/backward micro-batch (gradients accumulate)."""
+    bucket_mb: float = Field(64.0, gt=0)
+    """Weight-sync bucket size in MiB (tensors are flattened into buckets of at most this size)."""
+
+
+class ClusterConfig(_Section):
+    engine: Literal["local"] = "local"
+    """How processes are started: local subprocesses."""
+    host: str = "127.0.0.1"
+    """Interface the router and the weight-sync stores bind to."""
+    env_workers: int = Field(2, ge=1)
+    """Number of env worker processes."""
+    torch_threads: int = Field(1, ge=1)
+    """torch intra-op threads per process (processes share the cores)."""
+    heartbeat_s: float = Field(1.0, gt=0)
+    """Heartbeat interval between every peer and the router."""
+    peer_timeout_s: float = Field(30.0, gt=0)
+    """A peer (or the router) silent for this long is declared dead."""
+    startup_timeout_s: float = Field(300.0, gt=0)
+    """Every process must have said Hello within this time."""
+    weight_backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """torch.distributed backend of the weight broadcast: auto = nccl on GPU, gloo on CPU."""
+
+
+class Config(_Section):
+    run: RunConfig = Field(default_factory=RunConfig)
+    policies: dict[str, PolicyConfig]
+    """Named policies (models); any agent-to-policy mapping is allowed."""
+    agents: dict[str, AgentConfig]
+    """Agents of the team, in the env's possible_agents order: node class and policy of each."""
+    workflow: WorkflowConfig
+    env: EnvConfig
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+
+    @model_validator(mode="after")
+    def _agents_name_known_policies(self) -> Config:
+        for agent, spec in self.agents.items():
+            if spec.policy not in self.policies:
+                known = ", ".join(sorted(self.policies))
+                raise ValueError(f"agents.{agent}.policy is {spec.policy!r}, not one of the policies ({known})")
+        unused = sorted(set(self.policies) - {a.policy for a in self.agents.values()})
+        if unused:
+            raise ValueError(f"policies {unused} serve no agent")
+        return self
+
+    def policy_of(self) -> dict[str, str]:
+        """agent -> policy name."""
+        return {agent: spec.policy for agent, spec in self.agents.items()}
+
+    def output_dir(self) -> Path:
+        return Path(self.run.output_dir or f"runs/{self.run.name}")
+
+
+def apply_override(data: dict[str, Any], override: str) -> None:
+    """Set `a.b.c=value` in nested dicts; the value is parsed as YAML (numbers, bools, lists)."""
+    key, sep, raw = override.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"override {override!r} is not of the form section.key=value")
+    parts = key.strip().split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {override!r}: {part!r} is not a section")
+        node = child
+    node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+
+
+def _describe(error: dict[str, Any]) -> str:
+    key = ".".join(str(p) for p in error["loc"]) or "(top level)"
+    if error["type"] == "extra_forbidden":
+        return f"unknown key {key!r}"
+    if error["type"] == "missing":
+        return f"missing key {key!r}"
+    return f"{key}: {error['msg']} (got {error.get('input')!r})"
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
+    """Read, override and validate a config file; raises ConfigError naming the key and the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    for override in overrides or []:
+        apply_override(data, override)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as e:
+        problems = "; ".join(_describe(err) for err in e.errors())
+        raise ConfigError(f"{path}: {problems}") from None
+
+
+def dump_config(config: Config, path: Path) -> None:
+    """Write the resolved config (every default filled in) as YAML."""
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))

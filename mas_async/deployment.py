@@ -1,0 +1,58 @@
+"""Where the processes of one run find each other: endpoints, ports and model folders.
+
+The launcher allocates these once and writes RUN_DIR/deployment.json beside the resolved config; every
+process reads both at start. Keeping them out of the config keeps the resolved config reproducible.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mas_async.config import Config
+
+
+@dataclass
+class Deployment:
+    router_endpoint: str
+    """ZMQ endpoint the router binds and every peer connects to, e.g. tcp://127.0.0.1:41234."""
+    weight_ports: dict[str, int]
+    """policy -> TCPStore port of its weight-sync group (hosted by the policy's trainer)."""
+    model_paths: dict[str, str]
+    """policy -> local model folder (materialised once by the launcher)."""
+    host: str = "127.0.0.1"
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, path: Path) -> Deployment:
+        return cls(**json.loads(path.read_text()))
+
+
+def free_ports(host: str, count: int) -> list[int]:
+    """Ports that are free now on `host` (held open together so they are distinct)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def weight_backend(config: Config) -> str:
+    """The torch.distributed backend of weight sync: nccl on GPU, gloo on CPU, unless configured."""
+    choice = config.cluster.weight_backend
+    if choice != "auto":
+        return choice
+    import torch
+
+    return "nccl" if torch.cuda.is_available() else "gloo"

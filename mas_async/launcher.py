@@ -1,0 +1,177 @@
+"""The launcher: starts every process of a run on this machine, watches them, and tears them down.
+
+`launch(config)` prepares the run directory (resolved config, deployment.json with endpoints and model
+folders, one log file per process), materialises built-in models once, then starts the router, one
+trainer and `replicas` inference servers per policy, and `cluster.env_workers` env workers, each as
+`python -m mas_async.process ...` in its own session. It shows live progress from metrics.jsonl. If any
+process fails (or exits before the router finished the run), every other process is stopped and the
+failed role is named with the tail of its log; the exit status is non-zero. Ctrl-C (or SIGTERM) stops
+everything within seconds: SIGTERM to each child's process group by pid, SIGKILL after a grace period.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from mas_async.config import Config, ConfigError, dump_config
+from mas_async.deployment import Deployment, free_ports
+from mas_async.progress import Progress
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen
+    log_path: Path
+
+    def tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+def model_cache_dir() -> Path:
+    return Path(os.environ.get("MAS_ASYNC_CACHE", Path.home() / ".cache" / "mas-async")) / "models"
+
+
+def prepare_run_dir(config: Config) -> Path:
+    if config.run.output_dir is None:
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        config.run.output_dir = f"runs/{config.run.name}/{stamp}"
+    run_dir = config.output_dir()
+    if (run_dir / "metrics.jsonl").exists():
+        raise ConfigError(f"run directory {run_dir} already holds a run; choose another run.output_dir")
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    dump_config(config, run_dir / "config.yaml")
+    return run_dir
+
+
+def prepare_deployment(config: Config, run_dir: Path) -> Deployment:
+    from mas_async.tiny_model import materialise
+
+    host = config.cluster.host
+    ports = free_ports(host, 1 + len(config.policies))
+    paths = {name: str(materialise(spec.model, model_cache_dir())) for name, spec in config.policies.items()}
+    deployment = Deployment(
+        router_endpoint=f"tcp://{host}:{ports[0]}",
+        weight_ports=dict(zip(config.policies, ports[1:], strict=True)),
+        model_paths=paths,
+        host=host,
+    )
+    deployment.save(run_dir / "deployment.json")
+    return deployment
+
+
+def process_specs(config: Config) -> list[tuple[str, list[str]]]:
+    """(name, arguments after the run dir) for every process, router first."""
+    specs: list[tuple[str, list[str]]] = [("router", ["router"])]
+    for policy, spec in config.policies.items():
+        specs.append((f"trainer/{policy}", ["trainer", "--policy", policy]))
+        for r in range(spec.replicas):
+            specs.append((f"inference/{policy}/{r}", ["inference", "--policy", policy, "--index", str(r)]))
+    for i in range(config.cluster.env_workers):
+        specs.append((f"env_worker/{i}", ["env_worker", "--index", str(i)]))
+    return specs
+
+
+def start_children(config: Config, run_dir: Path) -> list[Child]:
+    children = []
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(config.cluster.torch_threads))
+    for name, args in process_specs(config):
+        log_path = run_dir / "logs" / f"{name.replace('/', '-')}.log"
+        with log_path.open("ab") as log_file:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "mas_async.process", args[0], str(run_dir), *args[1:]],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env=env,
+            )
+        children.append(Child(name, proc, log_path))
+    (run_dir / "pids.json").write_text(json.dumps({c.name: c.proc.pid for c in children}, indent=2))
+    return children
+
+
+def stop_children(children: list[Child], grace_s: float = 5.0) -> None:
+    """SIGTERM every child's process group, then SIGKILL whatever is left after `grace_s`."""
+    for child in children:
+        if child.proc.poll() is None:
+            _signal_group(child.proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for child in children:
+        try:
+            child.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for child in children:
+        # The group may hold grandchildren (sandboxes) even after the child itself exited.
+        _signal_group(child.proc.pid, signal.SIGKILL)
+        if child.proc.poll() is None:
+            child.proc.wait(timeout=5)
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def supervise(children: list[Child], run_dir: Path, progress: Progress) -> int:
+    """Watch the children until the router finishes (0) or something fails (1)."""
+    router = children[0]
+    while True:
+        progress.update()
+        rc = router.proc.poll()
+        if rc == 0:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and any(c.proc.poll() is None for c in children):
+                time.sleep(0.2)
+            stop_children(children)
+            progress.finish()
+            return 0
+        for child in children:
+            code = child.proc.poll()
+            if code is not None and (code != 0 or child is not router):
+                progress.finish()
+                stop_children(children)
+                why = f"exited with status {code}" if code != 0 else "exited before the run finished"
+                print(f"\nmas-async: {child.name} (pid {child.proc.pid}) {why}. Last lines of {child.log_path}:\n")
+                print(child.tail())
+                print(f"\nAll processes were stopped. Logs: {run_dir / 'logs'}", file=sys.stderr)
+                return 1
+        time.sleep(0.25)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def launch(config: Config) -> int:
+    """Run a whole training job; returns the process exit status."""
+    run_dir = prepare_run_dir(config)
+    prepare_deployment(config, run_dir)
+    progress = Progress(config, run_dir)
+    children = start_children(config, run_dir)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return supervise(children, run_dir, progress)
+    except KeyboardInterrupt:
+        progress.finish()
+        print("\nmas-async: interrupted; stopping every process", file=sys.stderr)
+        stop_children(children)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if any(c.proc.poll() is None for c in children):
+            stop_children(children, grace_s=1.0)

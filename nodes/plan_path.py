@@ -1,0 +1,85 @@
+"""Nodes and workflow for Plan-Path (`envs.plan_path`): a vertical and a horizontal mover take turns.
+
+Each turn both movers must move: the vertical mover plays "U" or "D", then the horizontal mover "L" or
+"R" (the env's "S" is not theirs to play). A free choice to stay would be a trap for learning: staying
+is right whenever the mover's axis is already aligned with the goal, so an untrained policy drifts to
+"S" everywhere before it learns to read the grid, and a group of K stays carries no signal. With forced
+moves, a mover that is aligned loses a step whatever it plays (no signal either way) and a mover that is
+not aligned always has a better and a worse move. The team still reaches every generated goal: problems
+are checked solvable under these rules (see `envs.plan_path.team_moves`).
+
+Each node's prompt is the env's observation as one user message; its answer is valid when the first
+non-blank character is one of its moves. Its local reward is the progress its move made:
+`distance(before) - distance(after)`, or `invalid_penalty` when the move was blocked by a wall or the
+grid's edge. Since generated problems have the start and goal in different rows and columns, the team
+only reaches the goal if both movers do their part.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from envs.plan_path import MOVES
+from nodes.base import Node, ParseError, Workflow
+
+if TYPE_CHECKING:
+    from envs.plan_path import PlanPathEnv
+    from mas_async.episode import Episode
+
+
+class Mover(Node):
+    """A Plan-Path role: one of the env's agents, with that agent's moves."""
+
+    def __init__(self, agent: str) -> None:
+        if agent not in MOVES:
+            raise ValueError(f"plan_path: unknown agent {agent!r}: agents are {', '.join(MOVES)}")
+        super().__init__(agent)
+        self.moves = tuple(move for move in MOVES[agent] if move != "S")
+
+    def parse(self, text: str) -> str:
+        stripped = text.strip()
+        if not stripped or stripped[0] not in self.moves:
+            raise ParseError(
+                f"{self.agent}: expected one of {', '.join(self.moves)} first, got {text[:20]!r}"
+            )
+        return stripped[0]
+
+    def local_reward(self, before: PlanPathEnv, action: Any, after: PlanPathEnv) -> float:
+        if after.infos[self.agent]["blocked"]:
+            return self.invalid_penalty
+        return float(before.distance() - after.distance())
+
+
+class VerticalMover(Mover):
+    """Moves the token up ("U") or down ("D")."""
+
+    def __init__(self, agent: str = "vertical") -> None:
+        super().__init__(agent)
+
+
+class HorizontalMover(Mover):
+    """Moves the token left ("L") or right ("R")."""
+
+    def __init__(self, agent: str = "horizontal") -> None:
+        super().__init__(agent)
+
+
+class PlanPathWorkflow(Workflow):
+    """Each turn the vertical mover acts, then the horizontal mover acts on the state after the vertical
+    mover's committed move; the episode stops on the goal or after `max_turns` turns."""
+
+    agents = ("vertical", "horizontal")
+
+    def __init__(self, nodes: dict[str, Node], max_turns: int = 8) -> None:
+        super().__init__(nodes)
+        if not isinstance(max_turns, int) or max_turns < 1:
+            raise ValueError(f"PlanPathWorkflow: max_turns must be a positive integer, got {max_turns!r}")
+        self.max_turns = max_turns
+
+    async def run(self, episode: Episode) -> None:
+        for _ in range(self.max_turns):
+            for agent in self.agents:
+                if episode.env.done:
+                    return
+                await episode.act(self.nodes[agent])
+            episode.next_turn()

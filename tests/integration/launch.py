@@ -1,0 +1,75 @@
+"""Helpers for integration tests that start a real deployment: run `mas-async train` as a subprocess,
+find its children by pid, and always clean them up by pid."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Small and fast: 2 env workers, tiny batches; every role still runs as its own process.
+FAST = ["rollout.batch_size=4", "eval.every=1", "eval.size=4", "algorithm.k=4"]
+
+
+def start_train(config: str, run_dir: Path, *overrides: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "mas_async", "train", str(ROOT / config), f"run.output_dir={run_dir}", *overrides],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def child_pids(run_dir: Path, timeout: float = 60.0) -> dict[str, int]:
+    path = run_dir / "pids.json"
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.1)
+    return json.loads(path.read_text())
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_for_rows(run_dir: Path, count: int, timeout: float) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            if len(rows) >= count:
+                return rows
+        time.sleep(0.2)
+    raise TimeoutError(f"fewer than {count} metrics rows in {timeout}s")
+
+
+def cleanup(proc: subprocess.Popen, run_dir: Path) -> None:
+    """Kill the launcher and every child it recorded, by pid (never by name)."""
+    pids = []
+    if (run_dir / "pids.json").exists():
+        pids = list(json.loads((run_dir / "pids.json").read_text()).values())
+    for pid in [proc.pid, *pids]:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    proc.wait(timeout=10)

@@ -1,0 +1,121 @@
+"""End to end through `mas-async train`: every role a real process on 127.0.0.1, talking over ZeroMQ,
+weights broadcast over torch.distributed (gloo)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import pytest
+import yaml
+
+from tests.integration.launch import FAST, alive, child_pids, cleanup, start_train, wait_for_rows
+
+
+def _run(config: str, run_dir, *overrides: str, timeout: float = 400) -> tuple[int, str]:
+    proc = start_train(config, run_dir, *overrides)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, out
+    finally:
+        cleanup(proc, run_dir)
+
+
+def test_three_iterations_role_specialised(tmp_path):
+    run_dir = tmp_path / "run"
+    rc, out = _run("configs/plan_path_tiny.yaml", run_dir, "run.iterations=3", *FAST)
+    assert rc == 0, out
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [0, 1, 2, 3]  # 3 training iterations + the final evaluation
+    for i, row in enumerate(rows[:3]):
+        for key in ("team/success_rate", "reward/vertical", "reward/horizontal", "throughput/rollout_tokens_per_s",
+                    "time/rollout_s", "time/train_s", "time/weight_sync_s", "eval/team_success_rate"):
+            assert key in row, key
+        for policy in ("vertical", "horizontal"):
+            assert row[f"policy/{policy}/version"] == i  # the version clock advances once per iteration
+            assert row[f"policy/{policy}/version_mismatch"] == 0
+            assert row[f"policy/{policy}/logprob_abs_diff"] < 1e-4  # servers ran exactly the trainer's weights
+            assert row[f"policy/{policy}/samples"] > 0
+        assert row["rollout/episodes"] == 4 and row["rollout/dropped"] == 0
+        assert 0.0 <= row["team/success_rate"] <= 1.0
+    assert "eval/team_success_rate" in rows[3] and "team/success_rate" not in rows[3]
+    resolved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert resolved["rollout"]["batch_size"] == 4 and resolved["run"]["iterations"] == 3
+    logs = {p.name for p in (run_dir / "logs").iterdir()}
+    assert {"router.log", "trainer-vertical.log", "trainer-horizontal.log", "env_worker-0.log",
+            "env_worker-1.log", "inference-vertical-0.log", "inference-horizontal-0.log"} <= logs
+    # Every inference server acknowledged every version (1, 2, 3), in order.
+    for policy in ("vertical", "horizontal"):
+        log = (run_dir / "logs" / f"inference-{policy}-0.log").read_text()
+        assert [int(v) for v in _loaded_versions(log)] == [1, 2, 3]
+        assert "[inference/%s/0]" % policy in log  # every line carries role and id
+
+
+def _loaded_versions(log: str) -> list[str]:
+    return [line.split("weights v")[1].split()[0] for line in log.splitlines() if "weights v" in line]
+
+
+def test_role_sharing_one_policy_serves_both_agents(tmp_path):
+    run_dir = tmp_path / "run"
+    rc, out = _run("configs/plan_path_tiny_shared.yaml", run_dir, "run.iterations=2", *FAST, "cluster.env_workers=2")
+    assert rc == 0, out
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["policy/shared/version"] for r in rows[:2]] == [0, 1]
+    assert all(r["policy/shared/version_mismatch"] == 0 for r in rows[:2])
+    assert "reward/vertical" in rows[0] and "reward/horizontal" in rows[0]
+
+
+def test_two_replicas_share_the_load(tmp_path):
+    run_dir = tmp_path / "run"
+    rc, out = _run(
+        "configs/plan_path_tiny_shared.yaml", run_dir, "run.iterations=2", *FAST, "policies.shared.replicas=2"
+    )
+    assert rc == 0, out
+    for r in (0, 1):
+        log = (run_dir / "logs" / f"inference-shared-{r}.log").read_text()
+        assert [int(v) for v in _loaded_versions(log)] == [1, 2]
+
+
+def test_config_error_names_the_key(tmp_path):
+    rc, out = _run("configs/plan_path_tiny.yaml", tmp_path / "run", "rollout.batchsize=3", timeout=60)
+    assert rc == 2
+    assert "unknown key 'rollout.batchsize'" in out and "plan_path_tiny.yaml" in out
+
+
+def test_a_crashed_role_stops_everything_and_is_named(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start_train("configs/plan_path_tiny.yaml", run_dir, "run.iterations=500", *FAST)
+    try:
+        pids = child_pids(run_dir)
+        wait_for_rows(run_dir, 1, timeout=300)
+        victim = pids["inference/horizontal/0"]
+        import os
+
+        os.kill(victim, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode != 0
+        assert "inference/horizontal/0" in out and "exited with status -9" in out
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(alive(p) for p in pids.values()):
+            time.sleep(0.2)
+        assert not [name for name, pid in pids.items() if alive(pid)]
+    finally:
+        cleanup(proc, run_dir)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_leaves_no_process_behind(tmp_path, sig):
+    run_dir = tmp_path / "run"
+    proc = start_train("configs/plan_path_tiny.yaml", run_dir, "run.iterations=500", *FAST)
+    try:
+        pids = child_pids(run_dir)
+        wait_for_rows(run_dir, 1, timeout=300)
+        t0 = time.monotonic()
+        proc.send_signal(sig)  # what Ctrl-C does to the launcher
+        proc.communicate(timeout=30)
+        assert time.monotonic() - t0 < 15
+        assert proc.returncode != 0
+        assert not [name for name, pid in pids.items() if alive(pid)]
+    finally:
+        cleanup(proc, run_dir)

@@ -1,0 +1,124 @@
+"""Wire codec: round trips, packed arrays, and rejection of malformed or oversized frames."""
+
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+import pytest
+
+from mas_async.codec import CodecError, pack, unpack
+from mas_async.messages import (
+    MESSAGES,
+    Generate,
+    GenerateResult,
+    Groups,
+    Hello,
+    Kind,
+    completion_from_wire,
+    completion_to_wire,
+    decode,
+    encode,
+    peek,
+    sample_from_wire,
+    sample_to_wire,
+)
+from mas_async.samples import Completion, Sample
+
+
+def _generate() -> Generate:
+    return Generate(7, "vertical", "env_worker/0", 123.5, np.arange(60, dtype=np.int32), 8, 1, 1.0, 1.0, False, [2])
+
+
+def test_generate_round_trip_keeps_types_and_arrays():
+    msg = _generate()
+    back = decode(encode(msg))
+    assert isinstance(back, Generate)
+    assert back.prompt_ids.dtype == np.int32
+    np.testing.assert_array_equal(back.prompt_ids, msg.prompt_ids)
+    assert (back.request_id, back.policy, back.n, back.stop_token_ids) == (7, "vertical", 8, [2])
+
+
+def test_arrays_travel_as_packed_binary_not_lists():
+    ids = np.arange(1000, dtype=np.int32)
+    frame = pack([ids])
+    assert len(frame) < 4 * 1000 + 16  # 4 bytes per int32 plus a few bytes of framing
+    raw = msgpack.unpackb(frame, raw=False)
+    assert isinstance(raw[0], msgpack.ExtType)
+    np.testing.assert_array_equal(unpack(frame)[0], ids)
+
+
+def test_float32_logprobs_round_trip_bit_exact():
+    lp = np.random.default_rng(0).normal(size=33).astype(np.float32)
+    c = completion_from_wire(unpack(pack(completion_to_wire(Completion(np.arange(33, dtype=np.int32), lp, 5)))))
+    assert c.logprobs.dtype == np.float32 and c.version == 5
+    np.testing.assert_array_equal(c.logprobs, lp)
+
+
+def test_sample_round_trip():
+    s = Sample(
+        "e/vertical/0", "e", "p1", "vertical", "pv", 0, np.arange(5, dtype=np.int32),
+        np.array([3], dtype=np.int32), np.array([-0.5], dtype=np.float32), 2, 0.25, True, 1.0, {"x": 1},
+    )  # fmt: skip
+    msg = Groups("pv", 3, "e", 1, [sample_to_wire(s)])
+    back = sample_from_wire(decode(encode(msg)).samples[0])
+    assert back.group == s.group and back.version == 2 and back.reward == 0.25 and back.info == {"x": 1}
+    np.testing.assert_array_equal(back.prompt_ids, s.prompt_ids)
+
+
+def test_peek_reads_the_header_without_the_payload():
+    frames = encode(_generate())
+    frames[2] = b"\xc1 garbage that is never decoded"
+    cls, header = peek(frames)
+    assert cls is Generate and header == [7, "vertical", "env_worker/0", 123.5]
+    with pytest.raises(CodecError):
+        decode(frames)
+
+
+def test_every_message_kind_is_registered_once():
+    assert sorted(MESSAGES) == sorted(int(k) for k in Kind)
+
+
+@pytest.mark.parametrize(
+    "frames",
+    [
+        [b"\x63", pack([1]), pack([])],  # unknown kind
+        [b"", pack([]), pack([])],  # empty kind
+        [bytes([Kind.HELLO]), b"\xc1", pack([])],  # invalid msgpack
+        [bytes([Kind.HELLO]), pack(["a"]), pack([])],  # wrong header length
+        [bytes([Kind.HELLO]), pack(["r", "id", "", 1, 1, "not-an-int"]), pack([])],  # wrong type
+        [bytes([Kind.HEARTBEAT]), pack([1.0])],  # missing frame
+        [bytes([Kind.GENERATE_RESULT]), pack([1, "o", ""]), pack([[1, 2]]) + b"extra"],  # trailing bytes
+    ],
+)
+def test_malformed_frames_raise_codec_error(frames):
+    with pytest.raises(CodecError):
+        decode(frames)
+
+
+def test_oversized_frame_is_rejected_before_decoding():
+    with pytest.raises(CodecError, match="exceeds"):
+        unpack(pack(b"x" * 2000), max_bytes=1000)
+
+
+def test_oversized_header_is_rejected():
+    frames = encode(Hello("env_worker", "x" * 100_000, "", 1, 1, 1))
+    with pytest.raises(CodecError, match="exceeds"):
+        peek(frames)
+
+
+def test_bad_array_ext_is_rejected():
+    frame = msgpack.packb([msgpack.ExtType(1, bytes([1]) + b"abc")])  # 3 bytes is not a whole int32
+    with pytest.raises(CodecError, match="malformed array"):
+        unpack(frame)
+    with pytest.raises(CodecError, match="unknown msgpack ext"):
+        unpack(msgpack.packb([msgpack.ExtType(9, b"x")]))
+
+
+def test_pickle_style_objects_cannot_be_sent():
+    with pytest.raises(TypeError):
+        pack([object()])
+
+
+def test_result_with_error_round_trips():
+    back = decode(encode(GenerateResult(3, "env_worker/1", "deadline passed", [])))
+    assert back.error == "deadline passed" and back.completions == []

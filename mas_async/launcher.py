@@ -146,7 +146,9 @@ def supervise(children: list[Child], run_dir: Path, progress: Progress) -> int:
                 progress.finish()
                 stop_children(children)
                 why = f"exited with status {code}" if code != 0 else "exited before the run finished"
-                print(f"\nmas-async: {child.name} (pid {child.proc.pid}) {why}. Last lines of {child.log_path}:\n")
+                print(
+                    f"\nmas-async: {child.name} (pid {child.proc.pid}) {why}. Last lines of {child.log_path}:\n"
+                )
                 print(child.tail())
                 print(f"\nAll processes were stopped. Logs: {run_dir / 'logs'}", file=sys.stderr)
                 return 1

@@ -141,7 +141,9 @@ class Router(Actor):
         self.spawn(self._receive_loop(), "receive")
         self.spawn(self._send_loop(), "send")
         self.spawn(self._watchdog(), "watchdog")
-        log.info("router bound at %s; waiting for %d peers", self.deployment.router_endpoint, len(self.expected))
+        log.info(
+            "router bound at %s; waiting for %d peers", self.deployment.router_endpoint, len(self.expected)
+        )
 
     def send_to(self, identity: bytes, msg: Message) -> None:
         self._outbox.put_nowait([identity, *encode(msg)])
@@ -178,7 +180,9 @@ class Router(Actor):
                     self._handle(identity, decode([f.buffer for f in body]))
             except CodecError as e:
                 self.malformed += 1
-                log.warning("dropped a malformed message from %r (%d so far): %s", identity, self.malformed, e)
+                log.warning(
+                    "dropped a malformed message from %r (%d so far): %s", identity, self.malformed, e
+                )
 
     # -- hot path: header-only forwarding ----------------------------------------------------------
 
@@ -190,7 +194,9 @@ class Router(Actor):
             if info.role == "inference" and info.policy == policy and info.alive
         ]
         if not servers:
-            reply = GenerateResult(request_id, origin.decode(), f"no inference server for policy {policy!r}", [])
+            reply = GenerateResult(
+                request_id, origin.decode(), f"no inference server for policy {policy!r}", []
+            )
             self.send_to(origin, reply)
             return
         _, server = min(servers)
@@ -271,7 +277,9 @@ class Router(Actor):
         if msg.error:
             raise RuntimeError(f"trainer of policy {msg.policy!r} failed: {msg.error}")
         if state is None or msg.version != state.version + 1:
-            raise RuntimeError(f"trainer of {msg.policy!r} reports version {msg.version}, expected {state and state.version + 1}")
+            raise RuntimeError(
+                f"trainer of {msg.policy!r} reports version {msg.version}, expected {state and state.version + 1}"
+            )
         state.trained[msg.policy] = msg.metrics
         self._check_step_done()
 
@@ -280,7 +288,9 @@ class Router(Actor):
         if msg.error:
             raise RuntimeError(f"{msg.replica} failed to load weights v{msg.version}: {msg.error}")
         if state is None or msg.version != state.version + 1:
-            raise RuntimeError(f"{msg.replica} loaded version {msg.version}, expected {state and state.version + 1}")
+            raise RuntimeError(
+                f"{msg.replica} loaded version {msg.version}, expected {state and state.version + 1}"
+            )
         state.loaded.add(msg.replica)
         self._check_step_done()
 
@@ -360,7 +370,9 @@ class Router(Actor):
         info.alive = False
         name = ident.decode()
         if info.role != "env_worker":
-            raise PeerDead(f"{name} (pid {info.pid}) has been silent for over {self.cfg.cluster.peer_timeout_s}s")
+            raise PeerDead(
+                f"{name} (pid {info.pid}) has been silent for over {self.cfg.cluster.peer_timeout_s}s"
+            )
         log.error("%s is silent; re-dispatching its episodes", name)
         state = self.state
         if state is not None:
@@ -377,7 +389,9 @@ class Router(Actor):
             await asyncio.wait_for(self.all_joined.wait(), self.cfg.cluster.startup_timeout_s)
         except TimeoutError:
             missing = sorted(self.expected - {p.decode() for p in self.peers})
-            raise PeerDead(f"peers never joined within {self.cfg.cluster.startup_timeout_s}s: {missing}") from None
+            raise PeerDead(
+                f"peers never joined within {self.cfg.cluster.startup_timeout_s}s: {missing}"
+            ) from None
         log.info("all %d peers joined; starting", len(self.expected))
         iterations, every = self.cfg.run.iterations, self.cfg.eval.every
         for iteration in range(iterations):
@@ -397,7 +411,9 @@ class Router(Actor):
         await state.rollout_done.wait()
         rollout_s = time.monotonic() - t0
         if train and state.stats["train"].episodes == 0:
-            raise RuntimeError(f"iteration {iteration}: every training episode failed; first error: {state.first_error}")
+            raise RuntimeError(
+                f"iteration {iteration}: every training episode failed; first error: {state.first_error}"
+            )
         step_s = 0.0
         if train:
             t1 = time.monotonic()

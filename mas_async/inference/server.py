@@ -18,7 +18,14 @@ from typing import TYPE_CHECKING
 
 from mas_async.config import Config
 from mas_async.deployment import Deployment, weight_backend
-from mas_async.messages import Generate, GenerateResult, Message, UpdateWeights, WeightsLoaded, completion_to_wire
+from mas_async.messages import (
+    Generate,
+    GenerateResult,
+    Message,
+    UpdateWeights,
+    WeightsLoaded,
+    completion_to_wire,
+)
 from mas_async.runtime import Peer
 from mas_async.weight_sync import WeightReceiver, open_weight_group
 
@@ -100,15 +107,24 @@ class InferenceServer(Peer):
                 live = []
                 for req in batch:
                     if req.deadline < now:
-                        self.send(GenerateResult(req.request_id, req.origin, "deadline passed before generation", []))
+                        self.send(
+                            GenerateResult(
+                                req.request_id, req.origin, "deadline passed before generation", []
+                            )
+                        )
                     else:
                         live.append(req)
                 if not live:
                     continue
                 requests = [
                     GenerationRequest(
-                        prompt_ids=r.prompt_ids, n=r.n, max_tokens=r.max_tokens, temperature=r.temperature,
-                        top_p=r.top_p, greedy=r.greedy, stop_token_ids=list(r.stop_token_ids),
+                        prompt_ids=r.prompt_ids,
+                        n=r.n,
+                        max_tokens=r.max_tokens,
+                        temperature=r.temperature,
+                        top_p=r.top_p,
+                        greedy=r.greedy,
+                        stop_token_ids=list(r.stop_token_ids),
                     )  # fmt: skip
                     for r in live
                 ]
@@ -133,6 +149,10 @@ class InferenceServer(Peer):
                 self.backend.version = version
             except ValueError as e:  # manifest mismatch or bad version: reported, the run stops
                 error = str(e)
-            log.info("weights v%d loaded in %.3fs%s", version, time.monotonic() - t0, f" ({error})" if error else "")
+            log.info(
+                "weights v%d loaded in %.3fs%s",
+                version,
+                time.monotonic() - t0,
+                f" ({error})" if error else "",
+            )
             self.send(WeightsLoaded(self.policy, version, self.peer_id, error))
-

@@ -100,7 +100,7 @@ class PolicyLearner:
                 clip_low=algo.clip_low, clip_high=algo.clip_high, loss_agg=algo.loss_agg, normalizer=normalizer,
             )  # fmt: skip
             loss.backward()
-            loss_sum += float(loss)
+            loss_sum += float(loss.detach())
             clip_tokens += stats["clip_fraction"] * float(mask.sum())
         grad_norm = 0.0
         if active:

@@ -19,7 +19,15 @@ FAST = ["rollout.batch_size=4", "eval.every=1", "eval.size=4", "algorithm.k=4"]
 
 def start_train(config: str, run_dir: Path, *overrides: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "mas_async", "train", str(ROOT / config), f"run.output_dir={run_dir}", *overrides],
+        [
+            sys.executable,
+            "-m",
+            "mas_async",
+            "train",
+            str(ROOT / config),
+            f"run.output_dir={run_dir}",
+            *overrides,
+        ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -29,13 +29,23 @@ def test_three_iterations_role_specialised(tmp_path):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [0, 1, 2, 3]  # 3 training iterations + the final evaluation
     for i, row in enumerate(rows[:3]):
-        for key in ("team/success_rate", "reward/vertical", "reward/horizontal", "throughput/rollout_tokens_per_s",
-                    "time/rollout_s", "time/train_s", "time/weight_sync_s", "eval/team_success_rate"):
+        for key in (
+            "team/success_rate",
+            "reward/vertical",
+            "reward/horizontal",
+            "throughput/rollout_tokens_per_s",
+            "time/rollout_s",
+            "time/train_s",
+            "time/weight_sync_s",
+            "eval/team_success_rate",
+        ):
             assert key in row, key
         for policy in ("vertical", "horizontal"):
             assert row[f"policy/{policy}/version"] == i  # the version clock advances once per iteration
             assert row[f"policy/{policy}/version_mismatch"] == 0
-            assert row[f"policy/{policy}/logprob_abs_diff"] < 1e-4  # servers ran exactly the trainer's weights
+            assert (
+                row[f"policy/{policy}/logprob_abs_diff"] < 1e-4
+            )  # servers ran exactly the trainer's weights
             assert row[f"policy/{policy}/samples"] > 0
         assert row["rollout/episodes"] == 4 and row["rollout/dropped"] == 0
         assert 0.0 <= row["team/success_rate"] <= 1.0
@@ -43,13 +53,20 @@ def test_three_iterations_role_specialised(tmp_path):
     resolved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert resolved["rollout"]["batch_size"] == 4 and resolved["run"]["iterations"] == 3
     logs = {p.name for p in (run_dir / "logs").iterdir()}
-    assert {"router.log", "trainer-vertical.log", "trainer-horizontal.log", "env_worker-0.log",
-            "env_worker-1.log", "inference-vertical-0.log", "inference-horizontal-0.log"} <= logs
+    assert {
+        "router.log",
+        "trainer-vertical.log",
+        "trainer-horizontal.log",
+        "env_worker-0.log",
+        "env_worker-1.log",
+        "inference-vertical-0.log",
+        "inference-horizontal-0.log",
+    } <= logs
     # Every inference server acknowledged every version (1, 2, 3), in order.
     for policy in ("vertical", "horizontal"):
         log = (run_dir / "logs" / f"inference-{policy}-0.log").read_text()
         assert [int(v) for v in _loaded_versions(log)] == [1, 2, 3]
-        assert "[inference/%s/0]" % policy in log  # every line carries role and id
+        assert f"[inference/{policy}/0]" in log  # every line carries role and id
 
 
 def _loaded_versions(log: str) -> list[str]:
@@ -58,7 +75,9 @@ def _loaded_versions(log: str) -> list[str]:
 
 def test_role_sharing_one_policy_serves_both_agents(tmp_path):
     run_dir = tmp_path / "run"
-    rc, out = _run("configs/plan_path_tiny_shared.yaml", run_dir, "run.iterations=2", *FAST, "cluster.env_workers=2")
+    rc, out = _run(
+        "configs/plan_path_tiny_shared.yaml", run_dir, "run.iterations=2", *FAST, "cluster.env_workers=2"
+    )
     assert rc == 0, out
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["policy/shared/version"] for r in rows[:2]] == [0, 1]

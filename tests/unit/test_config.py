@@ -18,8 +18,10 @@ def test_shipped_configs_load():
 
 
 def test_overrides_set_nested_values_with_yaml_types():
-    config = load_config(CONFIGS / "plan_path_tiny.yaml", ["rollout.batch_size=8", "policies.vertical.lr=3e-4",
-                                                          "env.options.sizes=[4]", "eval.greedy=false"])
+    config = load_config(
+        CONFIGS / "plan_path_tiny.yaml",
+        ["rollout.batch_size=8", "policies.vertical.lr=3e-4", "env.options.sizes=[4]", "eval.greedy=false"],
+    )
     assert config.rollout.batch_size == 8
     assert config.policies["vertical"].lr == pytest.approx(3e-4)
     assert config.env.options["sizes"] == [4]

@@ -26,6 +26,9 @@ from mas_async.deployment import Deployment, free_ports
 from mas_async.progress import Progress
 
 
+CLEAN_EXIT_GRACE_S = 10.0
+
+
 @dataclass
 class Child:
     name: str
@@ -128,8 +131,12 @@ def _signal_group(pid: int, sig: int) -> None:
 
 
 def supervise(children: list[Child], run_dir: Path, progress: Progress) -> int:
-    """Watch the children until the router finishes (0) or something fails (1)."""
+    """Watch the children until the router finishes (0) or something fails (1).
+
+    Peers exit cleanly a moment before the router when it ends the run (it sends Shutdown first), so a
+    clean exit of a peer is a failure only if the router is still running `CLEAN_EXIT_GRACE_S` later."""
     router = children[0]
+    clean_exits: dict[str, float] = {}
     while True:
         progress.update()
         rc = router.proc.poll()
@@ -140,18 +147,20 @@ def supervise(children: list[Child], run_dir: Path, progress: Progress) -> int:
             stop_children(children)
             progress.finish()
             return 0
+        now = time.monotonic()
         for child in children:
             code = child.proc.poll()
-            if code is not None and (code != 0 or child is not router):
-                progress.finish()
-                stop_children(children)
-                why = f"exited with status {code}" if code != 0 else "exited before the run finished"
-                print(
-                    f"\nmas-async: {child.name} (pid {child.proc.pid}) {why}. Last lines of {child.log_path}:\n"
-                )
-                print(child.tail())
-                print(f"\nAll processes were stopped. Logs: {run_dir / 'logs'}", file=sys.stderr)
-                return 1
+            if code is None or (code == 0 and child is router):
+                continue
+            if code == 0 and now - clean_exits.setdefault(child.name, now) < CLEAN_EXIT_GRACE_S:
+                continue
+            progress.finish()
+            stop_children(children)
+            why = f"exited with status {code}" if code != 0 else "exited before the run finished"
+            print(f"\nmas-async: {child.name} (pid {child.proc.pid}) {why}. Last lines of {child.log_path}:\n")
+            print(child.tail())
+            print(f"\nAll processes were stopped. Logs: {run_dir / 'logs'}", file=sys.stderr)
+            return 1
         time.sleep(0.25)
 
 

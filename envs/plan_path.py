@@ -147,9 +147,7 @@ class PlanPathEnv(Env):
         self.rows, self.cols, self.walls, self.goal, self.position = _parse_problem(problem)
         self.dist = _distance_map(self.rows, self.cols, self.walls, self.goal)
         if self.position not in self.dist:
-            raise ValueError(
-                f"plan_path: problem {problem.get('seed')!r} has a start that cannot reach its goal"
-            )
+            raise ValueError(f"plan_path: problem {problem.get('seed')!r} has a start that cannot reach its goal")
         done = self.position == self.goal
         self.terminations = {agent: done for agent in self.possible_agents}
         self.truncations = {agent: False for agent in self.possible_agents}
@@ -158,9 +156,7 @@ class PlanPathEnv(Env):
     def observe(self, agent: str) -> str:
         """Role letter, the grid rows, then "A=r,c G=r,c" (see the module docstring)."""
         if agent not in ROLE_LETTER:
-            raise ValueError(
-                f"plan_path: unknown agent {agent!r}: agents are {', '.join(self.possible_agents)}"
-            )
+            raise ValueError(f"plan_path: unknown agent {agent!r}: agents are {', '.join(self.possible_agents)}")
         lines = [ROLE_LETTER[agent]]
         for r in range(self.rows):
             row = []
@@ -181,13 +177,9 @@ class PlanPathEnv(Env):
         """Move the token by `agent`'s action; a move into a wall or off the grid is blocked."""
         moves = MOVES.get(agent)
         if moves is None:
-            raise ValueError(
-                f"plan_path: unknown agent {agent!r}: agents are {', '.join(self.possible_agents)}"
-            )
+            raise ValueError(f"plan_path: unknown agent {agent!r}: agents are {', '.join(self.possible_agents)}")
         if action not in moves:
-            raise ValueError(
-                f"plan_path: agent {agent!r} cannot play {action!r}: allowed are {', '.join(moves)}"
-            )
+            raise ValueError(f"plan_path: agent {agent!r} cannot play {action!r}: allowed are {', '.join(moves)}")
         if self.done:
             raise ValueError("plan_path: the episode is over (the token is on the goal); reset first")
         dr, dc = moves[action]
@@ -227,9 +219,7 @@ class PlanPathEnv(Env):
         if not 0.0 <= density < 1.0:
             raise ValueError(f"plan_path: density must be in [0, 1), got {density!r}")
         if first < 0 or first + count > TEST_SEED_OFFSET:
-            raise ValueError(
-                f"plan_path: problem indices must lie in [0, {TEST_SEED_OFFSET}), got first={first}"
-            )
+            raise ValueError(f"plan_path: problem indices must lie in [0, {TEST_SEED_OFFSET}), got first={first}")
         offset = 0 if split == "train" else TEST_SEED_OFFSET
         return [make_problem(offset + i, sizes, density) for i in range(first, first + count)]
 

@@ -172,9 +172,7 @@ class Config(_Section):
         for agent, spec in self.agents.items():
             if spec.policy not in self.policies:
                 known = ", ".join(sorted(self.policies))
-                raise ValueError(
-                    f"agents.{agent}.policy is {spec.policy!r}, not one of the policies ({known})"
-                )
+                raise ValueError(f"agents.{agent}.policy is {spec.policy!r}, not one of the policies ({known})")
         unused = sorted(set(self.policies) - {a.policy for a in self.agents.values()})
         if unused:
             raise ValueError(f"policies {unused} serve no agent")

@@ -127,16 +127,12 @@ class Episode:
         prompt_ids = _prompt_ids(self.tokenizers[policy], node.prompt(obs))
         completions = await self.generate(policy, prompt_ids, n, greedy)
         if len(completions) != n:
-            raise RuntimeError(
-                f"generate for policy {policy!r} returned {len(completions)} completions, asked {n}"
-            )
+            raise RuntimeError(f"generate for policy {policy!r} returned {len(completions)} completions, asked {n}")
         self._turns_played.add(self.turn)
         candidates = []
         for index, completion in enumerate(completions):
             self.tokens += len(completion.token_ids)
-            text = self.tokenizers[policy].decode(
-                np.asarray(completion.token_ids).tolist(), skip_special_tokens=True
-            )
+            text = self.tokenizers[policy].decode(np.asarray(completion.token_ids).tolist(), skip_special_tokens=True)
             candidates.append(self._score(node, policy, index, prompt_ids, completion, text))
         return candidates
 
@@ -277,7 +273,5 @@ def _prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> np.ndarray:
     if array.ndim == 2 and array.shape[0] == 1:
         array = array[0]
     if array.ndim != 1 or array.size == 0:
-        raise ValueError(
-            f"chat template gave token ids of shape {array.shape}, expected a non-empty 1-D sequence"
-        )
+        raise ValueError(f"chat template gave token ids of shape {array.shape}, expected a non-empty 1-D sequence")
     return array

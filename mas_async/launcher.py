@@ -25,7 +25,6 @@ from mas_async.config import Config, ConfigError, dump_config
 from mas_async.deployment import Deployment, free_ports
 from mas_async.progress import Progress
 
-
 CLEAN_EXIT_GRACE_S = 10.0
 
 

@@ -78,9 +78,7 @@ class Progress:
         for policy in self.cfg.policies:
             diff = row.get(f"policy/{policy}/logprob_abs_diff")
             mismatch = row.get(f"policy/{policy}/version_mismatch")
-            table.add_row(
-                f"{policy}: logprob diff / mismatch", f"{_fmt(diff, '.1e')} / {_fmt(mismatch, 'd')}"
-            )
+            table.add_row(f"{policy}: logprob diff / mismatch", f"{_fmt(diff, '.1e')} / {_fmt(mismatch, 'd')}")
         return table
 
     def finish(self) -> None:

@@ -21,9 +21,7 @@ def resolve(name: str, registry: Mapping[str, str], kind: str) -> type:
     path = registry.get(name, name)
     if ":" not in path:
         known = ", ".join(sorted(registry)) or "(none)"
-        raise RegistryError(
-            f"unknown {kind} {name!r}: known {kind}s are {known}, or give a 'module:Class' path"
-        )
+        raise RegistryError(f"unknown {kind} {name!r}: known {kind}s are {known}, or give a 'module:Class' path")
     module_name, _, attr = path.partition(":")
     module = importlib.import_module(module_name)
     try:

@@ -141,9 +141,7 @@ class Router(Actor):
         self.spawn(self._receive_loop(), "receive")
         self.spawn(self._send_loop(), "send")
         self.spawn(self._watchdog(), "watchdog")
-        log.info(
-            "router bound at %s; waiting for %d peers", self.deployment.router_endpoint, len(self.expected)
-        )
+        log.info("router bound at %s; waiting for %d peers", self.deployment.router_endpoint, len(self.expected))
 
     def send_to(self, identity: bytes, msg: Message) -> None:
         self._outbox.put_nowait([identity, *encode(msg)])
@@ -180,9 +178,7 @@ class Router(Actor):
                     self._handle(identity, decode([f.buffer for f in body]))
             except CodecError as e:
                 self.malformed += 1
-                log.warning(
-                    "dropped a malformed message from %r (%d so far): %s", identity, self.malformed, e
-                )
+                log.warning("dropped a malformed message from %r (%d so far): %s", identity, self.malformed, e)
 
     # -- hot path: header-only forwarding ----------------------------------------------------------
 
@@ -194,9 +190,7 @@ class Router(Actor):
             if info.role == "inference" and info.policy == policy and info.alive
         ]
         if not servers:
-            reply = GenerateResult(
-                request_id, origin.decode(), f"no inference server for policy {policy!r}", []
-            )
+            reply = GenerateResult(request_id, origin.decode(), f"no inference server for policy {policy!r}", [])
             self.send_to(origin, reply)
             return
         _, server = min(servers)
@@ -288,9 +282,7 @@ class Router(Actor):
         if msg.error:
             raise RuntimeError(f"{msg.replica} failed to load weights v{msg.version}: {msg.error}")
         if state is None or msg.version != state.version + 1:
-            raise RuntimeError(
-                f"{msg.replica} loaded version {msg.version}, expected {state and state.version + 1}"
-            )
+            raise RuntimeError(f"{msg.replica} loaded version {msg.version}, expected {state and state.version + 1}")
         state.loaded.add(msg.replica)
         self._check_step_done()
 
@@ -362,17 +354,13 @@ class Router(Actor):
             for episode_id, task in list(state.in_flight.items()):
                 if now > task.deadline:
                     log.error("episode %s timed out; counted as dropped", episode_id)
-                    self._on_episode_done(
-                        EpisodeDone(episode_id, state.iteration, task.msg.mode, "timed out", {}, {})
-                    )
+                    self._on_episode_done(EpisodeDone(episode_id, state.iteration, task.msg.mode, "timed out", {}, {}))
 
     def _peer_died(self, ident: bytes, info: PeerInfo) -> None:
         info.alive = False
         name = ident.decode()
         if info.role != "env_worker":
-            raise PeerDead(
-                f"{name} (pid {info.pid}) has been silent for over {self.cfg.cluster.peer_timeout_s}s"
-            )
+            raise PeerDead(f"{name} (pid {info.pid}) has been silent for over {self.cfg.cluster.peer_timeout_s}s")
         log.error("%s is silent; re-dispatching its episodes", name)
         state = self.state
         if state is not None:
@@ -389,9 +377,7 @@ class Router(Actor):
             await asyncio.wait_for(self.all_joined.wait(), self.cfg.cluster.startup_timeout_s)
         except TimeoutError:
             missing = sorted(self.expected - {p.decode() for p in self.peers})
-            raise PeerDead(
-                f"peers never joined within {self.cfg.cluster.startup_timeout_s}s: {missing}"
-            ) from None
+            raise PeerDead(f"peers never joined within {self.cfg.cluster.startup_timeout_s}s: {missing}") from None
         log.info("all %d peers joined; starting", len(self.expected))
         iterations, every = self.cfg.run.iterations, self.cfg.eval.every
         for iteration in range(iterations):

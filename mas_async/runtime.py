@@ -184,9 +184,7 @@ class Peer(Actor):
             encode(Hello(self.role, self.peer_id, self.policy, self.capacity, PROTOCOL_VERSION, os.getpid()))
         )
         if not await self.sock.poll(timeout=self.startup_timeout_s * 1000):
-            raise PeerDead(
-                f"no Welcome from the router at {self.router_endpoint} in {self.startup_timeout_s}s"
-            )
+            raise PeerDead(f"no Welcome from the router at {self.router_endpoint} in {self.startup_timeout_s}s")
         reply = decode(await self.sock.recv_multipart())
         if not isinstance(reply, Welcome):
             raise RuntimeError(f"expected Welcome from the router, got {type(reply).__name__}")

@@ -98,9 +98,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     from transformers import PreTrainedTokenizerFast
 
     # A BPE model without merges splits text into single characters; unknown ones become <unk>.
-    backend = Tokenizer(
-        models.BPE(vocab={tok: i for i, tok in enumerate(VOCAB)}, merges=[], unk_token=UNK_TOKEN)
-    )
+    backend = Tokenizer(models.BPE(vocab={tok: i for i, tok in enumerate(VOCAB)}, merges=[], unk_token=UNK_TOKEN))
     backend.decoder = decoders.Fuse()  # join characters without spaces
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in ROLE_TOKENS])

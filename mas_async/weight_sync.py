@@ -80,9 +80,7 @@ def open_weight_group(
     if world_size < 2 or not 0 <= rank < world_size:
         raise ValueError(f"need world_size >= 2 and 0 <= rank < world_size, got rank {rank} of {world_size}")
     timeout = timedelta(seconds=timeout_s)
-    tcp_store = dist.TCPStore(
-        host, port, world_size, is_master=rank == 0, timeout=timeout, wait_for_workers=False
-    )
+    tcp_store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout, wait_for_workers=False)
     store = dist.PrefixStore(f"weights/{policy}", tcp_store)
     if backend == "gloo":
         options = dist.ProcessGroupGloo._Options()
@@ -148,9 +146,7 @@ class WeightSender:
                 index, used = len(buckets), 0
                 buckets.append([])
             offset = used // tensor.element_size()
-            entries.append(
-                [name, list(tensor.shape), dtype_name(tensor.dtype), index, offset, tensor.numel()]
-            )
+            entries.append([name, list(tensor.shape), dtype_name(tensor.dtype), index, offset, tensor.numel()])
             buckets[index].append(tensor.reshape(-1))
             open_bucket[tensor.dtype] = (index, used + nbytes)
 

@@ -39,9 +39,7 @@ class Mover(Node):
     def parse(self, text: str) -> str:
         stripped = text.strip()
         if not stripped or stripped[0] not in self.moves:
-            raise ParseError(
-                f"{self.agent}: expected one of {', '.join(self.moves)} first, got {text[:20]!r}"
-            )
+            raise ParseError(f"{self.agent}: expected one of {', '.join(self.moves)} first, got {text[:20]!r}")
         return stripped[0]
 
     def local_reward(self, before: PlanPathEnv, action: Any, after: PlanPathEnv) -> float:

@@ -188,9 +188,7 @@ class HFBackend:
     def _sample(self, logits: torch.Tensor, rows: list[_Row]) -> tuple[torch.Tensor, torch.Tensor]:
         """Pick one token per row; return the ids and their log-probs at each row's temperature."""
         greedy = torch.tensor([r.greedy for r in rows], device=logits.device)
-        temperature = torch.tensor(
-            [1.0 if r.greedy else r.request.temperature for r in rows], device=logits.device
-        )
+        temperature = torch.tensor([1.0 if r.greedy else r.request.temperature for r in rows], device=logits.device)
         logp = torch.log_softmax(logits / temperature[:, None], dim=-1)
         tokens = logits.argmax(dim=-1)
         sampled = (~greedy).nonzero().squeeze(-1)

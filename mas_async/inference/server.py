@@ -1,12 +1,14 @@
 """The inference server: serves one policy with a backend and loads version-tagged weights.
 
-Requests queue as they arrive; a batching task takes everything queued and runs it as one batch
-(dynamic batching) in a thread, so the event loop keeps answering heartbeats. Every completion carries
-the `weight_version` of the weights that produced it. A weight update (UpdateWeights from the policy's
-trainer) takes the same lock as a batch: it waits for the batch in progress, receives every tensor of the
-broadcast, loads them, bumps the version and acknowledges WeightsLoaded; requests that arrive meanwhile
-wait in the queue, so no request is ever served by a mix of two versions. A request past its deadline is
-answered with an error instead of being generated.
+Requests queue as they arrive; the batching task takes everything queued and hands it to the backend
+as one batch (dynamic batching; a backend with continuous batching, like vLLM, may have several batches
+in flight). Every completion carries the `weight_version` of the weights that produced it.
+
+A weight update (UpdateWeights from the policy's trainer) goes through `UpdateGate`: it waits until the
+batches in flight are done and holds back new ones, receives every tensor of the broadcast, loads them,
+bumps the version, acknowledges WeightsLoaded, and only then lets queued requests through. So no request
+is ever served by a mix of two versions. A request past its deadline is answered with an error instead
+of being generated.
 """
 
 from __future__ import annotations
@@ -14,33 +16,46 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
 
 from mas_async.config import Config
 from mas_async.deployment import Deployment, weight_backend
-from mas_async.messages import (
-    Generate,
-    GenerateResult,
-    Message,
-    UpdateWeights,
-    WeightsLoaded,
-    completion_to_wire,
-)
+from mas_async.inference.backend import make_backend
+from mas_async.inference.hf_backend import GenerationRequest
+from mas_async.messages import Generate, GenerateResult, Message, UpdateWeights, WeightsLoaded, completion_to_wire
 from mas_async.runtime import Peer
-from mas_async.weight_sync import WeightReceiver, open_weight_group
-
-if TYPE_CHECKING:
-    from mas_async.inference.hf_backend import HFBackend
 
 log = logging.getLogger("mas_async.inference")
 
 
-def make_backend(name: str, model_path: str, dtype: str, max_batch_sequences: int, seed: int) -> HFBackend:
-    if name == "hf":
-        from mas_async.inference.hf_backend import HFBackend
+class UpdateGate:
+    """A writer-preferring reader/writer gate: generation batches are readers, a weight update is the
+    writer. The update waits for the batches in flight; batches that arrive meanwhile wait for it."""
 
-        return HFBackend(model_path, dtype=dtype, max_batch_sequences=max_batch_sequences, seed=seed)
-    raise ValueError(f"inference backend {name!r} is not available yet (known: hf)")
+    def __init__(self) -> None:
+        self._readers = 0
+        self._writing = False
+        self._cond = asyncio.Condition()
+
+    async def acquire_read(self) -> None:
+        async with self._cond:
+            await self._cond.wait_for(lambda: not self._writing)
+            self._readers += 1
+
+    async def release_read(self) -> None:
+        async with self._cond:
+            self._readers -= 1
+            self._cond.notify_all()
+
+    async def acquire_write(self) -> None:
+        async with self._cond:
+            await self._cond.wait_for(lambda: not self._writing)
+            self._writing = True
+            await self._cond.wait_for(lambda: self._readers == 0)
+
+    async def release_write(self) -> None:
+        async with self._cond:
+            self._writing = False
+            self._cond.notify_all()
 
 
 class InferenceServer(Peer):
@@ -63,18 +78,20 @@ class InferenceServer(Peer):
         self.replica = replica
         self.world_size = 1 + spec.replicas
         self.backend = make_backend(
-            spec.backend, deployment.model_paths[policy], spec.dtype, spec.max_batch_sequences,
+            spec.backend,
+            deployment.model_paths[policy],
+            dtype=spec.dtype,
+            max_batch_sequences=spec.max_batch_sequences,
             seed=config.run.seed * 1000 + replica,
-        )  # fmt: skip
+        )
         self._queue: list[Generate] = []
         self._wakeup = asyncio.Event()
-        self._lock = asyncio.Lock()
-        self.receiver: WeightReceiver | None = None
+        self.gate = UpdateGate()
         self.served = 0
 
     async def main(self) -> None:
-        group = await asyncio.to_thread(
-            open_weight_group,
+        await asyncio.to_thread(
+            self.backend.join_weight_group,
             policy=self.policy,
             backend=weight_backend(self.cfg),
             host=self.deployment.host,
@@ -82,7 +99,6 @@ class InferenceServer(Peer):
             rank=1 + self.replica,
             world_size=self.world_size,
         )
-        self.receiver = WeightReceiver(group)
         log.info("weight group of %s joined as rank %d", self.policy, 1 + self.replica)
         await self._batch_loop()
 
@@ -96,63 +112,57 @@ class InferenceServer(Peer):
             log.warning("unexpected %s", type(msg).__name__)
 
     async def _batch_loop(self) -> None:
-        from mas_async.inference.hf_backend import GenerationRequest
-
-        while not self.stopping.is_set():
+        while True:
             await self._wakeup.wait()
-            async with self._lock:
-                self._wakeup.clear()
-                batch, self._queue = self._queue, []
-                now = time.time()
-                live = []
-                for req in batch:
-                    if req.deadline < now:
-                        self.send(
-                            GenerateResult(
-                                req.request_id, req.origin, "deadline passed before generation", []
-                            )
-                        )
-                    else:
-                        live.append(req)
-                if not live:
-                    continue
-                requests = [
-                    GenerationRequest(
-                        prompt_ids=r.prompt_ids,
-                        n=r.n,
-                        max_tokens=r.max_tokens,
-                        temperature=r.temperature,
-                        top_p=r.top_p,
-                        greedy=r.greedy,
-                        stop_token_ids=list(r.stop_token_ids),
-                    )  # fmt: skip
-                    for r in live
-                ]
-                results = await asyncio.to_thread(self.backend.generate, requests)
+            await self.gate.acquire_read()  # waits while a weight update is pending or running
+            self._wakeup.clear()
+            batch, self._queue = self._queue, []
+            if self.backend.concurrent:
+                self.spawn(self._serve(batch), "batch")
+            else:
+                await self._serve(batch)
+
+    async def _serve(self, batch: list[Generate]) -> None:
+        """Generate one batch (the gate's read side is held by the caller and released here)."""
+        try:
+            now = time.time()
+            live = []
+            for req in batch:
+                if req.deadline < now:
+                    self.send(GenerateResult(req.request_id, req.origin, "deadline passed before generation", []))
+                else:
+                    live.append(req)
+            if not live:
+                return
+            requests = [
+                GenerationRequest(
+                    prompt_ids=r.prompt_ids,
+                    n=r.n,
+                    max_tokens=r.max_tokens,
+                    temperature=r.temperature,
+                    top_p=r.top_p,
+                    greedy=r.greedy,
+                    stop_token_ids=list(r.stop_token_ids),
+                )  # fmt: skip
+                for r in live
+            ]
+            results = await self.backend.generate(requests)
             for req, completions in zip(live, results, strict=True):
-                wire = [completion_to_wire(c) for c in completions]
-                self.send(GenerateResult(req.request_id, req.origin, "", wire))
+                self.send(GenerateResult(req.request_id, req.origin, "", [completion_to_wire(c) for c in completions]))
             self.served += len(live)
+        finally:
+            await self.gate.release_read()
 
     async def _update(self, version: int) -> None:
-        assert self.receiver is not None
-        async with self._lock:
+        await self.gate.acquire_write()
+        try:
             t0 = time.monotonic()
             error = ""
             try:
-                got_version, tensors = await asyncio.to_thread(
-                    self.receiver.receive, self.backend.parameter_manifest()
-                )
-                if got_version != version:
-                    raise ValueError(f"broadcast carried version {got_version}, announced {version}")
-                await asyncio.to_thread(self.backend.load_weights, tensors)
-                self.backend.version = version
-            except ValueError as e:  # manifest mismatch or bad version: reported, the run stops
+                await asyncio.to_thread(self.backend.update_weights, version)
+            except ValueError as e:  # manifest mismatch or wrong version: reported; the router stops the run
                 error = str(e)
-            log.info(
-                "weights v%d loaded in %.3fs%s",
-                version,
-                time.monotonic() - t0,
-                f" ({error})" if error else "",
-            )
+            log.info("weights v%d loaded in %.3fs%s", version, time.monotonic() - t0, f" ({error})" if error else "")
             self.send(WeightsLoaded(self.policy, version, self.peer_id, error))
+        finally:
+            await self.gate.release_write()

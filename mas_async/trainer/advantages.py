@@ -36,11 +36,7 @@ def compute_advantages(
         return advantages.astype(np.float32)
     groups: dict[Hashable, list[int]] = defaultdict(list)
     for i, sample in enumerate(samples):
-        key = (
-            (sample.problem_id, sample.group)
-            if grouping == "agent_turn"
-            else (sample.problem_id, sample.agent)
-        )
+        key = (sample.problem_id, sample.group) if grouping == "agent_turn" else (sample.problem_id, sample.agent)
         groups[key].append(i)
     for indices in groups.values():
         rewards = np.array([samples[i].reward for i in indices], dtype=np.float64)
@@ -58,9 +54,7 @@ def _trajectory(samples: list[Sample], out: np.ndarray, eps: float, normalize_st
         for episode_id, indices in by_episode.items():
             values = {samples[i].episode_return for i in indices}
             if len(values) != 1:
-                raise ValueError(
-                    f"episode {episode_id!r} has samples with different returns {sorted(values)}"
-                )
+                raise ValueError(f"episode {episode_id!r} has samples with different returns {sorted(values)}")
             returns.append(values.pop())
         normalised = _normalise(np.array(returns, dtype=np.float64), eps, normalize_std)
         for advantage, indices in zip(normalised, by_episode.values(), strict=True):

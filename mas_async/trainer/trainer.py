@@ -55,9 +55,7 @@ class PolicyLearner:
         self.temperature = config.rollout.temperature
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=_DTYPES[spec.dtype])
         self.model.train()
-        self.optimizer = torch.optim.Adam(
-            self.model.parameters(), lr=spec.lr, weight_decay=config.trainer.weight_decay
-        )
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=spec.lr, weight_decay=config.trainer.weight_decay)
 
     def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
         return [(name, p.detach()) for name, p in self.model.named_parameters()]
@@ -179,13 +177,9 @@ class Trainer(Peer):
     async def _step(self, msg: TrainStep) -> None:
         try:
             if msg.version != self.version:
-                raise RuntimeError(
-                    f"TrainStep for version {msg.version}, but the trainer holds {self.version}"
-                )
+                raise RuntimeError(f"TrainStep for version {msg.version}, but the trainer holds {self.version}")
             if self.received != msg.expected_samples:
-                raise RuntimeError(
-                    f"received {self.received} samples, the router forwarded {msg.expected_samples}"
-                )
+                raise RuntimeError(f"received {self.received} samples, the router forwarded {msg.expected_samples}")
             await self._group_ready.wait()
             assert self.sender is not None
             t0 = time.monotonic()

@@ -27,6 +27,4 @@ class SleepyPeer(Peer):
 
 
 if __name__ == "__main__":
-    SleepyPeer(
-        "env_worker/7", sys.argv[1], capacity=3, heartbeat_s=0.2, peer_timeout_s=float(sys.argv[2])
-    ).run()
+    SleepyPeer("env_worker/7", sys.argv[1], capacity=3, heartbeat_s=0.2, peer_timeout_s=float(sys.argv[2])).run()

@@ -43,9 +43,7 @@ def test_three_iterations_role_specialised(tmp_path):
         for policy in ("vertical", "horizontal"):
             assert row[f"policy/{policy}/version"] == i  # the version clock advances once per iteration
             assert row[f"policy/{policy}/version_mismatch"] == 0
-            assert (
-                row[f"policy/{policy}/logprob_abs_diff"] < 1e-4
-            )  # servers ran exactly the trainer's weights
+            assert row[f"policy/{policy}/logprob_abs_diff"] < 1e-4  # servers ran exactly the trainer's weights
             assert row[f"policy/{policy}/samples"] > 0
         assert row["rollout/episodes"] == 4 and row["rollout/dropped"] == 0
         assert 0.0 <= row["team/success_rate"] <= 1.0
@@ -75,9 +73,7 @@ def _loaded_versions(log: str) -> list[str]:
 
 def test_role_sharing_one_policy_serves_both_agents(tmp_path):
     run_dir = tmp_path / "run"
-    rc, out = _run(
-        "configs/plan_path_tiny_shared.yaml", run_dir, "run.iterations=2", *FAST, "cluster.env_workers=2"
-    )
+    rc, out = _run("configs/plan_path_tiny_shared.yaml", run_dir, "run.iterations=2", *FAST, "cluster.env_workers=2")
     assert rc == 0, out
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["policy/shared/version"] for r in rows[:2]] == [0, 1]

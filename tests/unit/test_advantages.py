@@ -14,9 +14,7 @@ S = math.sqrt(2 / 3)  # population std of [1, 0, -1] and of [0, 1, 2]
 EPS = 1e-6
 
 
-def sample(
-    episode: str, agent: str, turn: int, reward: float, problem: str = "p0", ret: float = 0.0
-) -> Sample:
+def sample(episode: str, agent: str, turn: int, reward: float, problem: str = "p0", ret: float = 0.0) -> Sample:
     return Sample(
         group=f"{episode}/{agent}/{turn}",
         episode_id=episode,
@@ -65,9 +63,7 @@ def test_agent_grouping_hand_computed() -> None:
     v = (rewards - mean) / (std + EPS)
     got = compute_advantages(batch(), "agent", eps=EPS)
     np.testing.assert_allclose(got, [v[0], v[1], v[2], 0.0, v[3], v[4], v[5], v[6]], rtol=1e-5)
-    np.testing.assert_allclose(
-        compute_advantages(batch(), "agent", normalize_std=False)[:3], rewards[:3] - 8 / 7
-    )
+    np.testing.assert_allclose(compute_advantages(batch(), "agent", normalize_std=False)[:3], rewards[:3] - 8 / 7)
 
 
 def test_trajectory_grouping_hand_computed() -> None:
@@ -111,6 +107,4 @@ def test_unknown_grouping_names_the_choices() -> None:
 def test_empty_batch_and_inconsistent_returns() -> None:
     assert compute_advantages([], "trajectory").shape == (0,)
     with pytest.raises(ValueError, match="different returns"):
-        compute_advantages(
-            [sample("a", "v", 0, 0.0, ret=1.0), sample("a", "h", 0, 0.0, ret=2.0)], "trajectory"
-        )
+        compute_advantages([sample("a", "v", 0, 0.0, ret=1.0), sample("a", "h", 0, 0.0, ret=2.0)], "trajectory")

@@ -26,9 +26,7 @@ from mas_async.samples import Completion, Sample
 
 
 def _generate() -> Generate:
-    return Generate(
-        7, "vertical", "env_worker/0", 123.5, np.arange(60, dtype=np.int32), 8, 1, 1.0, 1.0, False, [2]
-    )
+    return Generate(7, "vertical", "env_worker/0", 123.5, np.arange(60, dtype=np.int32), 8, 1, 1.0, 1.0, False, [2])
 
 
 def test_generate_round_trip_keeps_types_and_arrays():
@@ -51,9 +49,7 @@ def test_arrays_travel_as_packed_binary_not_lists():
 
 def test_float32_logprobs_round_trip_bit_exact():
     lp = np.random.default_rng(0).normal(size=33).astype(np.float32)
-    c = completion_from_wire(
-        unpack(pack(completion_to_wire(Completion(np.arange(33, dtype=np.int32), lp, 5))))
-    )
+    c = completion_from_wire(unpack(pack(completion_to_wire(Completion(np.arange(33, dtype=np.int32), lp, 5)))))
     assert c.logprobs.dtype == np.float32 and c.version == 5
     np.testing.assert_array_equal(c.logprobs, lp)
 

@@ -24,8 +24,7 @@ def backend(model_dir: Path) -> HFBackend:
     torch.set_num_threads(1)
     backend = HFBackend(model_dir, seed=0)
     sharp = [
-        (n, p.detach() * (1.0 if n.endswith("norm.weight") else 30.0))
-        for n, p in backend.model.named_parameters()
+        (n, p.detach() * (1.0 if n.endswith("norm.weight") else 30.0)) for n, p in backend.model.named_parameters()
     ]
     backend.load_weights(sharp)
     return backend
@@ -65,16 +64,12 @@ def test_stop_token_ends_the_sequence_and_is_included(backend: HFBackend) -> Non
     full = backend.generate([GenerationRequest(PROMPTS[1], max_tokens=16, greedy=True)])[0][0].token_ids
     stop = int(full[5])
     first = full.tolist().index(stop)
-    cut = backend.generate(
-        [GenerationRequest(PROMPTS[1], max_tokens=16, greedy=True, stop_token_ids=[stop])]
-    )[0][0]
+    cut = backend.generate([GenerationRequest(PROMPTS[1], max_tokens=16, greedy=True, stop_token_ids=[stop])])[0][0]
     np.testing.assert_array_equal(cut.token_ids, full[: first + 1])
     assert cut.finish_reason == "stop"
 
     stops = [7, 8, 9, 10, 11]
-    sampled = backend.generate(
-        [GenerationRequest(p, n=8, max_tokens=12, stop_token_ids=stops) for p in PROMPTS]
-    )
+    sampled = backend.generate([GenerationRequest(p, n=8, max_tokens=12, stop_token_ids=stops) for p in PROMPTS])
     reasons = set()
     for completion in (c for group in sampled for c in group):
         ids = completion.token_ids.tolist()
@@ -93,20 +88,14 @@ def test_sampling_logprobs_match_the_trainer(backend: HFBackend, temperature: fl
     completions = [c for group in backend.generate(requests) for c in group]
     prompts = [p for p in PROMPTS for _ in range(4)]
     with torch.no_grad():
-        recomputed = completion_logprobs(
-            backend.model, prompts, [c.token_ids for c in completions], temperature
-        )
-    diffs = np.concatenate(
-        [np.abs(r.numpy() - c.logprobs) for r, c in zip(recomputed, completions, strict=True)]
-    )
+        recomputed = completion_logprobs(backend.model, prompts, [c.token_ids for c in completions], temperature)
+    diffs = np.concatenate([np.abs(r.numpy() - c.logprobs) for r, c in zip(recomputed, completions, strict=True)])
     assert diffs.mean() < 1e-5
     assert len({tuple(c.token_ids) for c in completions}) > 4  # samples differ
 
 
 def test_greedy_logprobs_match_the_trainer(backend: HFBackend) -> None:
-    completions = [
-        g[0] for g in backend.generate([GenerationRequest(p, max_tokens=10, greedy=True) for p in PROMPTS])
-    ]
+    completions = [g[0] for g in backend.generate([GenerationRequest(p, max_tokens=10, greedy=True) for p in PROMPTS])]
     recomputed = completion_logprobs(backend.model, PROMPTS, [c.token_ids for c in completions])
     for r, c in zip(recomputed, completions, strict=True):
         assert r.requires_grad  # gradients flow when grad mode is on

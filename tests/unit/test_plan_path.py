@@ -107,9 +107,7 @@ def test_every_generated_problem_is_team_solvable_and_needs_both_agents(split: s
         assert problem["rows"] in (4, 5) and problem["cols"] in (4, 5)
         assert start not in walls and goal not in walls
         assert start[0] != goal[0] and start[1] != goal[1]
-        assert (
-            shortest_path_length(problem["rows"], problem["cols"], walls, start, goal) == problem["shortest"]
-        )
+        assert shortest_path_length(problem["rows"], problem["cols"], walls, start, goal) == problem["shortest"]
         assert problem["shortest"] >= 2
         team = team_moves(problem["rows"], problem["cols"], walls, start, goal)
         assert team is not None and problem["team_moves"] == team >= problem["shortest"]

@@ -51,9 +51,7 @@ def test_saved_tokenizer_chat_template(folder: Path) -> None:
     g, o, a, one = (VOCAB.index(c) for c in "GOA1")
     assert ids == [1, 4, 7, g, o, 2, 7, 1, 5, 7, a, 8, one, 2, 7, 1, 6, 7]
     text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    assert (
-        text == "<|im_start|>system\nGO<|im_end|>\n<|im_start|>user\nA 1<|im_end|>\n<|im_start|>assistant\n"
-    )
+    assert text == "<|im_start|>system\nGO<|im_end|>\n<|im_start|>user\nA 1<|im_end|>\n<|im_start|>assistant\n"
     assert tok.decode(ids, skip_special_tokens=True) == "system\nGO\nuser\nA 1\nassistant\n"
 
 

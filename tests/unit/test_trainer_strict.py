@@ -29,9 +29,7 @@ def setup(tmp_path_factory):
     return config, deployment
 
 
-def _sample(
-    version: int, policy: str = "vertical", reward: float = 0.0, group: str = "e/vertical/0"
-) -> Sample:
+def _sample(version: int, policy: str = "vertical", reward: float = 0.0, group: str = "e/vertical/0") -> Sample:
     return Sample(
         group, "e", "p", "vertical", policy, 0, np.array([1, 5, 6, 7], dtype=np.int32),
         np.array([20], dtype=np.int32), np.array([-3.9], dtype=np.float32), version, reward,
@@ -77,9 +75,7 @@ def test_learner_step_moves_probability_towards_the_better_candidate(setup):
 
         with torch.no_grad():
             return float(
-                completion_logprobs(
-                    learner.model, [samples[0].prompt_ids], [np.array([token], dtype=np.int32)]
-                )[0][0]
+                completion_logprobs(learner.model, [samples[0].prompt_ids], [np.array([token], dtype=np.int32)])[0][0]
             )
 
     before = logprob(good) - logprob(bad)

@@ -1,0 +1,99 @@
+"""The interface between an inference server and its backend (hf, vllm, mock).
+
+A backend generates completions for a batch of requests and loads version-tagged weights broadcast by
+the policy's trainer. `ThreadedBackend` adapts a synchronous engine (the transformers one, the mock) to
+this interface: one batch at a time in a worker thread, weights received by the generic
+`WeightReceiver` and loaded with the engine's `load_weights`. The vLLM backend implements the interface
+natively (`concurrent = True`: several batches may be in flight; vLLM batches them continuously).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Protocol
+
+from mas_async.weight_sync import WeightReceiver, open_weight_group
+
+if TYPE_CHECKING:
+    import torch
+
+    from mas_async.inference.hf_backend import GenerationRequest
+    from mas_async.samples import Completion
+
+
+class InferenceBackend(Protocol):
+    version: int
+    """Weight version of the loaded weights; stamped on every completion."""
+    concurrent: bool
+    """True when several generate() calls may run at once (continuous batching)."""
+
+    async def generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
+        """n completions for each request, every one carrying `version`."""
+        ...
+
+    def join_weight_group(self, *, policy: str, backend: str, host: str, port: int, rank: int, world_size: int) -> None:
+        """Join the policy's weight-broadcast group (blocking; called once, in a thread)."""
+        ...
+
+    def update_weights(self, version: int) -> None:
+        """Receive every tensor of the broadcast of `version`, then load them and set `version`
+        (blocking, in a thread; the server guarantees no generate() runs meanwhile)."""
+        ...
+
+
+class SyncEngine(Protocol):
+    version: int
+
+    def generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]: ...
+
+    def parameter_manifest(self) -> list[tuple[str, list[int], str]] | None: ...
+
+    def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None: ...
+
+
+class ThreadedBackend:
+    """A synchronous engine behind the async backend interface: one batch at a time, in a thread."""
+
+    concurrent = False
+
+    def __init__(self, engine: SyncEngine) -> None:
+        self.engine = engine
+        self.receiver: WeightReceiver | None = None
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    async def generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
+        return await asyncio.to_thread(self.engine.generate, requests)
+
+    def join_weight_group(self, *, policy: str, backend: str, host: str, port: int, rank: int, world_size: int) -> None:
+        group = open_weight_group(
+            policy=policy, backend=backend, host=host, port=port, rank=rank, world_size=world_size
+        )
+        self.receiver = WeightReceiver(group)
+
+    def update_weights(self, version: int) -> None:
+        assert self.receiver is not None, "join_weight_group() first"
+        got, tensors = self.receiver.receive(self.engine.parameter_manifest())
+        if got != version:
+            raise ValueError(f"the broadcast carried version {got}, the trainer announced {version}")
+        self.engine.load_weights(tensors)
+        self.engine.version = version
+
+
+def make_backend(name: str, model_path: str, *, dtype: str, max_batch_sequences: int, seed: int) -> InferenceBackend:
+    """The backend named in the policy's config (`policies.<name>.backend`)."""
+    if name == "hf":
+        from mas_async.inference.hf_backend import HFBackend
+
+        return ThreadedBackend(HFBackend(model_path, dtype=dtype, max_batch_sequences=max_batch_sequences, seed=seed))
+    if name == "mock":
+        from mas_async.inference.mock_backend import MockEngine
+
+        return ThreadedBackend(MockEngine(model_path, seed=seed))
+    if name == "vllm":
+        from mas_async.inference.vllm_backend import VLLMBackend
+
+        return VLLMBackend(model_path, dtype=dtype, max_batch_sequences=max_batch_sequences, seed=seed)
+    raise ValueError(f"unknown inference backend {name!r} (known: hf, vllm, mock)")

@@ -8,4 +8,6 @@ from __future__ import annotations
 
 ENVS: dict[str, str] = {
     "plan_path": "envs.plan_path:PlanPathEnv",
+    # games and planning
+    # code and math
 }

@@ -9,8 +9,14 @@ from __future__ import annotations
 NODES: dict[str, str] = {
     "plan_path_vertical": "nodes.plan_path:VerticalMover",
     "plan_path_horizontal": "nodes.plan_path:HorizontalMover",
+    # games and planning
+    # code and math
+    # examples
 }
 
 WORKFLOWS: dict[str, str] = {
     "plan_path": "nodes.plan_path:PlanPathWorkflow",
+    # games and planning
+    # code and math
+    # examples
 }

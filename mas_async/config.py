@@ -75,8 +75,10 @@ class EnvConfig(_Section):
 
 
 class AlgorithmConfig(_Section):
-    sampling: Literal["tree"] = "tree"
-    """tree: K candidates per agent per turn from one request (n=K), best committed (AT-GRPO)."""
+    sampling: Literal["tree", "parallel"] = "tree"
+    """tree: K candidates per agent per turn from one request (n=K), each scored on its own env clone,
+    the best committed (AT-GRPO). parallel: K independent episodes per problem, one sample per call
+    (pair it with grouping agent or trajectory: agent_turn groups then hold one sample each)."""
     k: int = Field(4, ge=1)
     """Candidates per agent per turn (the group size)."""
     alpha: float = 1.0
@@ -95,6 +97,14 @@ class AlgorithmConfig(_Section):
     """How per-token losses are averaged over the policy's batch."""
     old_logprobs: Literal["recompute", "rollout"] = "recompute"
     """Old log-probs for the PPO ratio: recomputed by the trainer, or taken from the rollout."""
+    kl_coef: float = Field(0.0, ge=0)
+    """Weight of the KL(policy || frozen initial weights) penalty (k3 estimator); 0 keeps no reference."""
+    entropy_coef: float = Field(0.0, ge=0)
+    """Weight of the entropy bonus (entropy of the full next-token distribution); 0 disables it."""
+    ppo_epochs: int = Field(1, ge=1)
+    """Passes over the iteration's batch (all at the rollout's weights, so still on-policy data)."""
+    mini_batches: int = Field(1, ge=1)
+    """Optimiser steps per epoch: the batch is shuffled and split into this many mini-batches."""
 
 
 class RolloutConfig(_Section):
@@ -130,6 +140,14 @@ class TrainerConfig(_Section):
     """Adam weight decay."""
     micro_batch_sequences: int = Field(256, ge=1)
     """Sequences per forward/backward micro-batch (gradients accumulate)."""
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    """Learning rate after warm-up: constant, or cosine decay to min_lr_ratio * lr at the last step."""
+    warmup_steps: int = Field(0, ge=0)
+    """Optimiser steps of linear warm-up from lr / warmup_steps to lr."""
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    """Final learning rate of the cosine schedule, as a fraction of lr."""
+    checkpoint_every: int = Field(0, ge=0)
+    """Save a checkpoint every N iterations (0: only at the end of the run)."""
     bucket_mb: float = Field(64.0, gt=0)
     """Weight-sync bucket size in MiB (tensors are flattened into buckets of at most this size)."""
 
@@ -166,6 +184,9 @@ class Config(_Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    resume: str | None = None
+    """A run directory to resume from its last complete checkpoint (`resume=RUN_DIR` on the command
+    line); the run continues with that directory's resolved config, versions and data position."""
 
     @model_validator(mode="after")
     def _agents_name_known_policies(self) -> Config:

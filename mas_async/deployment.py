@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import socket
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,6 +25,14 @@ class Deployment:
     model_paths: dict[str, str]
     """policy -> local model folder (materialised once by the launcher)."""
     host: str = "127.0.0.1"
+    start_version: int = 0
+    """Weight version every process starts at (0, or the checkpoint a resumed run starts from)."""
+    weights_paths: dict[str, str] = field(default_factory=dict)
+    """policy -> checkpoint folder whose weights replace the model folder's (resumed runs only)."""
+
+    def weights_path(self, policy: str) -> str:
+        """Where the policy's starting weights are: its checkpoint when resuming, else its model folder."""
+        return self.weights_paths.get(policy, self.model_paths[policy])
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2))

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from mas_async.config import Config, ConfigError, dump_config
+from mas_async.checkpoint import latest_complete, policy_checkpoint
+from mas_async.config import Config, ConfigError, dump_config, load_config
 from mas_async.deployment import Deployment, free_ports
 from mas_async.progress import Progress
 
@@ -57,7 +58,22 @@ def prepare_run_dir(config: Config) -> Path:
     return run_dir
 
 
-def prepare_deployment(config: Config, run_dir: Path) -> Deployment:
+def prepare_resume(config: Config) -> tuple[Config, Path, int]:
+    """The saved config, run directory and version a `resume=RUN_DIR` run continues from."""
+    run_dir = Path(config.resume or "")
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"resume={run_dir}: no run there (its config.yaml is missing)")
+    saved = load_config(run_dir / "config.yaml")
+    version = latest_complete(run_dir, list(saved.policies))
+    if version is None:
+        raise ConfigError(f"resume={run_dir}: the run has no complete checkpoint to resume from")
+    if version >= saved.run.iterations:
+        raise ConfigError(f"resume={run_dir}: the run already finished all {saved.run.iterations} iterations")
+    print(f"mas-async: resuming {run_dir} from its checkpoint of version {version}")
+    return saved, run_dir, version
+
+
+def prepare_deployment(config: Config, run_dir: Path, start_version: int = 0) -> Deployment:
     from mas_async.tiny_model import materialise
 
     host = config.cluster.host
@@ -68,6 +84,8 @@ def prepare_deployment(config: Config, run_dir: Path) -> Deployment:
         weight_ports=dict(zip(config.policies, ports[1:], strict=True)),
         model_paths=paths,
         host=host,
+        start_version=start_version,
+        weights_paths={p: str(policy_checkpoint(run_dir, p, start_version)) for p in paths} if start_version else {},
     )
     deployment.save(run_dir / "deployment.json")
     return deployment
@@ -169,8 +187,11 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def launch(config: Config) -> int:
     """Run a whole training job; returns the process exit status."""
-    run_dir = prepare_run_dir(config)
-    prepare_deployment(config, run_dir)
+    if config.resume:
+        config, run_dir, start_version = prepare_resume(config)
+    else:
+        run_dir, start_version = prepare_run_dir(config), 0
+    prepare_deployment(config, run_dir, start_version)
     progress = Progress(config, run_dir)
     children = start_children(config, run_dir)
     previous = signal.signal(signal.SIGTERM, _interrupt)

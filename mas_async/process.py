@@ -49,7 +49,7 @@ def build_actor(role: str, run_dir: Path, index: int, policy: str):
     if role == "trainer":
         from mas_async.trainer.trainer import Trainer
 
-        return Trainer(config, deployment, policy)
+        return Trainer(config, deployment, policy, run_dir)
     raise SystemExit(f"unknown role {role!r}")
 
 

@@ -29,6 +29,7 @@ from typing import Any
 import zmq
 
 from envs import ENVS
+from mas_async.checkpoint import checkpoint_due, save_router
 from mas_async.codec import CodecError
 from mas_async.config import Config
 from mas_async.deployment import Deployment
@@ -52,7 +53,7 @@ from mas_async.messages import (
     encode,
     peek,
 )
-from mas_async.metrics import EpisodeStats, MetricsWriter
+from mas_async.metrics import EpisodeStats, MetricsWriter, keep_rows_before
 from mas_async.registry import resolve
 from mas_async.runtime import Actor, PeerDead, make_socket
 
@@ -118,6 +119,9 @@ class Router(Actor):
         self.test_problems = env_cls.problems("test", config.env.test_size, **config.env.options)
         self._order = list(range(len(self.train_problems)))
         random.Random(config.run.seed).shuffle(self._order)
+        self.start = deployment.start_version
+        if self.start:
+            keep_rows_before(run_dir / "metrics.jsonl", self.start)
         self.metrics = MetricsWriter(run_dir / "metrics.jsonl")
         self.started = time.monotonic()
 
@@ -380,7 +384,7 @@ class Router(Actor):
             raise PeerDead(f"peers never joined within {self.cfg.cluster.startup_timeout_s}s: {missing}") from None
         log.info("all %d peers joined; starting", len(self.expected))
         iterations, every = self.cfg.run.iterations, self.cfg.eval.every
-        for iteration in range(iterations):
+        for iteration in range(self.start, iterations):
             evaluate = every > 0 and iteration % every == 0
             await self._iteration(iteration, evaluate=evaluate, train=True)
         await self._iteration(iterations, evaluate=every > 0, train=False)
@@ -408,6 +412,8 @@ class Router(Actor):
                 self.send_to(f"trainer/{policy}".encode(), msg)
             await state.step_done.wait()
             step_s = time.monotonic() - t1
+            if checkpoint_due(self.cfg, version + 1):
+                save_router(self.run_dir, version + 1, {"iteration": iteration + 1})
         self.metrics.write(self._row(state, rollout_s, step_s, train))
 
     def _row(self, state: IterationState, rollout_s: float, step_s: float, train: bool) -> dict[str, Any]:

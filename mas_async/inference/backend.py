@@ -64,6 +64,10 @@ class ThreadedBackend:
     def version(self) -> int:
         return self.engine.version
 
+    @version.setter
+    def version(self, value: int) -> None:
+        self.engine.version = value
+
     async def generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
         return await asyncio.to_thread(self.engine.generate, requests)
 

@@ -79,11 +79,12 @@ class InferenceServer(Peer):
         self.world_size = 1 + spec.replicas
         self.backend = make_backend(
             spec.backend,
-            deployment.model_paths[policy],
+            deployment.weights_path(policy),
             dtype=spec.dtype,
             max_batch_sequences=spec.max_batch_sequences,
             seed=config.run.seed * 1000 + replica,
         )
+        self.backend.version = deployment.start_version
         self._queue: list[Generate] = []
         self._wakeup = asyncio.Event()
         self.gate = UpdateGate()

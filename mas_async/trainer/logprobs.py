@@ -22,11 +22,13 @@ def completion_logprobs(
     prompts: list[np.ndarray],
     completions: list[np.ndarray],
     temperature: float = 1.0,
+    entropies: list[torch.Tensor] | None = None,
 ) -> list[torch.Tensor]:
     """log p(completion[t] | prompt, completion[:t]) at `temperature`, one float tensor [T_i] per pair.
 
     All sequences run as one right-padded batch; gradients flow when grad mode is enabled. An empty
-    completion gives an empty tensor.
+    completion gives an empty tensor. When `entropies` is a list, the entropy of the full next-token
+    distribution at each completion position is appended to it, one tensor [T_i] per pair.
     """
     if len(prompts) != len(completions):
         raise ValueError(f"got {len(prompts)} prompts but {len(completions)} completions")
@@ -56,5 +58,8 @@ def completion_logprobs(
         # The logits at position t predict the token at t + 1.
         row_logits = logits[i, start - 1 : start - 1 + length].float() / temperature
         targets = input_ids[i, start : start + length]
-        result.append(torch.log_softmax(row_logits, dim=-1).gather(-1, targets[:, None]).squeeze(-1))
+        logp = torch.log_softmax(row_logits, dim=-1)
+        result.append(logp.gather(-1, targets[:, None]).squeeze(-1))
+        if entropies is not None:
+            entropies.append(-(logp.exp() * logp).sum(-1))
     return result

@@ -50,13 +50,7 @@ def ppo_clip_loss(
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
     per_token = -torch.minimum(unclipped, clipped)
 
-    if loss_agg == "token_mean":
-        total = mask.sum() if normalizer is None else normalizer
-        loss = (per_token * mask).sum() / max(float(total), 1.0)
-    else:
-        seq_means = (per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
-        total = logprobs.shape[0] if normalizer is None else normalizer
-        loss = seq_means.sum() / max(float(total), 1.0)
+    loss = aggregate(per_token, mask, loss_agg, normalizer)
 
     with torch.no_grad():
         # A token is clipped when the clipped branch wins the min, so its gradient is zero.
@@ -67,3 +61,26 @@ def ppo_clip_loss(
             "ratio_mean": float((ratio * mask).sum()) / valid,
         }
     return loss, metrics
+
+
+def aggregate(
+    per_token: torch.Tensor, mask: torch.Tensor, loss_agg: str, normalizer: float | None = None
+) -> torch.Tensor:
+    """Reduce a [B, T] per-token quantity to a scalar the way the policy loss is reduced (`loss_agg`);
+    the KL and entropy terms use it too, so every term of the objective is averaged alike."""
+    if loss_agg not in LOSS_AGGREGATIONS:
+        raise ValueError(f"unknown loss_agg {loss_agg!r}; known: {list(LOSS_AGGREGATIONS)}")
+    mask = mask.to(per_token.dtype)
+    if loss_agg == "token_mean":
+        total = mask.sum() if normalizer is None else normalizer
+        return (per_token * mask).sum() / max(float(total), 1.0)
+    seq_means = (per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+    total = per_token.shape[0] if normalizer is None else normalizer
+    return seq_means.sum() / max(float(total), 1.0)
+
+
+def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token KL(policy || reference) estimate "k3" (Schulman): exp(r) - r - 1 with r = ref - logp;
+    non-negative, unbiased, low variance; gradients flow through `logprobs`."""
+    r = ref_logprobs.detach() - logprobs
+    return torch.exp(r) - r - 1.0

@@ -38,7 +38,7 @@ def _sample(version: int, policy: str = "vertical", reward: float = 0.0, group: 
 
 def test_samples_of_another_version_are_refused_and_counted(setup):
     config, deployment = setup
-    trainer = Trainer(config, deployment, "vertical")
+    trainer = Trainer(config, deployment, "vertical", ROOT / "runs" / "unused")
     samples = [_sample(0), _sample(1), _sample(0, policy="horizontal"), _sample(0)]
     asyncio.run(trainer.on_message(Groups("vertical", 0, "e", 4, [sample_to_wire(s) for s in samples])))
     assert trainer.received == 4 and trainer.refused == 2 and len(trainer.batch) == 2
@@ -46,7 +46,7 @@ def test_samples_of_another_version_are_refused_and_counted(setup):
 
 def test_a_missing_sample_fails_the_step_loudly(setup):
     config, deployment = setup
-    trainer = Trainer(config, deployment, "vertical")
+    trainer = Trainer(config, deployment, "vertical", ROOT / "runs" / "unused")
     sent = []
     trainer.send = sent.append  # record what would go to the router
     asyncio.run(trainer.on_message(Groups("vertical", 0, "e", 1, [sample_to_wire(_sample(0))])))

@@ -1,0 +1,104 @@
+"""Checkpoints of a run, and which one a resumed run starts from.
+
+Layout under RUN_DIR/checkpoints/:
+- `<policy>/v<version>/`: the policy's weights (`save_pretrained`, loadable by an inference server as a
+  model folder) and `trainer_state.pt` (optimiser, scheduler, RNG states, version). Each policy has its
+  own folder, so checkpoints of different policies never overwrite each other.
+- `router/v<version>.json`: the router's data position at that version (the next iteration).
+
+Every checkpoint is written to a temporary name and renamed into place when complete, so a half-written
+checkpoint is never seen. The router writes its file only after every trainer has reported its own
+checkpoint of that version, so a version with a router file is complete for every policy: that is what
+`latest_complete` looks for. Trainer state is saved with torch.save and loaded with weights_only=True
+(tensors and plain containers only).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from mas_async.config import Config
+    from mas_async.trainer.trainer import PolicyLearner
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+
+
+def checkpoint_due(config: Config, version: int) -> bool:
+    """Whether the weights of `version` (after iteration version - 1) are checkpointed."""
+    every = config.trainer.checkpoint_every
+    return version == config.run.iterations or (every > 0 and version % every == 0)
+
+
+def policy_checkpoint(run_dir: Path, policy: str, version: int) -> Path:
+    return run_dir / "checkpoints" / policy / f"v{version:06d}"
+
+
+def save_policy(run_dir: Path, policy: str, version: int, learner: PolicyLearner) -> Path:
+    final = policy_checkpoint(run_dir, policy, version)
+    tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    learner.model.save_pretrained(tmp, safe_serialization=True)
+    for name in TOKENIZER_FILES:  # so the checkpoint is a complete model folder (vLLM loads it as one)
+        source = Path(learner.model_path) / name
+        if source.exists():
+            shutil.copy2(source, tmp / name)
+    state = {
+        "version": version,
+        "optimizer": learner.optimizer.state_dict(),
+        "scheduler": learner.scheduler.state_dict(),
+        "torch_rng": torch.get_rng_state(),
+        "numpy_rng": json.dumps(learner.rng.bit_generator.state),
+        "python_rng": json.dumps(random.getstate()),
+    }
+    torch.save(state, tmp / "trainer_state.pt")
+    shutil.rmtree(final, ignore_errors=True)  # a leftover of a run killed after this rename
+    os.rename(tmp, final)
+    return final
+
+
+def load_policy_state(run_dir: Path, policy: str, version: int, learner: PolicyLearner) -> None:
+    """Restore optimiser, scheduler and RNG states (the weights come from the folder itself)."""
+    state: dict[str, Any] = torch.load(
+        policy_checkpoint(run_dir, policy, version) / "trainer_state.pt", weights_only=True
+    )
+    if state["version"] != version:
+        raise ValueError(f"checkpoint of {policy} at v{version} holds version {state['version']}")
+    learner.optimizer.load_state_dict(state["optimizer"])
+    learner.scheduler.load_state_dict(state["scheduler"])
+    torch.set_rng_state(state["torch_rng"])
+    learner.rng.bit_generator.state = json.loads(state["numpy_rng"])
+    kind, internal, gauss = json.loads(state["python_rng"])
+    random.setstate((kind, tuple(internal), gauss))
+
+
+def save_router(run_dir: Path, version: int, position: dict[str, Any]) -> None:
+    folder = run_dir / "checkpoints" / "router"
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".tmp-v{version:06d}.json"
+    tmp.write_text(json.dumps({"version": version, **position}))
+    os.replace(tmp, folder / f"v{version:06d}.json")
+
+
+def latest_complete(run_dir: Path, policies: list[str]) -> int | None:
+    """The newest version checkpointed by the router and by every policy, or None."""
+    folder = run_dir / "checkpoints" / "router"
+    versions = sorted(
+        (int(p.stem[1:]) for p in folder.glob("v*.json") if p.stem[1:].isdigit()), reverse=True
+    ) if folder.exists() else []  # fmt: skip
+    for version in versions:
+        if all((policy_checkpoint(run_dir, p, version) / "trainer_state.pt").exists() for p in policies):
+            return version
+    return None
+
+
+def load_router_position(run_dir: Path, version: int) -> dict[str, Any]:
+    return json.loads((run_dir / "checkpoints" / "router" / f"v{version:06d}.json").read_text())

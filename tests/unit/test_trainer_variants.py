@@ -1,0 +1,98 @@
+"""Trainer variants: PPO epochs and mini-batches, learning-rate schedule, KL to the frozen reference,
+entropy bonus, and the zero-advantage shortcut being exact."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from mas_async.config import TrainerConfig, load_config
+from mas_async.samples import Sample
+from mas_async.tiny_model import materialise
+from mas_async.trainer.logprobs import completion_logprobs
+from mas_async.trainer.trainer import PolicyLearner, lr_lambda
+from tests.integration.launch import ROOT
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    return str(materialise("builtin:tiny-char", tmp_path_factory.mktemp("models")))
+
+
+def _learner(model_path, *overrides):
+    config = load_config(ROOT / "configs/plan_path_tiny.yaml", list(overrides))
+    return PolicyLearner(config, "vertical", model_path)
+
+
+def _batch(learner, rewards=(1.0, -1.0, 1.0, -1.0), tokens=(20, 21, 22, 23)):
+    prompt = np.array([1, 5, 6, 7, 8], dtype=np.int32)
+    samples = []
+    for i, (token, reward) in enumerate(zip(tokens, rewards, strict=True)):
+        completion = np.array([token], dtype=np.int32)
+        with torch.no_grad():
+            lp = completion_logprobs(learner.model, [prompt], [completion])[0].numpy()
+        samples.append(
+            Sample("e/vertical/0", "e", "p", "vertical", "vertical", 0, prompt, completion, lp, 0, reward, info={"i": i})
+        )
+    return samples
+
+
+def test_epochs_and_mini_batches_count_optimiser_steps(model_path):
+    learner = _learner(model_path, "algorithm.ppo_epochs=2", "algorithm.mini_batches=2")
+    metrics = learner.step(_batch(learner))
+    assert metrics["optimizer_steps"] == 4
+    assert metrics["logprob_abs_diff"] < 1e-6
+
+
+def test_second_epoch_is_off_policy_in_ratio_only(model_path):
+    # After the first epoch's step the ratio moves away from 1, so clipping can act in the second.
+    learner = _learner(model_path, "algorithm.ppo_epochs=3", "policies.vertical.lr=0.05", "algorithm.clip_low=0.01",
+                       "algorithm.clip_high=0.01")  # fmt: skip
+    metrics = learner.step(_batch(learner))
+    assert metrics["clip_fraction"] > 0.0
+
+
+def test_lr_schedule_warmup_then_cosine_to_the_floor():
+    trainer = TrainerConfig(lr_schedule="cosine", warmup_steps=4, min_lr_ratio=0.1)
+    f = lr_lambda(trainer, total_steps=14)
+    assert [f(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert f(4) == pytest.approx(1.0)
+    assert f(9) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert f(14) == pytest.approx(0.1) and f(100) == pytest.approx(0.1)
+    constant = lr_lambda(TrainerConfig(), total_steps=10)
+    assert all(constant(s) == 1.0 for s in range(20))
+
+
+def test_kl_is_zero_at_the_reference_and_positive_after_moving(model_path):
+    learner = _learner(model_path, "algorithm.kl_coef=0.1", "policies.vertical.lr=0.05")
+    first = learner.step(_batch(learner))
+    assert first["kl"] == pytest.approx(0.0, abs=1e-7)  # the policy still equals the frozen reference
+    second = learner.step(_batch(learner))
+    assert second["kl"] > 1e-6
+
+
+def test_entropy_bonus_raises_entropy_when_advantages_are_zero(model_path):
+    learner = _learner(model_path, "algorithm.entropy_coef=1.0", "policies.vertical.lr=0.002")
+    batch = _batch(learner, rewards=(0.0, 0.0, 0.0, 0.0))  # no policy-gradient signal at all
+    before = learner.step(batch)["entropy"]
+    after = learner.step(_batch(learner, rewards=(0.0, 0.0, 0.0, 0.0)))["entropy"]
+    assert before > 0 and after > before
+
+
+def test_zero_advantage_shortcut_is_exact(model_path):
+    """Skipping zero-advantage samples gives the same update as putting them through backward."""
+    a = _learner(model_path, "policies.vertical.lr=0.01")
+    b = _learner(model_path, "policies.vertical.lr=0.01", "algorithm.entropy_coef=1e-30")  # forces all through
+    rewards = (1.0, -1.0, 0.0, 0.0)
+    samples_a = _batch(a, rewards) + [
+        Sample("x/vertical/0", "x", "q", "vertical", "vertical", 0, np.array([1, 9], dtype=np.int32),
+               np.array([20], dtype=np.int32), np.array([-3.9], dtype=np.float32), 0, 0.5)
+    ]  # fmt: skip
+    samples_b = _batch(b, rewards) + [samples_a[-1]]
+    a.step(samples_a)
+    b.step(samples_b)
+    for (name, pa), (_, pb) in zip(a.model.named_parameters(), b.model.named_parameters(), strict=True):
+        torch.testing.assert_close(pa, pb, rtol=0, atol=1e-6, msg=name)

@@ -52,6 +52,20 @@ class MetricsWriter:
         self._file.close()
 
 
+def keep_rows_before(path: Path, iteration: int) -> None:
+    """Resuming at `iteration`: the rows of later iterations belong to steps that were never
+    checkpointed, so they move to metrics.replaced.jsonl and the run rewrites them (none is repeated)."""
+    rows = read_metrics(path)
+    kept = [r for r in rows if r.get("iteration", 0) < iteration]
+    dropped = [r for r in rows if r.get("iteration", 0) >= iteration]
+    if dropped:
+        with path.with_name("metrics.replaced.jsonl").open("a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in dropped)
+    tmp = path.with_name(".metrics.jsonl.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    tmp.replace(path)
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """All complete rows of a metrics.jsonl (a half-written last line is ignored)."""
     rows = []

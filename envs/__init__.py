@@ -8,6 +8,12 @@ from __future__ import annotations
 
 ENVS: dict[str, str] = {
     "plan_path": "envs.plan_path:PlanPathEnv",
+    "plan_path_solo": "envs.plan_path_solo:PlanPathSoloEnv",
     # games and planning
+    "sokoban": "envs.sokoban:SokobanEnv",
+    "sudoku": "envs.sudoku:SudokuEnv",
     # code and math
+    "code": "envs.code:CodeEnv",
+    "math": "envs.math:MathEnv",
+    "math_routed": "envs.math:RoutedMathEnv",
 }

@@ -1,4 +1,4 @@
-"""The `mas-async` command line: `mas-async train CONFIG [section.key=value ...]`.
+"""The `mas-async` command line: `mas-async train CONFIG [section.key=value ...]`, `mas-async eval ...`.
 
 Thin by design: it parses arguments, loads and validates the config (a mistake is one sentence naming
 the key and the file, exit status 2) and hands over to the launcher.
@@ -19,14 +19,20 @@ def main(argv: list[str] | None = None) -> int:
     train = sub.add_parser("train", help="run a training job: every process on this machine")
     train.add_argument("config", help="YAML run config, e.g. configs/plan_path_tiny.yaml")
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.batch_size=8")
+    evaluate = sub.add_parser("eval", help="evaluate checkpointed policies on the test split (avg@k, pass@k)")
+    evaluate.add_argument("config", help="YAML run config (the env, agents and policies to evaluate)")
+    evaluate.add_argument(
+        "overrides", nargs="*", help="checkpoint=RUN_DIR (its last checkpoint), eval.k=8, eval.greedy=false, ..."
+    )
     args = parser.parse_args(argv)
 
-    if args.command == "train":
+    if args.command in ("train", "eval"):
         from mas_async.launcher import launch
 
+        overrides = [f"eval.{o}" if o.startswith("checkpoint=") else o for o in args.overrides]
         try:
-            config = load_config(args.config, args.overrides)
-            return launch(config)
+            config = load_config(args.config, overrides)
+            return launch(config, mode=args.command)
         except (ConfigError, RegistryError) as e:
             print(f"mas-async: {e}", file=sys.stderr)
             return 2

@@ -131,6 +131,12 @@ class EvalConfig(_Section):
     """Test problems per evaluation (one sample per agent per turn, no best-of-K)."""
     greedy: bool = True
     """Greedy decoding during evaluation (else sampled at the rollout temperature)."""
+    k: int = Field(1, ge=1)
+    """Episodes per test problem: reports avg@k (mean success) and pass@k (any of the k succeeds)."""
+    checkpoint: str | None = None
+    """`mas-async eval`: a run directory whose last complete checkpoint supplies every policy's weights."""
+    weights: dict[str, str] = Field(default_factory=dict)
+    """`mas-async eval`: policy -> checkpoint folder, overriding `checkpoint` (e.g. to swap two roles)."""
 
 
 class TrainerConfig(_Section):
@@ -197,6 +203,13 @@ class Config(_Section):
         unused = sorted(set(self.policies) - {a.policy for a in self.agents.values()})
         if unused:
             raise ValueError(f"policies {unused} serve no agent")
+        if self.algorithm.sampling == "parallel" and self.algorithm.grouping == "agent_turn":
+            raise ValueError(
+                "algorithm.sampling=parallel takes one sample per call, so agent_turn groups would hold one "
+                "sample each (zero advantage); use algorithm.grouping=agent or trajectory"
+            )
+        if self.eval.k > 1 and self.eval.greedy:
+            raise ValueError("eval.k > 1 repeats identical greedy episodes; set eval.greedy=false")
         return self
 
     def policy_of(self) -> dict[str, str]:

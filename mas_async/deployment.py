@@ -27,6 +27,8 @@ class Deployment:
     host: str = "127.0.0.1"
     start_version: int = 0
     """Weight version every process starts at (0, or the checkpoint a resumed run starts from)."""
+    training: bool = True
+    """False for `mas-async eval`: no trainers, no weight groups, one evaluation pass."""
     weights_paths: dict[str, str] = field(default_factory=dict)
     """policy -> checkpoint folder whose weights replace the model folder's (resumed runs only)."""
 

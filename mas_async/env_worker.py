@@ -144,7 +144,7 @@ class EnvWorker(Peer):
                 policy_of=self.policy_of,
                 tokenizers=self.tokenizers,
                 generate=self.generate if msg.mode == "train" or self.cfg.eval.greedy else self._sampled,
-                k=self.cfg.algorithm.k,
+                k=1 if self.cfg.algorithm.sampling == "parallel" else self.cfg.algorithm.k,
                 alpha=self.cfg.algorithm.alpha,
                 mode=msg.mode,
                 seed=msg.seed,

@@ -73,7 +73,28 @@ def prepare_resume(config: Config) -> tuple[Config, Path, int]:
     return saved, run_dir, version
 
 
-def prepare_deployment(config: Config, run_dir: Path, start_version: int = 0) -> Deployment:
+def eval_weights(config: Config) -> tuple[dict[str, str], int]:
+    """policy -> weights folder for `mas-async eval`, and the version they hold (0 for the base models)."""
+    weights, version = {}, 0
+    if config.eval.checkpoint:
+        source = Path(config.eval.checkpoint)
+        found = latest_complete(source, list(config.policies))
+        if found is None:
+            raise ConfigError(f"eval.checkpoint={source}: no complete checkpoint there")
+        version = found
+        weights = {p: str(policy_checkpoint(source, p, found)) for p in config.policies}
+    for policy, path in config.eval.weights.items():
+        if policy not in config.policies:
+            raise ConfigError(f"eval.weights.{policy}: no such policy (policies: {', '.join(config.policies)})")
+        if not (Path(path) / "config.json").is_file():
+            raise ConfigError(f"eval.weights.{policy}={path}: not a model folder (no config.json)")
+        weights[policy] = path
+    return weights, version
+
+
+def prepare_deployment(
+    config: Config, run_dir: Path, start_version: int = 0, training: bool = True, weights: dict[str, str] | None = None
+) -> Deployment:
     from mas_async.tiny_model import materialise
 
     host = config.cluster.host
@@ -86,16 +107,20 @@ def prepare_deployment(config: Config, run_dir: Path, start_version: int = 0) ->
         host=host,
         start_version=start_version,
         weights_paths={p: str(policy_checkpoint(run_dir, p, start_version)) for p in paths} if start_version else {},
+        training=training,
     )
+    if weights is not None:
+        deployment.weights_paths = weights
     deployment.save(run_dir / "deployment.json")
     return deployment
 
 
-def process_specs(config: Config) -> list[tuple[str, list[str]]]:
+def process_specs(config: Config, training: bool = True) -> list[tuple[str, list[str]]]:
     """(name, arguments after the run dir) for every process, router first."""
     specs: list[tuple[str, list[str]]] = [("router", ["router"])]
     for policy, spec in config.policies.items():
-        specs.append((f"trainer/{policy}", ["trainer", "--policy", policy]))
+        if training:
+            specs.append((f"trainer/{policy}", ["trainer", "--policy", policy]))
         for r in range(spec.replicas):
             specs.append((f"inference/{policy}/{r}", ["inference", "--policy", policy, "--index", str(r)]))
     for i in range(config.cluster.env_workers):
@@ -103,10 +128,10 @@ def process_specs(config: Config) -> list[tuple[str, list[str]]]:
     return specs
 
 
-def start_children(config: Config, run_dir: Path) -> list[Child]:
+def start_children(config: Config, run_dir: Path, training: bool = True) -> list[Child]:
     children = []
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(config.cluster.torch_threads))
-    for name, args in process_specs(config):
+    for name, args in process_specs(config, training):
         log_path = run_dir / "logs" / f"{name.replace('/', '-')}.log"
         with log_path.open("ab") as log_file:
             proc = subprocess.Popen(
@@ -185,15 +210,23 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def launch(config: Config) -> int:
-    """Run a whole training job; returns the process exit status."""
-    if config.resume:
+def launch(config: Config, mode: str = "train") -> int:
+    """Run a whole training job (mode "train") or one evaluation pass (mode "eval"); returns the exit
+    status. An evaluation runs the router, inference servers and env workers, no trainers."""
+    weights = None
+    if mode == "eval":
+        weights, start_version = eval_weights(config)
+        if config.run.output_dir is None:
+            config.run.name = f"{config.run.name}-eval"
+        run_dir = prepare_run_dir(config)
+    elif config.resume:
         config, run_dir, start_version = prepare_resume(config)
     else:
         run_dir, start_version = prepare_run_dir(config), 0
-    prepare_deployment(config, run_dir, start_version)
+    training = mode == "train"
+    prepare_deployment(config, run_dir, start_version, training, weights)
     progress = Progress(config, run_dir)
-    children = start_children(config, run_dir)
+    children = start_children(config, run_dir, training)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         return supervise(children, run_dir, progress)

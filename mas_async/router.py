@@ -18,6 +18,7 @@ decoded; payload frames are forwarded untouched. The router writes RUN_DIR/metri
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import time
@@ -89,6 +90,8 @@ class IterationState:
         self.queued: list[EpisodeTask] = []
         self.stats = {"train": EpisodeStats(), "eval": EpisodeStats()}
         self.dropped = {"train": 0, "eval": 0}
+        self.eval_solved: dict[str, list[bool]] = {}
+        """test problem -> success of each of its eval.k episodes (for pass@k)."""
         self.first_error = ""
         self.forwarded: dict[str, int] = defaultdict(int)
         self.late_groups = 0
@@ -109,6 +112,7 @@ class Router(Actor):
         self.run_dir = run_dir
         self.policies = list(config.policies)
         self.peers: dict[bytes, PeerInfo] = {}
+        self.deployment = deployment
         self.expected = self._expected_peers()
         self.all_joined = asyncio.Event()
         self._outbox: asyncio.Queue[list] = asyncio.Queue()
@@ -129,7 +133,8 @@ class Router(Actor):
         names = {f"env_worker/{i}" for i in range(self.cfg.cluster.env_workers)}
         for policy, spec in self.cfg.policies.items():
             names |= {f"inference/{policy}/{r}" for r in range(spec.replicas)}
-            names.add(f"trainer/{policy}")
+            if self.deployment.training:
+                names.add(f"trainer/{policy}")
         return names
 
     # -- sockets -----------------------------------------------------------------------------------
@@ -268,6 +273,8 @@ class Router(Actor):
             log.error("episode %s failed: %s", msg.episode_id, msg.error)
         else:
             state.stats[msg.mode].add(msg.summary)
+            if msg.mode == "eval":
+                state.eval_solved.setdefault(task.msg.problem_id, []).append(bool(msg.summary.get("success")))
         self._dispatch()
 
     def _on_trained(self, msg: Trained) -> None:
@@ -323,24 +330,33 @@ class Router(Actor):
             state.rollout_done.set()
 
     def _episodes(self, iteration: int, version: int, train: bool, evaluate: bool) -> list[EpisodeTask]:
+        """The iteration's episodes. Tree sampling runs one episode per problem (K candidates per turn
+        inside it); parallel sampling runs K independent episodes of each problem. Evaluation runs
+        eval.k episodes of each test problem (avg@k, pass@k)."""
         tasks = []
         if train:
             size = self.cfg.rollout.batch_size
+            copies = self.cfg.algorithm.k if self.cfg.algorithm.sampling == "parallel" else 1
             for index in range(size):
                 position = self._order[(iteration * size + index) % len(self._order)]
-                seed = hash((self.cfg.run.seed, iteration, index)) & 0x7FFFFFFF
-                msg = RunEpisode(
-                    f"train{iteration}-{index}", iteration, "train", f"train{position}",
-                    self.train_problems[position], seed, version,
-                )  # fmt: skip
-                tasks.append(EpisodeTask(msg))
+                for copy in range(copies):
+                    seed = hash((self.cfg.run.seed, iteration, index, copy)) & 0x7FFFFFFF
+                    suffix = f"-{copy}" if copies > 1 else ""
+                    msg = RunEpisode(
+                        f"train{iteration}-{index}{suffix}", iteration, "train", f"train{position}",
+                        self.train_problems[position], seed, version,
+                    )  # fmt: skip
+                    tasks.append(EpisodeTask(msg))
         if evaluate:
+            k = self.cfg.eval.k
             for index in range(min(self.cfg.eval.size, len(self.test_problems))):
-                msg = RunEpisode(
-                    f"eval{iteration}-{index}", iteration, "eval", f"test{index}",
-                    self.test_problems[index], index, version,
-                )  # fmt: skip
-                tasks.append(EpisodeTask(msg))
+                for copy in range(k):
+                    suffix = f"-{copy}" if k > 1 else ""
+                    msg = RunEpisode(
+                        f"eval{iteration}-{index}{suffix}", iteration, "eval", f"test{index}",
+                        self.test_problems[index], index * 1000 + copy, version,
+                    )  # fmt: skip
+                    tasks.append(EpisodeTask(msg))
         return tasks
 
     async def _watchdog(self) -> None:
@@ -383,16 +399,20 @@ class Router(Actor):
             missing = sorted(self.expected - {p.decode() for p in self.peers})
             raise PeerDead(f"peers never joined within {self.cfg.cluster.startup_timeout_s}s: {missing}") from None
         log.info("all %d peers joined; starting", len(self.expected))
-        iterations, every = self.cfg.run.iterations, self.cfg.eval.every
-        for iteration in range(self.start, iterations):
-            evaluate = every > 0 and iteration % every == 0
-            await self._iteration(iteration, evaluate=evaluate, train=True)
-        await self._iteration(iterations, evaluate=every > 0, train=False)
+        if self.deployment.training:
+            iterations, every = self.cfg.run.iterations, self.cfg.eval.every
+            for iteration in range(self.start, iterations):
+                evaluate = every > 0 and iteration % every == 0
+                await self._iteration(iteration, evaluate=evaluate, train=True)
+            await self._iteration(iterations, evaluate=every > 0, train=False)
+        else:  # mas-async eval: one evaluation pass of the given weights
+            row = await self._iteration(self.start, evaluate=True, train=False)
+            (self.run_dir / "eval.json").write_text(json.dumps(row, indent=2))
         for ident in self.peers:
             self.send_to(ident, Shutdown("run finished", False))
         await asyncio.sleep(0.5)  # let the send loop flush the Shutdown messages
 
-    async def _iteration(self, iteration: int, *, evaluate: bool, train: bool) -> None:
+    async def _iteration(self, iteration: int, *, evaluate: bool, train: bool) -> dict[str, Any]:
         version = iteration
         state = self.state = IterationState(iteration, version, self.policies)
         t0 = time.monotonic()
@@ -414,7 +434,9 @@ class Router(Actor):
             step_s = time.monotonic() - t1
             if checkpoint_due(self.cfg, version + 1):
                 save_router(self.run_dir, version + 1, {"iteration": iteration + 1})
-        self.metrics.write(self._row(state, rollout_s, step_s, train))
+        row = self._row(state, rollout_s, step_s, train)
+        self.metrics.write(row)
+        return row
 
     def _row(self, state: IterationState, rollout_s: float, step_s: float, train: bool) -> dict[str, Any]:
         row: dict[str, Any] = {"iteration": state.iteration}
@@ -431,6 +453,10 @@ class Router(Actor):
         if eval_stats.episodes or state.dropped["eval"]:
             means = eval_stats.means()
             row["eval/team_success_rate"] = means.get("success", 0.0)
+            k = self.cfg.eval.k
+            row[f"eval/avg@{k}"] = means.get("success", 0.0)
+            solved = state.eval_solved.values()
+            row[f"eval/pass@{k}"] = sum(any(s) for s in solved) / max(1, len(solved))
             for key, value in means.items():
                 if key.startswith("reward/"):
                     row[f"eval/{key}"] = value

@@ -9,14 +9,35 @@ from __future__ import annotations
 NODES: dict[str, str] = {
     "plan_path_vertical": "nodes.plan_path:VerticalMover",
     "plan_path_horizontal": "nodes.plan_path:HorizontalMover",
+    "plan_path_solo": "nodes.plan_path:SoloMover",
     # games and planning
+    "sokoban_vertical": "nodes.sokoban:VerticalPusher",
+    "sokoban_horizontal": "nodes.sokoban:HorizontalPusher",
+    "sudoku_chooser": "nodes.sudoku:CellChooser",
+    "sudoku_placer": "nodes.sudoku:DigitPlacer",
+    "sokoban_vertical_chat": "nodes.sokoban:ChatVerticalPusher",
+    "sokoban_horizontal_chat": "nodes.sokoban:ChatHorizontalPusher",
+    "sudoku_chooser_chat": "nodes.sudoku:ChatCellChooser",
+    "sudoku_placer_chat": "nodes.sudoku:ChatDigitPlacer",
     # code and math
+    "code_coder": "nodes.code:Coder",
+    "code_tester": "nodes.code:Tester",
+    "math_reasoner": "nodes.math:Reasoner",
+    "math_tool_user": "nodes.math:ToolUser",
+    "routed_solver": "nodes.routed:Solver",
+    "routed_verifier": "nodes.routed:Verifier",
     # examples
 }
 
 WORKFLOWS: dict[str, str] = {
     "plan_path": "nodes.plan_path:PlanPathWorkflow",
+    "plan_path_solo": "nodes.plan_path:PlanPathSoloWorkflow",
     # games and planning
+    "sokoban": "nodes.sokoban:SokobanWorkflow",
+    "sudoku": "nodes.sudoku:SudokuWorkflow",
     # code and math
+    "code": "nodes.code:CodeWorkflow",
+    "math": "nodes.math:MathWorkflow",
+    "routed": "nodes.routed:RoutedWorkflow",
     # examples
 }

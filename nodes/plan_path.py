@@ -81,3 +81,44 @@ class PlanPathWorkflow(Workflow):
                     return
                 await episode.act(self.nodes[agent])
             episode.next_turn()
+
+
+
+class SoloMover(Node):
+    """The single-agent baseline's only node: one move in any direction ("U", "D", "L" or "R")."""
+
+    moves = ("U", "D", "L", "R")
+
+    def __init__(self, agent: str = "solo") -> None:
+        super().__init__(agent)
+
+    def parse(self, text: str) -> str:
+        stripped = text.strip()
+        if not stripped or stripped[0] not in self.moves:
+            raise ParseError(f"{self.agent}: expected one of U, D, L, R first, got {text[:20]!r}")
+        return stripped[0]
+
+    def local_reward(self, before: PlanPathEnv, action: Any, after: PlanPathEnv) -> float:
+        if after.infos[self.agent]["blocked"]:
+            return self.invalid_penalty
+        return float(before.distance() - after.distance())
+
+
+class PlanPathSoloWorkflow(Workflow):
+    """One agent moves each step until the goal or `max_moves` moves (the single-agent baseline; the
+    team's `max_turns` turns hold two moves each, so compare with max_moves = 2 * max_turns)."""
+
+    agents = ("solo",)
+
+    def __init__(self, nodes: dict[str, Node], max_moves: int = 16) -> None:
+        super().__init__(nodes)
+        if not isinstance(max_moves, int) or max_moves < 1:
+            raise ValueError(f"PlanPathSoloWorkflow: max_moves must be a positive integer, got {max_moves!r}")
+        self.max_moves = max_moves
+
+    async def run(self, episode: Episode) -> None:
+        for _ in range(self.max_moves):
+            if episode.env.done:
+                return
+            await episode.act(self.nodes["solo"])
+            episode.next_turn()

@@ -91,6 +91,9 @@ class InferenceServer(Peer):
         self.served = 0
 
     async def main(self) -> None:
+        if not self.deployment.training:  # mas-async eval: fixed weights, no trainer to listen to
+            await self._batch_loop()
+            return
         await asyncio.to_thread(
             self.backend.join_weight_group,
             policy=self.policy,

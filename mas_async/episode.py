@@ -6,7 +6,8 @@ tree-sampling step:
 
 1. tokenise the node's prompt with its policy's chat template (token ids are the truth from here on),
 2. ask the policy for K completions in one request (`n=K`; eval mode: one greedy completion),
-3. decode and parse each, and score EVERY candidate on its own `env.clone()`:
+3. decode and parse each, and score EVERY candidate on its own `env.clone()`, all K concurrently (an
+   env may define `async astep(agent, action)`, awaited instead of `step`, to run code in the sandbox):
    `reward = alpha * clone.team_reward() + node.local_reward(before=env, action, after=clone)`;
    an unparsable candidate keeps its unchanged clone and gets `node.invalid_penalty` (never dropped),
 4. only then record the group (one `Sample` per candidate, key "<episode_id>/<agent>/<turn>") and
@@ -20,6 +21,7 @@ two agents) use the lower-level `sample`, `record`, `commit` and `next_turn` tha
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
 from collections.abc import Awaitable, Callable, Mapping
@@ -129,12 +131,13 @@ class Episode:
         if len(completions) != n:
             raise RuntimeError(f"generate for policy {policy!r} returned {len(completions)} completions, asked {n}")
         self._turns_played.add(self.turn)
-        candidates = []
+        scoring = []
         for index, completion in enumerate(completions):
             self.tokens += len(completion.token_ids)
             text = self.tokenizers[policy].decode(np.asarray(completion.token_ids).tolist(), skip_special_tokens=True)
-            candidates.append(self._score(node, policy, index, prompt_ids, completion, text))
-        return candidates
+            scoring.append(self._score(node, policy, index, prompt_ids, completion, text))
+        # Concurrently: an env whose `astep` runs code in the sandbox overlaps its K executions.
+        return list(await asyncio.gather(*scoring))
 
     def record(self, node: Node, candidates: list[Candidate]) -> None:
         """Keep the candidates as one group (train mode: one Sample each) and their reward statistics."""
@@ -219,7 +222,7 @@ class Episode:
             raise ValueError(f"no policy serves agent {agent!r}: policy_of maps {known}")
         return self.policy_of[agent]
 
-    def _score(
+    async def _score(
         self, node: Node, policy: str, index: int, prompt_ids: np.ndarray, completion: Completion, text: str
     ) -> Candidate:
         clone = self.env.clone()
@@ -242,7 +245,7 @@ class Episode:
                 local_reward=node.invalid_penalty,
                 reward=node.invalid_penalty,
             )
-        clone.step(node.agent, action)
+        await step_env(clone, node.agent, action)
         team = float(clone.team_reward())
         local = float(node.local_reward(self.env, action, clone))
         return Candidate(
@@ -261,6 +264,16 @@ class Episode:
             local_reward=local,
             reward=self.alpha * team + local,
         )
+
+
+async def step_env(env: Env, agent: str, action: Any) -> None:
+    """Apply `action`: `await env.astep(agent, action)` when the env has one (an env that runs code in
+    the sandbox, without blocking the event loop), else the synchronous `env.step(agent, action)`."""
+    astep = getattr(env, "astep", None)
+    if astep is not None:
+        await astep(agent, action)
+    else:
+        env.step(agent, action)
 
 
 def _prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> np.ndarray:

@@ -12,6 +12,8 @@ The tokenizer maps one character to one token. Its vocabulary is fixed (ids neve
     7.. "\\n", " ", "0"-"9", ". # : , = -", "A"-"Z"
 
 and its chat template is Qwen's: `<|im_start|>{role}\\n{content}<|im_end|>\\n` per message.
+The "tiny-ascii" preset has the same ids 0-6, then "\\n", "\\t" and every printable ASCII character
+(space to "~"), so that code and math prompts tokenize without <unk>.
 
 The models are Qwen3-architecture presets with weights drawn from a seeded generator in a fixed
 parameter order, so the same preset and seed always give bit-identical files.
@@ -39,6 +41,8 @@ SPECIAL_TOKENS = [EOS_TOKEN, IM_START, IM_END, UNK_TOKEN]
 ROLE_TOKENS = ["system", "user", "assistant"]
 CHARACTERS = ["\n", " ", *"0123456789", *".#:,=-", *"ABCDEFGHIJKLMNOPQRSTUVWXYZ"]
 VOCAB = [*SPECIAL_TOKENS, *ROLE_TOKENS, *CHARACTERS]
+ASCII_CHARACTERS = ["\n", "\t", *(chr(code) for code in range(32, 127))]
+ASCII_VOCAB = [*SPECIAL_TOKENS, *ROLE_TOKENS, *ASCII_CHARACTERS]
 
 EOS_ID = VOCAB.index(EOS_TOKEN)
 IM_START_ID = VOCAB.index(IM_START)
@@ -89,16 +93,35 @@ PRESETS: dict[str, Preset] = {
         head_dim=32,
         intermediate_size=384,
     ),
+    # tiny-char's shape with a printable-ASCII vocabulary and room for long prompts (code, math).
+    "tiny-ascii": Preset(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        max_position_embeddings=8192,
+    ),
 }
+# The vocabulary of each preset (ids never move); presets not listed use VOCAB.
+PRESET_VOCABS: dict[str, list[str]] = {"tiny-ascii": ASCII_VOCAB}
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    """The character-level tokenizer, as a transformers fast tokenizer (no files needed)."""
+def vocabulary(preset: str) -> list[str]:
+    """The token list of a preset's tokenizer (index = token id)."""
+    return PRESET_VOCABS.get(preset, VOCAB)
+
+
+def build_tokenizer(preset: str = "tiny-char") -> PreTrainedTokenizerFast:
+    """A preset's character-level tokenizer, as a transformers fast tokenizer (no files needed)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models
     from transformers import PreTrainedTokenizerFast
 
     # A BPE model without merges splits text into single characters; unknown ones become <unk>.
-    backend = Tokenizer(models.BPE(vocab={tok: i for i, tok in enumerate(VOCAB)}, merges=[], unk_token=UNK_TOKEN))
+    backend = Tokenizer(
+        models.BPE(vocab={tok: i for i, tok in enumerate(vocabulary(preset))}, merges=[], unk_token=UNK_TOKEN)
+    )
     backend.decoder = decoders.Fuse()  # join characters without spaces
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in ROLE_TOKENS])
@@ -124,7 +147,7 @@ def build_config(preset: str) -> Qwen3Config:
 
     p = _preset(preset)
     return Qwen3Config(
-        vocab_size=len(VOCAB),
+        vocab_size=len(vocabulary(preset)),
         hidden_size=p.hidden_size,
         num_hidden_layers=p.num_hidden_layers,
         num_attention_heads=p.num_attention_heads,
@@ -170,14 +193,14 @@ def parameter_count(preset: str) -> int:
 
 def _folder_name(preset: str, seed: int) -> str:
     key = json.dumps(
-        {"format": _FORMAT_VERSION, "preset": asdict(_preset(preset)), "seed": seed, "vocab": VOCAB},
+        {"format": _FORMAT_VERSION, "preset": asdict(_preset(preset)), "seed": seed, "vocab": vocabulary(preset)},
         sort_keys=True,
     )
     return f"{preset}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
 
 
-def _write_tokenizer(folder: Path) -> None:
-    build_tokenizer().save_pretrained(str(folder))
+def _write_tokenizer(folder: Path, preset: str) -> None:
+    build_tokenizer(preset).save_pretrained(str(folder))
     # Name the generic fast-tokenizer class and inline the chat template, so that older
     # transformers versions (as pinned by vLLM) load the same files.
     config_path = folder / "tokenizer_config.json"
@@ -228,7 +251,7 @@ def materialise(spec: str, cache_dir: Path, *, seed: int = 0) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=cache_dir))
     try:
         _write_model(tmp, preset, seed)
-        _write_tokenizer(tmp)
+        _write_tokenizer(tmp, preset)
         try:
             os.rename(tmp, final)
         except OSError:

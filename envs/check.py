@@ -1,0 +1,261 @@
+"""`check_env`: validate that an env class keeps the `envs.base.Env` contract before anyone trains on it.
+
+`check_env(MyEnv, **problem_options)` raises `EnvCheckError` naming the env and the failed property, or
+returns a `CheckReport` listing what it checked and what it had to skip. The tests run it over every
+registered env (tests/unit/test_check_env.py); run it on your own env the same way:
+
+    from envs.check import check_env
+    report = check_env(MyEnv, sizes=[5])      # keyword arguments go to MyEnv.problems()
+    print(report)                             # "my_pkg.envs:MyEnv: checked 12 properties, skipped none"
+
+What it checks:
+- API: `possible_agents` is a non-empty list of distinct strings; after `reset(options={"problem": p})`
+  `terminations` and `truncations` map every agent to a bool (all False on a fresh problem), `infos` maps
+  every agent to a dict, `observe(agent)` is a string of at most `MAX_OBSERVATION_CHARS` characters from
+  the env's charset (below), `team_reward()` is a finite number in [0, 1] and `success()` a bool.
+- problems: `problems(split, count, **options)` returns `count` plain dicts (fewer only when a dataset
+  holds fewer) that survive a JSON round trip unchanged (they travel in messages), the same ones on
+  every call (same seed, same problem); the "train" and "test" splits share no problem (and no "seed"
+  value), and an unknown split is a ValueError.
+- determinism: two envs reset on the same problem observe the same thing, and stay equal step by step
+  under the same actions.
+- clones: `clone()` is a new object that observes the same thing, shares no per-agent dict with the
+  original, and stepping either one leaves the other exactly as it was.
+
+What an env may add for it (both optional; an env without them is still checked, minus what they enable):
+- `action_examples(agent) -> list`: actions `agent` may play in the current state, [] when it cannot act
+  now (e.g. a placer before a cell is chosen). check_env steps the env with them (chosen by a seeded
+  RNG, agents in `possible_agents` order, skipping those with no example) for the determinism and clone
+  checks; without it those stepping checks are skipped and listed in `CheckReport.skipped`. An action
+  that is not valid must raise ValueError from `step` before changing anything.
+- `observation_charset: str`: the characters its observations may use; default `DEFAULT_CHARSET`
+  (printable ASCII). The PettingZoo adapter (envs/pettingzoo_adapter.py) declares its `Text` spaces with it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import random
+import string
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from envs.base import Env
+
+DEFAULT_CHARSET = string.printable  # digits, ASCII letters, punctuation and whitespace
+MAX_OBSERVATION_CHARS = 1 << 17
+
+
+class EnvCheckError(Exception):
+    """An env breaks its contract; the message names the env and the property."""
+
+
+@dataclass
+class CheckReport:
+    """What `check_env` verified for one env, and what it could not (with the reason)."""
+
+    env: str
+    checked: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        skipped = "; ".join(self.skipped) or "none"
+        return f"{self.env}: checked {len(self.checked)} properties, skipped {skipped}"
+
+
+def observation_charset(env: Env | type[Env]) -> str:
+    """The characters `env`'s observations may use (its `observation_charset`, else printable ASCII)."""
+    return getattr(env, "observation_charset", DEFAULT_CHARSET)
+
+
+def check_env(
+    env_cls: type[Env],
+    *,
+    count: int = 3,
+    steps: int = 8,
+    seed: int = 0,
+    action_examples: Callable[[Env, str], list[Any]] | None = None,
+    **options: Any,
+) -> CheckReport:
+    """Check `env_cls` (see the module docstring); `options` are passed to `env_cls.problems`.
+
+    `action_examples(env, agent)` stands in for the env's own method of that name, for an env that has
+    none; `count` problems per split are generated and up to `steps` steps played on two of them."""
+    report = CheckReport(f"{env_cls.__module__}:{env_cls.__qualname__}")
+    checker = _Checker(env_cls, report, action_examples)
+    agents = checker.possible_agents()
+    problems = checker.problems(count, options)
+    for problem in problems:
+        env = checker.reset(problem, agents)
+        twin = checker.reset(problem, agents)
+        checker.same(env, twin, agents, "determinism", "two envs reset on the same problem differ")
+        checker.clone_independence(env, agents, "a fresh clone")
+        if checker.examples is not None:
+            checker.play(env, twin, agents, steps, random.Random(seed))
+        env.close()
+        twin.close()
+    if checker.examples is None:
+        report.skipped.append("stepping (no action_examples)")
+    report.checked.append("close")
+    return report
+
+
+class _Checker:
+    def __init__(
+        self, env_cls: type[Env], report: CheckReport, examples: Callable[[Env, str], list[Any]] | None
+    ) -> None:
+        self.env_cls = env_cls
+        self.report = report
+        if examples is None and callable(getattr(env_cls, "action_examples", None)):
+            examples = env_cls.action_examples
+        self.examples = examples
+
+    def fail(self, prop: str, detail: str) -> EnvCheckError:
+        return EnvCheckError(f"check_env({self.report.env}): {prop}: {detail}")
+
+    def passed(self, prop: str) -> None:
+        if prop not in self.report.checked:
+            self.report.checked.append(prop)
+
+    def possible_agents(self) -> list[str]:
+        agents = self.env_cls().possible_agents
+        if not isinstance(agents, list) or not agents or not all(isinstance(a, str) and a for a in agents):
+            raise self.fail("possible_agents", f"must be a non-empty list of agent names, got {agents!r}")
+        if len(set(agents)) != len(agents):
+            raise self.fail("possible_agents", f"names must be distinct, got {agents!r}")
+        self.passed("possible_agents")
+        return list(agents)
+
+    def problems(self, count: int, options: dict[str, Any]) -> list[dict[str, Any]]:
+        splits = {}
+        for split in ("train", "test"):
+            first = self.env_cls.problems(split, count, **options)
+            if not isinstance(first, list) or not 1 <= len(first) <= count:
+                # A dataset smaller than `count` may return all it has, but never nothing or more.
+                raise self.fail("problems", f"problems({split!r}, {count}) must return a list of 1 to {count} dicts")
+            for index, problem in enumerate(first):
+                if not isinstance(problem, dict):
+                    raise self.fail("problems", f"{split} problem {index} is a {type(problem).__name__}, not a dict")
+                try:
+                    plain = json.loads(json.dumps(problem))
+                except (TypeError, ValueError) as e:
+                    raise self.fail("problems", f"{split} problem {index} is not JSON-able: {e}") from None
+                if plain != problem:
+                    raise self.fail("problems", f"{split} problem {index} changes in a JSON round trip (tuples?)")
+            if self.env_cls.problems(split, count, **options) != first:
+                raise self.fail("problem determinism", f"two calls of problems({split!r}, {count}) differ")
+            splits[split] = first
+        self.passed("problems are plain JSON dicts")
+        self.passed("problem determinism")
+        train = {json.dumps(p, sort_keys=True) for p in splits["train"]}
+        if any(json.dumps(p, sort_keys=True) in train for p in splits["test"]):
+            raise self.fail("split disjointness", "a problem appears in both the train and the test split")
+        seeds = [{p["seed"] for p in splits[s] if "seed" in p} for s in ("train", "test")]
+        if seeds[0] & seeds[1]:
+            raise self.fail("split disjointness", f"train and test share seeds {sorted(seeds[0] & seeds[1])[:5]}")
+        try:
+            self.env_cls.problems("no-such-split", 1, **options)
+        except ValueError:
+            pass
+        else:
+            raise self.fail("split disjointness", "problems('no-such-split', 1) must raise ValueError")
+        self.passed("split disjointness")
+        return splits["train"][:1] + splits["test"][:1]
+
+    def reset(self, problem: dict[str, Any], agents: list[str]) -> Env:
+        env = self.env_cls()
+        env.reset(seed=problem.get("seed"), options={"problem": copy.deepcopy(problem)})
+        self.valid_state(env, agents, "reset")
+        if any(env.terminations.values()) or any(env.truncations.values()):
+            raise self.fail("reset", "terminations and truncations must all be False on a fresh problem")
+        return env
+
+    def valid_state(self, env: Env, agents: list[str], when: str) -> None:
+        for name in ("terminations", "truncations", "infos"):
+            value = getattr(env, name, None)
+            if not isinstance(value, dict) or set(value) != set(agents):
+                raise self.fail("api", f"after {when}, {name} must be a dict keyed by {agents}, got {value!r}")
+        for agent in agents:
+            for name in ("terminations", "truncations"):
+                if not isinstance(getattr(env, name)[agent], bool):
+                    raise self.fail("api", f"after {when}, {name}[{agent!r}] must be a bool")
+            if not isinstance(env.infos[agent], dict):
+                raise self.fail("api", f"after {when}, infos[{agent!r}] must be a dict")
+            self.observation(env, agent, when)
+        reward = env.team_reward()
+        if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
+            raise self.fail("team_reward", f"after {when}, team_reward() must be a finite number, got {reward!r}")
+        if not 0.0 <= reward <= 1.0:
+            raise self.fail("team_reward", f"after {when}, team_reward() must lie in [0, 1], got {reward!r}")
+        if not isinstance(env.success(), bool):
+            raise self.fail("api", f"after {when}, success() must be a bool")
+        self.passed("api")
+        self.passed("team_reward in [0, 1]")
+
+    def observation(self, env: Env, agent: str, when: str) -> str:
+        obs = env.observe(agent)
+        if not isinstance(obs, str):
+            raise self.fail("observe", f"after {when}, observe({agent!r}) is a {type(obs).__name__}, not a str")
+        bad = sorted(set(obs) - set(observation_charset(env)))
+        if bad:
+            raise self.fail(
+                "observe", f"after {when}, observe({agent!r}) uses {bad[:5]} outside the env's observation_charset"
+            )
+        if len(obs) > MAX_OBSERVATION_CHARS:
+            raise self.fail("observe", f"after {when}, observe({agent!r}) is longer than {MAX_OBSERVATION_CHARS}")
+        self.passed("observe")
+        return obs
+
+    def snapshot(self, env: Env, agents: list[str]) -> tuple:
+        observations = tuple(env.observe(agent) for agent in agents)
+        dicts = copy.deepcopy((env.terminations, env.truncations, env.infos))
+        return observations, env.team_reward(), dicts
+
+    def same(self, env: Env, other: Env, agents: list[str], prop: str, detail: str) -> None:
+        if self.snapshot(env, agents) != self.snapshot(other, agents):
+            raise self.fail(prop, detail)
+        self.passed(prop)
+
+    def clone_independence(self, env: Env, agents: list[str], when: str) -> None:
+        clone = env.clone()
+        if clone is env or type(clone) is not type(env):
+            raise self.fail("clone", f"{when}: clone() must return a new {type(env).__name__}")
+        self.same(env, clone, agents, "clone", f"{when}: the clone does not observe what the original does")
+        for name in ("terminations", "truncations", "infos"):
+            if getattr(env, name) is getattr(clone, name):
+                raise self.fail("clone independence", f"{when}: the clone shares the {name} dict with the original")
+        self.passed("clone independence")
+
+    def play(self, env: Env, twin: Env, agents: list[str], steps: int, rng: random.Random) -> None:
+        turn = 0
+        for _ in range(steps):
+            if env.done:
+                break
+            for offset in range(len(agents)):
+                agent = agents[(turn + offset) % len(agents)]
+                examples = list(self.examples(env, agent))
+                if examples:
+                    break
+            else:
+                break  # nobody can act now
+            turn = agents.index(agent) + 1
+            action = examples[rng.randrange(len(examples))]
+            when = f"step({agent!r}, {action!r})"
+            before = self.snapshot(env, agents)
+            clone = env.clone()
+            clone.step(agent, copy.deepcopy(action))
+            if self.snapshot(env, agents) != before:
+                raise self.fail("clone independence", f"{when} on a clone changed the original")
+            self.valid_state(clone, agents, when)
+            stepped_clone = self.snapshot(clone, agents)
+            env.step(agent, copy.deepcopy(action))
+            if self.snapshot(clone, agents) != stepped_clone:
+                raise self.fail("clone independence", f"{when} on the original changed its clone")
+            twin.step(agent, copy.deepcopy(action))
+            self.valid_state(env, agents, when)
+            self.same(env, clone, agents, "determinism", f"{when} gave different states on the env and its clone")
+            self.same(env, twin, agents, "determinism", f"{when} gave different states on two equal envs")
+        self.passed("stepping")

@@ -1,0 +1,156 @@
+"""check_env over every registered env, and on deliberately broken envs (each must be caught by name)."""
+
+from __future__ import annotations
+
+import copy
+import random
+from typing import Any
+
+import pytest
+
+from envs import ENVS
+from envs.check import EnvCheckError, check_env
+from envs.plan_path import MOVES
+from envs.sokoban import SokobanEnv
+from envs.sudoku import SudokuEnv
+from mas_async.registry import resolve
+
+# Examples for registered envs that have no action_examples method of their own (see envs/check.py).
+FALLBACK_EXAMPLES = {
+    "plan_path": lambda env, agent: [] if env.done else [m for m in MOVES[agent] if m != "S"],
+}
+
+
+@pytest.mark.parametrize("key", sorted(ENVS))
+def test_every_registered_env_passes(key: str) -> None:
+    env_cls = resolve(key, ENVS, "env")
+    report = check_env(env_cls, action_examples=FALLBACK_EXAMPLES.get(key))
+    assert {"api", "problem determinism", "split disjointness", "clone independence"} <= set(report.checked)
+    if callable(getattr(env_cls, "action_examples", None)) or key in FALLBACK_EXAMPLES:
+        assert "stepping" in report.checked and not report.skipped, report
+    else:
+        assert report.skipped == ["stepping (no action_examples)"]
+
+
+def test_options_reach_the_problems() -> None:
+    report = check_env(SudokuEnv, sizes=[9], holes=20)
+    assert "stepping" in report.checked
+    with pytest.raises(TypeError):
+        check_env(SudokuEnv, no_such_option=1)
+
+
+class SharedDicts(SokobanEnv):
+    def clone(self) -> SokobanEnv:
+        return copy.copy(self)  # shares terminations, truncations and infos
+
+
+class SharedGrid(SudokuEnv):
+    def clone(self) -> SudokuEnv:
+        other = copy.copy(self)
+        other.terminations, other.truncations = dict(self.terminations), dict(self.truncations)
+        other.infos = copy.deepcopy(self.infos)
+        return other  # ... but the grid is shared
+
+
+class RandomProblems(SokobanEnv):
+    @classmethod
+    def problems(cls, split: str, count: int, **options: Any) -> list[dict[str, Any]]:
+        return SokobanEnv.problems(split, count, first=random.randrange(1000), **options)
+
+
+class OverlappingSplits(SokobanEnv):
+    @classmethod
+    def problems(cls, split: str, count: int, **options: Any) -> list[dict[str, Any]]:
+        return SokobanEnv.problems("train", count, **options) if split in ("train", "test") else []
+
+
+class TupleProblems(SokobanEnv):
+    @classmethod
+    def problems(cls, split: str, count: int, **options: Any) -> list[dict[str, Any]]:
+        return [{**p, "player": tuple(p["player"])} for p in SokobanEnv.problems(split, count, **options)]
+
+
+class AccentedObservation(SokobanEnv):
+    def observe(self, agent: str) -> str:
+        return super().observe(agent) + "é"
+
+
+class ListObservation(SokobanEnv):
+    def observe(self, agent: str) -> Any:
+        return super().observe(agent).split("\n")
+
+
+class RewardOutOfRange(SokobanEnv):
+    def team_reward(self) -> float:
+        return super().team_reward() - 0.5
+
+
+class RandomSteps(SudokuEnv):
+    def step(self, agent: str, action: str) -> None:
+        super().step(agent, random.choice(self.action_examples(agent) or [action]))
+
+
+class IntTerminations(SokobanEnv):
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
+        super().reset(seed=seed, options=options)
+        self.terminations = {agent: 0 for agent in self.possible_agents}
+
+
+class MissingAgent(SokobanEnv):
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
+        super().reset(seed=seed, options=options)
+        del self.infos["horizontal"]
+
+
+class NoAgents(SokobanEnv):
+    possible_agents: list[str] = []
+
+
+class LenientSplits(SokobanEnv):
+    @classmethod
+    def problems(cls, split: str, count: int, **options: Any) -> list[dict[str, Any]]:
+        return SokobanEnv.problems("train" if split == "train" else "test", count, **options)
+
+
+@pytest.mark.parametrize(
+    "broken, prop, detail",
+    [
+        (SharedDicts, "clone independence", "shares the terminations dict"),
+        (SharedGrid, "clone independence", "changed the original"),
+        (RandomProblems, "problem determinism", "differ"),
+        (OverlappingSplits, "split disjointness", "both the train and the test split"),
+        (TupleProblems, "problems", "JSON round trip"),
+        (AccentedObservation, "observe", "outside the env's observation_charset"),
+        (ListObservation, "observe", "is a list, not a str"),
+        (RewardOutOfRange, "team_reward", "must lie in [0, 1]"),
+        (RandomSteps, "determinism", "different states"),
+        (IntTerminations, "api", "terminations['vertical'] must be a bool"),
+        (MissingAgent, "api", "infos must be a dict keyed by"),
+        (NoAgents, "possible_agents", "non-empty list"),
+        (LenientSplits, "split disjointness", "no-such-split"),
+    ],
+)
+def test_a_broken_env_is_caught_by_name(broken: type, prop: str, detail: str) -> None:
+    with pytest.raises(EnvCheckError) as caught:
+        check_env(broken, steps=12)
+    message = str(caught.value)
+    assert message.startswith(f"check_env(tests.unit.test_check_env:{broken.__name__}): {prop}: "), message
+    assert detail in message, message
+
+
+def test_plan_path_grids_up_to_10x10() -> None:
+    from envs.plan_path import PlanPathEnv
+    from mas_async.episode import _prompt_ids
+    from mas_async.tiny_model import CHARACTERS, PRESETS, build_tokenizer
+
+    check_env(PlanPathEnv, sizes=[10], action_examples=FALLBACK_EXAMPLES["plan_path"])
+    tokenizer = build_tokenizer()
+    for problem in PlanPathEnv.problems("train", 20, sizes=[8, 10]):
+        env = PlanPathEnv()
+        env.reset(options={"problem": problem})
+        obs = env.observe("vertical")
+        assert set(obs) <= set(CHARACTERS)
+        assert (
+            len(_prompt_ids(tokenizer, [{"role": "user", "content": obs}]))
+            < PRESETS["tiny-char"].max_position_embeddings // 3
+        )

@@ -194,13 +194,17 @@ class PlanPathEnv(Env):
     def team_reward(self) -> float:
         return 1.0 if self.position == self.goal else 0.0
 
+    def action_examples(self, agent: str) -> list[str]:
+        """The moves `agent` may play now (for check_env); the shipped movers never play "S"."""
+        return [] if self.done else [move for move in MOVES[agent] if move != "S"]
+
     def distance(self) -> int:
         """BFS shortest-path length from the token to the goal (0 on the goal)."""
         return self.dist[self.position]
 
     def clone(self) -> PlanPathEnv:
         # The problem, walls and distance map are never mutated, so clones share them.
-        other = PlanPathEnv.__new__(PlanPathEnv)
+        other = type(self).__new__(type(self))  # a subclass's clone keeps its type
         other.__dict__.update(self.__dict__)
         other.terminations = dict(self.terminations)
         other.truncations = dict(self.truncations)

@@ -34,10 +34,9 @@ class PlanPathSoloEnv(PlanPathEnv):
         super().step(AXIS[action], action)
         self.infos = {"solo": self.infos.pop(AXIS[action])}
 
-    def clone(self) -> PlanPathSoloEnv:
-        other = super().clone()
-        other.__class__ = PlanPathSoloEnv
-        return other  # type: ignore[return-value]
+    def action_examples(self, agent: str) -> list[str]:
+        self._check(agent)
+        return [] if self.done else list(AXIS)
 
     @staticmethod
     def _check(agent: str) -> None:

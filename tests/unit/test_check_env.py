@@ -10,26 +10,17 @@ import pytest
 
 from envs import ENVS
 from envs.check import EnvCheckError, check_env
-from envs.plan_path import MOVES
 from envs.sokoban import SokobanEnv
 from envs.sudoku import SudokuEnv
 from mas_async.registry import resolve
 
-# Examples for registered envs that have no action_examples method of their own (see envs/check.py).
-FALLBACK_EXAMPLES = {
-    "plan_path": lambda env, agent: [] if env.done else [m for m in MOVES[agent] if m != "S"],
-}
-
-
 @pytest.mark.parametrize("key", sorted(ENVS))
 def test_every_registered_env_passes(key: str) -> None:
     env_cls = resolve(key, ENVS, "env")
-    report = check_env(env_cls, action_examples=FALLBACK_EXAMPLES.get(key))
+    report = check_env(env_cls)
     assert {"api", "problem determinism", "split disjointness", "clone independence"} <= set(report.checked)
-    if callable(getattr(env_cls, "action_examples", None)) or key in FALLBACK_EXAMPLES:
-        assert "stepping" in report.checked and not report.skipped, report
-    else:
-        assert report.skipped == ["stepping (no action_examples)"]
+    assert callable(getattr(env_cls, "action_examples", None)), f"{key} has no action_examples"
+    assert "stepping" in report.checked and not report.skipped, report
 
 
 def test_options_reach_the_problems() -> None:
@@ -143,7 +134,7 @@ def test_plan_path_grids_up_to_10x10() -> None:
     from mas_async.episode import _prompt_ids
     from mas_async.tiny_model import CHARACTERS, PRESETS, build_tokenizer
 
-    check_env(PlanPathEnv, sizes=[10], action_examples=FALLBACK_EXAMPLES["plan_path"])
+    check_env(PlanPathEnv, sizes=[10])
     tokenizer = build_tokenizer()
     for problem in PlanPathEnv.problems("train", 20, sizes=[8, 10]):
         env = PlanPathEnv()

@@ -14,6 +14,7 @@ from envs.sokoban import SokobanEnv
 from envs.sudoku import SudokuEnv
 from mas_async.registry import resolve
 
+
 @pytest.mark.parametrize("key", sorted(ENVS))
 def test_every_registered_env_passes(key: str) -> None:
     env_cls = resolve(key, ENVS, "env")

@@ -10,6 +10,8 @@ NODES: dict[str, str] = {
     "plan_path_vertical": "nodes.plan_path:VerticalMover",
     "plan_path_horizontal": "nodes.plan_path:HorizontalMover",
     "plan_path_solo": "nodes.plan_path:SoloMover",
+    "plan_path_vertical_chat": "nodes.plan_path:ChatVerticalMover",
+    "plan_path_horizontal_chat": "nodes.plan_path:ChatHorizontalMover",
     # games and planning
     "sokoban_vertical": "nodes.sokoban:VerticalPusher",
     "sokoban_horizontal": "nodes.sokoban:HorizontalPusher",

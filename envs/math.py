@@ -73,12 +73,7 @@ class _MathBase(Env):
 
     def clone(self) -> _MathBase:
         # The problem is never mutated and the run cache is shared on purpose.
-        other = type(self).__new__(type(self))
-        other.__dict__.update(self.__dict__)
-        other.terminations = dict(self.terminations)
-        other.truncations = dict(self.truncations)
-        other.infos = {agent: dict(info) for agent, info in self.infos.items()}
-        return other
+        return self.shallow_clone()
 
     @classmethod
     def problems(

@@ -204,12 +204,7 @@ class PlanPathEnv(Env):
 
     def clone(self) -> PlanPathEnv:
         # The problem, walls and distance map are never mutated, so clones share them.
-        other = type(self).__new__(type(self))  # a subclass's clone keeps its type
-        other.__dict__.update(self.__dict__)
-        other.terminations = dict(self.terminations)
-        other.truncations = dict(self.truncations)
-        other.infos = {agent: dict(info) for agent, info in self.infos.items()}
-        return other
+        return self.shallow_clone()
 
     @classmethod
     def problems(

@@ -284,12 +284,7 @@ class SokobanEnv(Env):
     def clone(self) -> SokobanEnv:
         # The problem, board, start and distances are never mutated and the state is a tuple: clones
         # share them.
-        other = type(self).__new__(type(self))
-        other.__dict__.update(self.__dict__)
-        other.terminations = dict(self.terminations)
-        other.truncations = dict(self.truncations)
-        other.infos = {agent: dict(info) for agent, info in self.infos.items()}
-        return other
+        return self.shallow_clone()
 
     @classmethod
     def problems(

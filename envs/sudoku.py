@@ -221,12 +221,8 @@ class SudokuEnv(Env):
 
     def clone(self) -> SudokuEnv:
         # The problem and solution are never mutated; the grid is, so it is copied.
-        other = type(self).__new__(type(self))
-        other.__dict__.update(self.__dict__)
+        other = self.shallow_clone()
         other.grid = [row[:] for row in self.grid]
-        other.terminations = dict(self.terminations)
-        other.truncations = dict(self.truncations)
-        other.infos = {agent: dict(info) for agent, info in self.infos.items()}
         return other
 
     @classmethod

@@ -47,6 +47,23 @@ class GenerationRequest:
     greedy: bool = False
     stop_token_ids: list[int] = field(default_factory=list)
 
+    def check(self, index: int, max_positions: int) -> None:
+        """Raise a ValueError naming request `index` and the problem, for every backend alike."""
+        where = f"generation request {index}"
+        if len(self.prompt_ids) == 0:
+            raise ValueError(f"{where}: prompt_ids is empty")
+        if self.n < 1 or self.max_tokens < 1:
+            raise ValueError(f"{where}: n and max_tokens must be at least 1 (n={self.n}, max_tokens={self.max_tokens})")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(
+                f"{where}: need temperature >= 0 and 0 < top_p <= 1 (got {self.temperature}, {self.top_p})"
+            )
+        if len(self.prompt_ids) + self.max_tokens > max_positions:
+            raise ValueError(
+                f"{where}: prompt ({len(self.prompt_ids)} tokens) + max_tokens ({self.max_tokens}) "
+                f"exceeds the model's {max_positions} positions"
+            )
+
 
 @dataclass
 class _Row:
@@ -99,7 +116,7 @@ class HFBackend:
     def generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
         """Sample every request's n completions; results are in request order, n per request."""
         for i, request in enumerate(requests):
-            self._validate(i, request)
+            request.check(i, self.max_positions)
         rows = [_Row(np.asarray(r.prompt_ids, dtype=np.int64), r) for r in requests for _ in range(r.n)]
         for start in range(0, len(rows), self.max_batch_sequences):
             self._generate_batch(rows[start : start + self.max_batch_sequences])
@@ -108,24 +125,6 @@ class HFBackend:
         for request in requests:
             results.append([self._completion(next(it)) for _ in range(request.n)])
         return results
-
-    def _validate(self, index: int, request: GenerationRequest) -> None:
-        where = f"generation request {index}"
-        if len(request.prompt_ids) == 0:
-            raise ValueError(f"{where}: prompt_ids is empty")
-        if request.n < 1 or request.max_tokens < 1:
-            raise ValueError(
-                f"{where}: n and max_tokens must be at least 1 (n={request.n}, max_tokens={request.max_tokens})"
-            )
-        if request.temperature < 0 or not 0 < request.top_p <= 1:
-            raise ValueError(
-                f"{where}: need temperature >= 0 and 0 < top_p <= 1 (got {request.temperature}, {request.top_p})"
-            )
-        if len(request.prompt_ids) + request.max_tokens > self.max_positions:
-            raise ValueError(
-                f"{where}: prompt ({len(request.prompt_ids)} tokens) + max_tokens ({request.max_tokens}) "
-                f"exceeds the model's {self.max_positions} positions"
-            )
 
     def _completion(self, row: _Row) -> Completion:
         return Completion(

@@ -93,7 +93,7 @@ class VLLMBackend:
     async def generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
         """Sample every request's n completions; results are in request order, n per request."""
         for i, request in enumerate(requests):
-            self._validate(i, request)
+            request.check(i, self.max_model_len)
         future = asyncio.run_coroutine_threadsafe(self._generate(requests), self._loop)
         return await asyncio.wrap_future(future)
 
@@ -131,25 +131,6 @@ class VLLMBackend:
             version=version,
             finish_reason=output.finish_reason,
         )
-
-    def _validate(self, index: int, request: GenerationRequest) -> None:
-        """The same checks, and words, as the hf backend."""
-        where = f"generation request {index}"
-        if len(request.prompt_ids) == 0:
-            raise ValueError(f"{where}: prompt_ids is empty")
-        if request.n < 1 or request.max_tokens < 1:
-            raise ValueError(
-                f"{where}: n and max_tokens must be at least 1 (n={request.n}, max_tokens={request.max_tokens})"
-            )
-        if request.temperature < 0 or not 0 < request.top_p <= 1:
-            raise ValueError(
-                f"{where}: need temperature >= 0 and 0 < top_p <= 1 (got {request.temperature}, {request.top_p})"
-            )
-        if len(request.prompt_ids) + request.max_tokens > self.max_model_len:
-            raise ValueError(
-                f"{where}: prompt ({len(request.prompt_ids)} tokens) + max_tokens ({request.max_tokens}) "
-                f"exceeds the model's {self.max_model_len} positions"
-            )
 
     # --- weights ------------------------------------------------------------------------------
 

@@ -42,7 +42,9 @@ AT_GRPO = "multi-agent + AT-GRPO"
 
 def run(command: list[str], log: Path) -> None:
     with log.open("w") as f:
-        code = subprocess.call([sys.executable, "-m", "mas_async", *command], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+        code = subprocess.call(
+            [sys.executable, "-m", "mas_async", *command], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT
+        )
     if code != 0:
         raise SystemExit(f"ablation: `mas-async {' '.join(command)}` failed (status {code}); see {log}")
 
@@ -86,9 +88,10 @@ def main() -> None:
     for seed in args.seeds:
         for name, (config, overrides) in VARIANTS.items():
             run_dir = args.out / f"{name.replace(' ', '_').replace('+', 'p')}-seed{seed}"
-            if not (run_dir / "metrics.jsonl").exists() or len(
-                [1 for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
-            ) <= args.iterations:
+            if (
+                not (run_dir / "metrics.jsonl").exists()
+                or len([1 for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]) <= args.iterations
+            ):
                 run(
                     [
                         "train", config, *overrides, *extra, f"run.seed={seed}", f"run.iterations={args.iterations}",

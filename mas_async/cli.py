@@ -1,7 +1,11 @@
-"""The `mas-async` command line: `mas-async train CONFIG [section.key=value ...]`, `mas-async eval ...`.
+"""The `mas-async` command line.
+
+    mas-async train CONFIG [section.key=value ...]   run a training job (every process on this machine)
+    mas-async eval CONFIG [checkpoint=RUN_DIR ...]   evaluate policies on the test split (avg@k, pass@k)
+    mas-async plot RUN_DIR [--out DIR]               PNG plots of a run's metrics (into RUN_DIR/plots/)
 
 Thin by design: it parses arguments, loads and validates the config (a mistake is one sentence naming
-the key and the file, exit status 2) and hands over to the launcher.
+the key and the file, exit status 2) and hands over to the launcher or the plotter.
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     evaluate.add_argument(
         "overrides", nargs="*", help="checkpoint=RUN_DIR (its last checkpoint), eval.k=8, eval.greedy=false, ..."
     )
+    plot = sub.add_parser("plot", help="write PNG plots of a run's metrics.jsonl (into RUN_DIR/plots/)")
+    plot.add_argument("run_dir", help="a run directory of `mas-async train`")
+    plot.add_argument("--out", help="write the PNGs here instead of RUN_DIR/plots/")
     args = parser.parse_args(argv)
 
     if args.command in ("train", "eval"):
@@ -36,6 +43,16 @@ def main(argv: list[str] | None = None) -> int:
         except (ConfigError, RegistryError) as e:
             print(f"mas-async: {e}", file=sys.stderr)
             return 2
+    if args.command == "plot":
+        from mas_async.plot import PlotError, plot_run
+
+        try:
+            paths = plot_run(args.run_dir, args.out)
+        except PlotError as e:
+            print(f"mas-async: {e}", file=sys.stderr)
+            return 2
+        print(f"mas-async: wrote {len(paths)} plots to {paths[0].parent}")
+        return 0
     return 2
 
 

@@ -1,7 +1,10 @@
-"""Per-iteration metrics: aggregation of episode summaries and the metrics.jsonl writer.
+"""Per-iteration metrics: aggregation of episode summaries and the writer of RUN_DIR/metrics.jsonl and
+RUN_DIR/tensorboard/.
 
 The router owns the only writer: one JSON object per line, one line per iteration, flushed at once so
-the launcher's progress display (and a user's `tail -f`) sees it live.
+the launcher's progress display (and a user's `tail -f`) sees it live. Every numeric value of a row is
+also a TensorBoard scalar under the same name, at step = the row's iteration
+(`tensorboard --logdir RUN_DIR/tensorboard`).
 """
 
 from __future__ import annotations
@@ -10,7 +13,13 @@ import json
 import math
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
+
+TENSORBOARD_DIR = "tensorboard"
+"""Folder of the TensorBoard event files, beside metrics.jsonl."""
 
 
 class EpisodeStats:
@@ -38,18 +47,32 @@ class EpisodeStats:
 
 
 class MetricsWriter:
-    """Appends one JSON object per iteration to RUN_DIR/metrics.jsonl."""
+    """Appends one JSON object per iteration to RUN_DIR/metrics.jsonl and, unless `tensorboard` is
+    False, writes its numeric values as scalars to RUN_DIR/tensorboard/."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, tensorboard: bool = True) -> None:
         self.path = path
         self._file = path.open("a", buffering=1)
+        self._board: SummaryWriter | None = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._board = SummaryWriter(log_dir=str(path.parent / TENSORBOARD_DIR))
 
     def write(self, row: dict[str, Any]) -> None:
         self._file.write(json.dumps(row, sort_keys=False) + "\n")
         self._file.flush()
+        if self._board is not None:
+            step = int(row.get("iteration", 0))
+            for key, value in row.items():
+                if key != "iteration" and isinstance(value, (int, float)) and math.isfinite(value):
+                    self._board.add_scalar(key, float(value), global_step=step)
+            self._board.flush()
 
     def close(self) -> None:
         self._file.close()
+        if self._board is not None:
+            self._board.close()
 
 
 def keep_rows_before(path: Path, iteration: int) -> None:

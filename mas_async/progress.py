@@ -1,7 +1,10 @@
 """The launcher's live progress display, fed by RUN_DIR/metrics.jsonl.
 
-On a terminal it is a rich live panel (iteration, success, per-agent reward, tokens/s, the on-policy
-proof); elsewhere (CI logs, pipes) it prints one plain line per iteration.
+On a terminal it is a rich live panel (iteration, elapsed time and ETA, success, per-agent reward,
+tokens/s, the on-policy proof); elsewhere (CI logs, pipes) it prints one plain line per iteration.
+The ETA is the remaining training iterations times the mean time per iteration over the last
+`ETA_WINDOW` rows (so it follows a run that speeds up or slows down, and averages over evaluations);
+after the first iteration, that iteration's own phase times (its elapsed time includes the start-up).
 """
 
 from __future__ import annotations
@@ -17,9 +20,45 @@ from rich.table import Table
 from mas_async.config import Config
 from mas_async.metrics import read_metrics
 
+ETA_WINDOW = 10
+"""Rows (iterations) over which the time per iteration of the ETA is averaged."""
+
 
 def _fmt(value: Any, spec: str = ".3f") -> str:
     return format(value, spec) if isinstance(value, (int, float)) else "-"
+
+
+def duration(seconds: float | None) -> str:
+    """'45s', '3m12s', '1h02m'; '-' when unknown."""
+    if seconds is None:
+        return "-"
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def eta_seconds(rows: list[dict[str, Any]], iterations: int) -> float | None:
+    """Seconds until the last of `iterations` training iterations is done, from the rows' iteration
+    and time/elapsed_s; None before the first row."""
+    timed = [r for r in rows if isinstance(r.get("time/elapsed_s"), (int, float)) and "iteration" in r]
+    if not timed:
+        return None
+    last = timed[-1]
+    remaining = iterations - 1 - int(last["iteration"])
+    if remaining <= 0:
+        return 0.0
+    first = timed[max(0, len(timed) - 1 - ETA_WINDOW)]
+    if first is last:  # one row: its elapsed time includes the start-up, its phase times do not
+        phases = [last.get(key) for key in ("time/rollout_s", "time/step_s")]
+        timed_phases = [float(t) for t in phases if isinstance(t, (int, float))]
+        per_iteration = sum(timed_phases) if timed_phases else float(last["time/elapsed_s"])
+    else:
+        spanned = max(1, int(last["iteration"]) - int(first["iteration"]))
+        per_iteration = (float(last["time/elapsed_s"]) - float(first["time/elapsed_s"])) / spanned
+    return remaining * per_iteration
 
 
 class Progress:
@@ -38,17 +77,18 @@ class Progress:
 
     def update(self) -> None:
         rows = read_metrics(self.path)
-        new = rows[len(self.rows) :]
+        first_new = len(self.rows)
         self.rows = rows
-        for row in new:
+        for index in range(first_new, len(rows)):
+            row = rows[index]
             if "eval/team_success_rate" in row:
                 self.last_eval = row["eval/team_success_rate"]
             if self.live is None:
-                print(self._line(row), flush=True)
+                print(self._line(row, rows[: index + 1]), flush=True)
         if self.live is not None:
             self.live.update(self._table())
 
-    def _line(self, row: dict[str, Any]) -> str:
+    def _line(self, row: dict[str, Any], history: list[dict[str, Any]]) -> str:
         parts = [f"iter {row['iteration']:>4}/{self.cfg.run.iterations}"]
         if "team/success_rate" in row:
             parts.append(f"train_success {_fmt(row['team/success_rate'], '.2f')}")
@@ -62,6 +102,7 @@ class Progress:
         if diffs:
             parts.append(f"lp_diff {max(diffs):.1e}")
         parts.append(f"{row.get('time/elapsed_s', 0):.0f}s")
+        parts.append(f"eta {duration(eta_seconds(history, self.cfg.run.iterations))}")
         return "  ".join(parts)
 
     def _table(self) -> Table:
@@ -69,7 +110,8 @@ class Progress:
         row = self.rows[-1] if self.rows else {}
         elapsed = time.monotonic() - self.started
         table.add_row("iteration", f"{row.get('iteration', '-')} / {self.cfg.run.iterations}")
-        table.add_row("elapsed", f"{elapsed:.0f}s")
+        eta = eta_seconds(self.rows, self.cfg.run.iterations)
+        table.add_row("elapsed / ETA", f"{duration(elapsed)} / {duration(eta)}")
         table.add_row("train success (best-of-K)", _fmt(row.get("team/success_rate"), ".2f"))
         table.add_row("eval success (held out)", _fmt(self.last_eval, ".2f"))
         for agent in self.cfg.agents:

@@ -1,0 +1,365 @@
+"""Requests per second through the router, against a raw pyzmq forwarder on the same machine.
+
+Both runs use the same processes at the ends, which do as little as possible so that the middle is what
+is measured:
+
+- clients (as env workers): a DEALER each, keeping `--window` Generate requests in flight (a prompt of
+  `--prompt-tokens` ids, n = `--n`); each reply frees a slot;
+- echo servers (as mock inference servers): a DEALER each, answering every Generate at once with a
+  GenerateResult of n completions of `--completion-tokens` tokens (pre-encoded payload).
+
+The middle is either the real router (`python -m mas_async.process router`, which decodes the kind and
+header of every message, balances by outstanding requests, keeps the pending map, and forwards the
+payload undecoded through its send queue) or the raw forwarder: the same uvloop + zmq.asyncio ROUTER
+socket forwarding frames between fixed pairs (client i <-> server i) with no decoding at all. Each
+middle runs `--rounds` times, alternating; the best round of each counts (this machine is shared).
+
+    python bench/router.py                # prints both requests/s and the ratio (target >= 0.8)
+    python bench/router.py --smoke        # seconds; run by the tests
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import queue
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # runnable from a checkout without `pip install -e .`
+    sys.path.insert(0, str(ROOT))
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+
+import zmq  # noqa: E402
+
+from mas_async.codec import pack, unpack  # noqa: E402
+from mas_async.messages import (  # noqa: E402
+    PROTOCOL_VERSION,
+    Generate,
+    GenerateResult,
+    Hello,
+    Kind,
+    Welcome,
+    decode,
+    encode,
+)
+
+POLICY = "shared"
+GENERATE = bytes([Kind.GENERATE])
+RESULT = bytes([Kind.GENERATE_RESULT])
+PING = b"ping"
+
+
+def client_name(i: int) -> str:
+    return f"env_worker/{i}"
+
+
+def server_name(i: int) -> str:
+    return f"inference/{POLICY}/{i}"
+
+
+def _socket(ctx: zmq.Context, identity: str, endpoint: str) -> zmq.Socket:
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, identity.encode())
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 100_000)
+    sock.setsockopt(zmq.RCVHWM, 100_000)
+    sock.connect(endpoint)
+    return sock
+
+
+def _join(sock: zmq.Socket, role: str, identity: str, capacity: int) -> None:
+    """Hello/Welcome with the router (the raw forwarder needs none)."""
+    sock.send_multipart(
+        encode(Hello(role, identity, POLICY if role != "env_worker" else "", capacity, PROTOCOL_VERSION, os.getpid()))
+    )
+    if not sock.poll(60_000):
+        raise TimeoutError(f"{identity}: no Welcome from the router in 60s")
+    reply = decode(sock.recv_multipart())
+    if not isinstance(reply, Welcome):
+        raise RuntimeError(f"{identity}: expected Welcome, got {type(reply).__name__}")
+
+
+def echo_server(endpoint: str, index: int, join: bool, n: int, completion_tokens: int, ready: Any) -> None:
+    """Answer every Generate at once with n pre-encoded completions."""
+    completion = [np.zeros(completion_tokens, np.int32), np.zeros(completion_tokens, np.float32), 0, "length"]
+    payload = encode(GenerateResult(0, "", "", [completion] * n))[2]
+    ctx = zmq.Context()
+    sock = _socket(ctx, server_name(index), endpoint)
+    if join:
+        _join(sock, "inference", server_name(index), 1 << 20)
+        ready.put(index)
+    else:
+        sock.send(PING)  # the raw forwarder reports this server ready once it has seen it
+    while True:
+        frames = sock.recv_multipart(copy=False)
+        if frames[0].bytes != GENERATE:
+            continue  # heartbeats
+        request_id, _policy, origin, _deadline = unpack(frames[1].buffer)
+        sock.send_multipart([RESULT, pack([request_id, origin, ""]), payload], copy=False)
+
+
+def client(
+    endpoint: str,
+    index: int,
+    join: bool,
+    window: int,
+    n: int,
+    prompt_tokens: int,
+    warmup_s: float,
+    seconds: float,
+    go: Any,
+    out: Any,
+) -> None:
+    """Keep `window` requests in flight; report the replies counted during the measured window."""
+    name = client_name(index)
+    request = Generate(0, POLICY, name, 0.0, np.arange(prompt_tokens, dtype=np.int32) % 50, n, 32, 1.0, 1.0, False, [0])
+    payload = encode(request)[2]
+    ctx = zmq.Context()
+    sock = _socket(ctx, name, endpoint)
+    if join:
+        _join(sock, "env_worker", name, 1)
+    if not go.wait(120):
+        raise TimeoutError(f"{name}: the servers never became ready")
+    next_id, in_flight, counted = 0, 0, 0
+    start = time.perf_counter()
+    measure_from, stop_at = start + warmup_s, start + warmup_s + seconds
+    while True:
+        now = time.perf_counter()
+        if now >= stop_at:
+            break
+        while in_flight < window:
+            header = pack([next_id, POLICY, name, time.time() + 60])
+            sock.send_multipart([GENERATE, header, payload], copy=False)
+            next_id += 1
+            in_flight += 1
+        if not sock.poll(30_000):
+            raise TimeoutError(f"{name}: no reply in 30s with {in_flight} requests in flight")
+        frames = sock.recv_multipart(copy=False)
+        if frames[0].bytes == RESULT:
+            in_flight -= 1
+            if now >= measure_from:
+                counted += 1
+    out.put(counted / seconds)
+
+
+def raw_forwarder(endpoint: str, pairs: int, ready: Any) -> None:
+    """The baseline middle: a ROUTER socket on uvloop forwarding between fixed pairs, no decoding.
+    (A server's first message, a ping, tells it that the server is connected: until then a ROUTER
+    socket drops frames for that identity.)"""
+    import uvloop
+    import zmq.asyncio
+
+    route = {}
+    for i in range(pairs):
+        route[client_name(i).encode()] = server_name(i).encode()
+        route[server_name(i).encode()] = client_name(i).encode()
+
+    async def forward() -> None:
+        ctx = zmq.asyncio.Context()
+        sock = ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.SNDHWM, 100_000)
+        sock.setsockopt(zmq.RCVHWM, 100_000)
+        sock.bind(endpoint)
+        for _ in range(pairs):
+            identity, _ping = await sock.recv_multipart()
+            ready.put(identity)
+        while True:
+            frames = await sock.recv_multipart(copy=False)
+            await sock.send_multipart([route[frames[0].bytes], *frames[1:]], copy=False)
+
+    uvloop.run(forward())
+
+
+def start_router(run_dir: Path, pairs: int) -> tuple[str, subprocess.Popen]:
+    """The real router as its own process, configured for `pairs` env workers and inference replicas."""
+    from mas_async.config import dump_config, load_config
+    from mas_async.deployment import Deployment, free_ports
+
+    overrides = [
+        f"run.output_dir={run_dir}",
+        "eval.every=0",
+        "rollout.batch_size=1",
+        "env.train_size=8",
+        "env.test_size=1",
+        f"cluster.env_workers={pairs}",
+        f"policies.{POLICY}.replicas={pairs}",
+        "cluster.peer_timeout_s=3600",
+        "rollout.episode_timeout_s=3600",
+    ]
+    config = load_config(ROOT / "configs" / "plan_path_tiny_shared.yaml", overrides)
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    dump_config(config, run_dir / "config.yaml")
+    endpoint = f"tcp://127.0.0.1:{free_ports('127.0.0.1', 1)[0]}"
+    Deployment(endpoint, {POLICY: 0}, {POLICY: ""}).save(run_dir / "deployment.json")
+    with (run_dir / "logs" / "router.log").open("ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mas_async.process", "router", str(run_dir)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    return endpoint, proc
+
+
+def measure(args: argparse.Namespace, middle: str, run_dir: Path) -> tuple[float, float]:
+    """(requests per second of all clients together, CPU microseconds of the middle per request)."""
+    import psutil
+
+    from mas_async.deployment import free_ports
+
+    spawn = mp.get_context("spawn")
+    out, ready, go = spawn.Queue(), spawn.Queue(), spawn.Event()
+    procs: list[Any] = []
+    router = None
+    join = middle == "router"
+    try:
+        if join:
+            endpoint, router = start_router(run_dir, args.pairs)
+            trainer = _socket(zmq.Context.instance(), f"trainer/{POLICY}", endpoint)  # the router waits for it
+        else:
+            endpoint = f"tcp://127.0.0.1:{free_ports('127.0.0.1', 1)[0]}"
+            procs.append(spawn.Process(target=raw_forwarder, args=(endpoint, args.pairs, ready), daemon=True))
+        for i in range(args.pairs):
+            procs.append(
+                spawn.Process(
+                    target=echo_server, args=(endpoint, i, join, args.n, args.completion_tokens, ready), daemon=True
+                )
+            )
+        clients = [
+            spawn.Process(
+                target=client,
+                args=(endpoint, i, join, args.window, args.n, args.prompt_tokens, args.warmup, args.seconds, go, out),
+                daemon=True,
+            )
+            for i in range(args.pairs)
+        ]
+        procs += clients
+        for p in procs:
+            p.start()
+        if join:
+            _join(trainer, "trainer", f"trainer/{POLICY}", 0)
+        for _ in range(args.pairs):
+            ready.get(timeout=120)
+        middle_proc = psutil.Process(router.pid if router is not None else procs[0].pid)
+        go.set()
+        time.sleep(args.warmup)
+        cpu0 = sum(middle_proc.cpu_times()[:2])
+        if args.profile and router is not None:
+            subprocess.run(
+                [
+                    "py-spy",
+                    "record",
+                    "--nonblocking",
+                    "-r",
+                    "250",
+                    "-d",
+                    str(int(args.seconds)),
+                    "-p",
+                    str(router.pid),
+                    "-f",
+                    "raw",
+                    "-o",
+                    str(args.profile),
+                ],
+                check=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        else:
+            time.sleep(args.seconds)
+        cpu = sum(middle_proc.cpu_times()[:2]) - cpu0
+        rates: list[float] = []
+        deadline = time.monotonic() + args.warmup + args.seconds + 120
+        while len(rates) < len(clients):
+            dead = [p for p in procs if not p.is_alive() and p.exitcode != 0]
+            if dead or time.monotonic() > deadline or (router is not None and router.poll() is not None):
+                raise RuntimeError(f"the {middle} run failed (a process died or it ran past its deadline)")
+            try:
+                rates.append(out.get(timeout=0.5))
+            except queue.Empty:
+                continue
+        rate = float(sum(rates))
+        return rate, cpu / (rate * args.seconds) * 1e6
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join(timeout=5)
+        if router is not None:
+            router.kill()
+            router.wait(timeout=10)
+        if join:
+            trainer.close(linger=0)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--pairs", type=int, default=1, help="clients, and echo servers (one per client)")
+    p.add_argument("--window", type=int, default=64, help="requests in flight per client")
+    p.add_argument("--n", type=int, default=8, help="completions per request")
+    p.add_argument("--prompt-tokens", type=int, default=256)
+    p.add_argument("--completion-tokens", type=int, default=32)
+    p.add_argument("--warmup", type=float, default=1.0, help="seconds before counting")
+    p.add_argument("--seconds", type=float, default=5.0, help="seconds counted per round")
+    p.add_argument("--rounds", type=int, default=3, help="rounds per middle, alternating")
+    p.add_argument("--json", type=Path, help="also write the figures to this file")
+    p.add_argument("--profile", type=Path, help="record the router with py-spy (collapsed stacks) into this file")
+    p.add_argument("--smoke", action="store_true", help="a tiny run (seconds), for the tests")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.window, args.warmup, args.seconds, args.rounds = 8, 0.2, 0.5, 1
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    rates: dict[str, list[float]] = {"raw": [], "router": []}
+    cpu: dict[str, list[float]] = {"raw": [], "router": []}
+    with tempfile.TemporaryDirectory(prefix="mas-async-bench-router-") as tmp:
+        for round_ in range(args.rounds):
+            for middle in ("raw", "router"):
+                rate, cpu_us = measure(args, middle, Path(tmp) / f"{middle}{round_}")
+                rates[middle].append(rate)
+                cpu[middle].append(cpu_us)
+    raw, router = max(rates["raw"]), max(rates["router"])
+    raw_cpu, router_cpu = min(cpu["raw"]), min(cpu["router"])
+    print(
+        f"router throughput: {args.pairs} client(s) x {args.window} in flight, n={args.n}, prompt "
+        f"{args.prompt_tokens} tokens, {args.completion_tokens}-token completions; best of {args.rounds} rounds"
+    )
+    print(f"  raw pyzmq forwarder  {raw:>10.0f} requests/s   (rounds: {', '.join(f'{r:.0f}' for r in rates['raw'])})")
+    print(
+        f"  mas-async router     {router:>10.0f} requests/s   (rounds: {', '.join(f'{r:.0f}' for r in rates['router'])})"
+    )
+    print(f"  CPU of the middle per request: raw {raw_cpu:.0f} us, router {router_cpu:.0f} us (best round)")
+    print(f"router ratio (router / raw requests/s): {router / raw:.3f}   (target >= 0.80)")
+    print(f"router CPU ratio (raw / router CPU per request): {raw_cpu / router_cpu:.3f}")
+    if args.json:
+        result = {
+            "bench": "router",
+            "date": datetime.now().isoformat(timespec="seconds"),
+            "args": vars(args),
+            "raw": rates["raw"],
+            "router": rates["router"],
+            "ratio": router / raw,
+            "cpu_us": cpu,
+            "cpu_ratio": raw_cpu / router_cpu,
+        }
+        args.json.write_text(json.dumps(result, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""Every benchmark runs in its smoke mode (cleanrl style: the real script with a tiny budget) and prints
+its figures and its ratio against the raw baseline measured in the same run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(script: str, tmp_path: Path) -> tuple[str, dict]:
+    out = tmp_path / "figures.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), "--smoke", "--json", str(out)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout, json.loads(out.read_text())
+
+
+def test_rollout_throughput_smoke(tmp_path: Path) -> None:
+    stdout, figures = _run("rollout_throughput.py", tmp_path)
+    assert "overhead ratio" in stdout
+    framework, standalone = figures["framework"], figures["standalone"]
+    assert framework["tokens"] == standalone["tokens"] > 0  # the same prompts, exactly max_tokens each
+    assert framework["dropped"] == 0 and 0 < framework["busy_fraction"] <= 1.0
+    assert figures["overhead_ratio"] > 0
+
+
+def test_weight_sync_smoke(tmp_path: Path) -> None:
+    stdout, figures = _run("weight_sync.py", tmp_path)  # the smoke run also checks the loaded weights
+    assert "weight sync ratio" in stdout
+    assert len(figures["sizes"]) == 2 and figures["worst_ratio"] > 0
+
+
+def test_router_smoke(tmp_path: Path) -> None:
+    stdout, figures = _run("router.py", tmp_path)
+    assert "router ratio" in stdout
+    assert figures["raw"][0] > 0 and figures["router"][0] > 0

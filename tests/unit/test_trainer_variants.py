@@ -35,7 +35,9 @@ def _batch(learner, rewards=(1.0, -1.0, 1.0, -1.0), tokens=(20, 21, 22, 23)):
         with torch.no_grad():
             lp = completion_logprobs(learner.model, [prompt], [completion])[0].numpy()
         samples.append(
-            Sample("e/vertical/0", "e", "p", "vertical", "vertical", 0, prompt, completion, lp, 0, reward, info={"i": i})
+            Sample(
+                "e/vertical/0", "e", "p", "vertical", "vertical", 0, prompt, completion, lp, 0, reward, info={"i": i}
+            )
         )
     return samples
 

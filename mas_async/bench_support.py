@@ -146,45 +146,18 @@ class _TimedBackend:
 class TimedInferenceServer(InferenceServer):
     """An inference server that times its batches (its deployment has no trainer, so no weight group).
 
-    With `batch_gap_s > 0` it tries a different batching policy (an experiment, off by default): before
-    taking the queue as a batch, wait while requests keep arriving less than `batch_gap_s` apart (at
-    most `MAX_GATHER_GAPS` gaps, and not beyond the server's capacity), so that the requests of
-    episodes that were answered by the same batch come back as one batch instead of being split.
+    `batch_gap_s > 0` overrides the policy's `batch_gather_ms` (the benchmark compares windows).
     """
-
-    MAX_GATHER_GAPS = 20
 
     def __init__(
         self, config: Config, deployment: Deployment, policy: str, replica: int, run_dir: Path, batch_gap_s: float
     ) -> None:
         super().__init__(config, deployment, policy, replica)
         self.run_dir = run_dir
-        self.batch_gap_s = batch_gap_s
+        if batch_gap_s > 0:
+            self.gather_s = batch_gap_s
         self.timed = _TimedBackend(self.backend)
         self.backend = self.timed
-
-    async def main(self) -> None:
-        if self.batch_gap_s <= 0:
-            await super().main()
-            return
-        while True:
-            await self._wakeup.wait()
-            await self.gate.acquire_read()
-            await self._gather()
-            self._wakeup.clear()
-            batch, self._queue = self._queue, []
-            if self.backend.concurrent:
-                self.spawn(self._serve(batch), "batch")
-            else:
-                await self._serve(batch)
-
-    async def _gather(self) -> None:
-        seen = -1
-        for _ in range(self.MAX_GATHER_GAPS):
-            if len(self._queue) == seen or sum(r.n for r in self._queue) >= self.capacity:
-                return
-            seen = len(self._queue)
-            await asyncio.sleep(self.batch_gap_s)
 
     async def cleanup(self) -> None:
         name = self.peer_id.replace("/", "-")

@@ -47,6 +47,11 @@ class PolicyConfig(_Section):
     """Adam learning rate of this policy's trainer."""
     max_batch_sequences: int = Field(512, ge=1)
     """Most sequences one batched generate call holds (dynamic batching limit)."""
+    batch_gather_ms: float = Field(5.0, ge=0)
+    """Backends that run one batch at a time (hf, mock): before taking the queue as a batch, wait while
+    requests keep arriving less than this many ms apart, so a turn's wave of requests from many
+    episodes runs as one batch instead of "first one alone, then the rest". 0 disables; vLLM ignores it
+    (it batches continuously)."""
 
 
 class AgentConfig(_Section):

@@ -16,6 +16,10 @@ from pathlib import Path
 
 
 def setup_logging(name: str) -> None:
+    # Progress bars and warnings of libraries would be lines without the role and id: bars off,
+    # warnings through logging.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    logging.captureWarnings(True)
     logging.basicConfig(
         level=os.environ.get("MAS_ASYNC_LOG_LEVEL", "INFO"),
         format=f"%(asctime)s %(levelname)s [{name}] %(name)s: %(message)s",

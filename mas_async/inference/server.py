@@ -87,6 +87,7 @@ class InferenceServer(Peer):
         self.backend.version = deployment.start_version
         self._queue: list[Generate] = []
         self._wakeup = asyncio.Event()
+        self.gather_s = spec.batch_gather_ms / 1000
         self.gate = UpdateGate()
         self.served = 0
 
@@ -119,12 +120,24 @@ class InferenceServer(Peer):
         while True:
             await self._wakeup.wait()
             await self.gate.acquire_read()  # waits while a weight update is pending or running
+            if not self.backend.concurrent and self.gather_s > 0:
+                await self._gather()
             self._wakeup.clear()
             batch, self._queue = self._queue, []
             if self.backend.concurrent:
                 self.spawn(self._serve(batch), "batch")
             else:
                 await self._serve(batch)
+
+    async def _gather(self, max_gaps: int = 20) -> None:
+        """Wait while requests keep arriving less than `gather_s` apart (at most `max_gaps` gaps, and
+        never beyond the server's capacity): one turn of many episodes becomes one batch."""
+        seen = -1
+        for _ in range(max_gaps):
+            if len(self._queue) == seen or sum(r.n for r in self._queue) >= self.capacity:
+                return
+            seen = len(self._queue)
+            await asyncio.sleep(self.gather_s)
 
     async def _serve(self, batch: list[Generate]) -> None:
         """Generate one batch (the gate's read side is held by the caller and released here)."""

@@ -9,6 +9,10 @@ from __future__ import annotations
 ENVS: dict[str, str] = {
     "plan_path": "envs.plan_path:PlanPathEnv",
     "plan_path_solo": "envs.plan_path_solo:PlanPathSoloEnv",
+    "sokoban_solo": "envs.sokoban_solo:SokobanSoloEnv",
+    "sudoku_solo": "envs.sudoku_solo:SudokuSoloEnv",
+    "code_solo": "envs.code_solo:CodeSoloEnv",
+    "math_solo": "envs.math_solo:MathSoloEnv",
     # games and planning
     "sokoban": "envs.sokoban:SokobanEnv",
     "sudoku": "envs.sudoku:SudokuEnv",

@@ -10,6 +10,12 @@ NODES: dict[str, str] = {
     "plan_path_vertical": "nodes.plan_path:VerticalMover",
     "plan_path_horizontal": "nodes.plan_path:HorizontalMover",
     "plan_path_solo": "nodes.plan_path:SoloMover",
+    "sokoban_solo": "nodes.solo:SoloPusher",
+    "sudoku_solo": "nodes.solo:SoloPlacer",
+    "code_solo": "nodes.solo:SoloCoder",
+    "math_solo": "nodes.solo:SoloReasoner",
+    "sokoban_solo_chat": "nodes.solo:ChatSoloPusher",
+    "sudoku_solo_chat": "nodes.solo:ChatSoloPlacer",
     "plan_path_vertical_chat": "nodes.plan_path:ChatVerticalMover",
     "plan_path_horizontal_chat": "nodes.plan_path:ChatHorizontalMover",
     # games and planning
@@ -34,6 +40,10 @@ NODES: dict[str, str] = {
 WORKFLOWS: dict[str, str] = {
     "plan_path": "nodes.plan_path:PlanPathWorkflow",
     "plan_path_solo": "nodes.plan_path:PlanPathSoloWorkflow",
+    "sokoban_solo": "nodes.solo:SokobanSoloWorkflow",
+    "sudoku_solo": "nodes.solo:SudokuSoloWorkflow",
+    "code_solo": "nodes.solo:CodeSoloWorkflow",
+    "math_solo": "nodes.solo:MathSoloWorkflow",
     # games and planning
     "sokoban": "nodes.sokoban:SokobanWorkflow",
     "sudoku": "nodes.sudoku:SudokuWorkflow",

@@ -155,7 +155,7 @@ class PlanPathSoloWorkflow(Workflow):
     def __init__(self, nodes: dict[str, Node], max_moves: int = 16) -> None:
         super().__init__(nodes)
         if not isinstance(max_moves, int) or max_moves < 1:
-            raise ValueError(f"PlanPathSoloWorkflow: max_moves must be a positive integer, got {max_moves!r}")
+            raise ValueError(f"{type(self).__name__}: max_moves must be a positive integer, got {max_moves!r}")
         self.max_moves = max_moves
 
     async def run(self, episode: Episode) -> None:

@@ -22,8 +22,6 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 if TYPE_CHECKING:
     from mas_async.config import Config
     from mas_async.trainer.trainer import PolicyLearner
@@ -43,6 +41,8 @@ def policy_checkpoint(run_dir: Path, policy: str, version: int) -> Path:
 
 
 def save_policy(run_dir: Path, policy: str, version: int, learner: PolicyLearner) -> Path:
+    import torch  # here, not at the top: the router imports this module and never needs torch
+
     final = policy_checkpoint(run_dir, policy, version)
     tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -67,6 +67,8 @@ def save_policy(run_dir: Path, policy: str, version: int, learner: PolicyLearner
 
 def load_policy_state(run_dir: Path, policy: str, version: int, learner: PolicyLearner) -> None:
     """Restore optimiser, scheduler and RNG states (the weights come from the folder itself)."""
+    import torch
+
     state: dict[str, Any] = torch.load(
         policy_checkpoint(run_dir, policy, version) / "trainer_state.pt", weights_only=True
     )

@@ -34,10 +34,11 @@ def build_actor(role: str, run_dir: Path, index: int, policy: str):
 
     config = load_config(run_dir / "config.yaml")
     deployment = Deployment.load(run_dir / "deployment.json")
-    import torch
+    if role in ("inference", "trainer"):  # the router and env workers never need torch: start faster
+        import torch
 
-    torch.set_num_threads(config.cluster.torch_threads)
-    torch.manual_seed(config.run.seed)
+        torch.set_num_threads(config.cluster.torch_threads)
+        torch.manual_seed(config.run.seed)
     if role == "router":
         from mas_async.router import Router
 

@@ -227,7 +227,9 @@ def launch(config: Config, mode: str = "train") -> int:
     prepare_deployment(config, run_dir, start_version, training, weights)
     progress = Progress(config, run_dir)
     children = start_children(config, run_dir, training)
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    # Explicit handlers: a launcher started in the background of a script inherits SIGINT as ignored,
+    # and Python then installs no KeyboardInterrupt handler; Ctrl-C and SIGTERM must always stop the run.
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         return supervise(children, run_dir, progress)
     except KeyboardInterrupt:
@@ -236,6 +238,7 @@ def launch(config: Config, mode: str = "train") -> int:
         stop_children(children)
         return 130
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if any(c.proc.poll() is None for c in children):
             stop_children(children, grace_s=1.0)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from envs.plan_path import MOVES
 from nodes.base import Node, ParseError, Workflow
+from nodes.sequential import SequentialWorkflow
 
 if TYPE_CHECKING:
     from envs.plan_path import PlanPathEnv
@@ -88,11 +89,16 @@ class ChatMover(Mover):
         return [{"role": "system", "content": rules}, {"role": "user", "content": obs}]
 
     def parse(self, text: str) -> str:
-        answer = text.rsplit("</think>", 1)[-1]
-        found = re.findall(rf"\b([{''.join(self.moves)}])\b", answer)
-        if not found:
-            raise ParseError(f"{self.agent}: no standalone {' or '.join(self.moves)} in the reply {answer[-40:]!r}")
-        return found[-1]
+        return last_move(text, self.moves, self.agent)
+
+
+def last_move(text: str, moves: tuple[str, ...], who: str) -> str:
+    """A chat model's move: the last standalone move letter of the reply after any </think> block."""
+    answer = text.rsplit("</think>", 1)[-1]
+    found = re.findall(rf"\b([{''.join(moves)}])\b", answer)
+    if not found:
+        raise ParseError(f"{who}: no standalone {' or '.join(moves)} in the reply {answer[-40:]!r}")
+    return found[-1]
 
 
 class ChatVerticalMover(ChatMover):
@@ -105,25 +111,11 @@ class ChatHorizontalMover(ChatMover):
         super().__init__(agent)
 
 
-class PlanPathWorkflow(Workflow):
+class PlanPathWorkflow(SequentialWorkflow):
     """Each turn the vertical mover acts, then the horizontal mover acts on the state after the vertical
-    mover's committed move; the episode stops on the goal or after `max_turns` turns."""
+    mover's committed move; the episode stops on the goal or after `max_turns` turns (default 8)."""
 
     agents = ("vertical", "horizontal")
-
-    def __init__(self, nodes: dict[str, Node], max_turns: int = 8) -> None:
-        super().__init__(nodes)
-        if not isinstance(max_turns, int) or max_turns < 1:
-            raise ValueError(f"PlanPathWorkflow: max_turns must be a positive integer, got {max_turns!r}")
-        self.max_turns = max_turns
-
-    async def run(self, episode: Episode) -> None:
-        for _ in range(self.max_turns):
-            for agent in self.agents:
-                if episode.env.done:
-                    return
-                await episode.act(self.nodes[agent])
-            episode.next_turn()
 
 
 class SoloMover(Node):

@@ -20,15 +20,15 @@ letter standing alone in the reply, after any <think> block.
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING, Any
 
 from envs.sokoban import AGENTS, MOVES
-from nodes.base import Node, ParseError, Workflow
+from nodes.base import Node, ParseError
+from nodes.plan_path import last_move
+from nodes.sequential import SequentialWorkflow
 
 if TYPE_CHECKING:
     from envs.sokoban import SokobanEnv
-    from mas_async.episode import Episode
 
 
 class Pusher(Node):
@@ -88,11 +88,7 @@ class ChatPusher(Pusher):
         return [{"role": "system", "content": rules}, {"role": "user", "content": obs}]
 
     def parse(self, text: str) -> str:
-        answer = text.rsplit("</think>", 1)[-1]
-        found = re.findall(rf"\b([{''.join(self.moves)}])\b", answer)
-        if not found:
-            raise ParseError(f"{self.agent}: no standalone {' or '.join(self.moves)} in the reply {answer[-40:]!r}")
-        return found[-1]
+        return last_move(text, self.moves, self.agent)
 
 
 class ChatVerticalPusher(ChatPusher):
@@ -109,23 +105,12 @@ class ChatHorizontalPusher(ChatPusher):
         super().__init__(agent)
 
 
-class SokobanWorkflow(Workflow):
+class SokobanWorkflow(SequentialWorkflow):
     """Each turn the vertical pusher acts, then the horizontal pusher on the state after the vertical
     pusher's committed move; the episode stops when the level is solved or deadlocked, or after
-    `max_turns` turns."""
+    `max_turns` turns (default 10)."""
 
     agents = AGENTS
 
     def __init__(self, nodes: dict[str, Node], max_turns: int = 10) -> None:
-        super().__init__(nodes)
-        if not isinstance(max_turns, int) or max_turns < 1:
-            raise ValueError(f"SokobanWorkflow: max_turns must be a positive integer, got {max_turns!r}")
-        self.max_turns = max_turns
-
-    async def run(self, episode: Episode) -> None:
-        for _ in range(self.max_turns):
-            for agent in self.agents:
-                if episode.env.done:
-                    return
-                await episode.act(self.nodes[agent])
-            episode.next_turn()
+        super().__init__(nodes, max_turns)

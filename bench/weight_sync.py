@@ -6,9 +6,12 @@ nccl on GPU). For every model size, the sender holds transformer-shaped tensors 
 and times, alternately, `--repeats` times each:
 
 - versioned: announce the version (one ZMQ message per receiver), `WeightSender.send` (header,
-  manifest, tensors flattened into buckets), each receiver's `ThreadedBackend.update_weights` (receive
-  every bucket, check the manifest, `load_weights` copies into the engine's own parameters, set the
-  version), then an acknowledgement back (one ZMQ message each);
+  manifest when it changed, the buckets), each receiver's `ThreadedBackend.update_weights` (receive
+  every bucket, check the manifest, load, set the version), then an acknowledgement back (one ZMQ
+  message each). As in a run, the sender's tensors are views of one flat buffer (what the trainer does
+  with its parameters), so buckets go out with no copy, and the engine adopts the received buffers
+  as its parameters (what the transformers backend does); `--copy` measures the copying path instead
+  (separate tensors packed into bucket buffers, loaded by copy);
 - raw: the same announcement, one broadcast of a preallocated buffer of the same number of bytes
   on the same process group, the same acknowledgement.
 
@@ -38,8 +41,10 @@ if str(ROOT) not in sys.path:  # runnable from a checkout without `pip install -
 
 import torch  # noqa: E402
 import zmq  # noqa: E402
+from torch import nn  # noqa: E402
 
 from mas_async.codec import pack, unpack  # noqa: E402
+from mas_async.flat_params import adopt_parameters, check_named_tensors, flatten_parameters  # noqa: E402
 from mas_async.inference.backend import ThreadedBackend  # noqa: E402
 from mas_async.weight_sync import WeightReceiver, WeightSender, dtype_name, open_weight_group  # noqa: E402
 
@@ -62,29 +67,37 @@ def shapes(params: int) -> list[tuple[str, tuple[int, ...]]]:
     return out
 
 
-class CopyEngine:
-    """A receiver's engine: owns its parameters and loads by copying, checking names and shapes first
-    (what the transformers backend does), without any model around them."""
+class BenchEngine:
+    """A receiver's engine without a model around its parameters; loads like the transformers backend:
+    `adopt_weights` (checked, no copy) when it exists, else `load_weights` (checked copy)."""
 
     def __init__(self, named_shapes: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype, device: torch.device):
-        self.params = {name: torch.zeros(shape, dtype=dtype, device=device) for name, shape in named_shapes}
+        self.params = {
+            name: nn.Parameter(torch.zeros(shape, dtype=dtype, device=device), requires_grad=False)
+            for name, shape in named_shapes
+        }
         self.version = 0
 
     def parameter_manifest(self) -> list[tuple[str, list[int], str]]:
         return [(name, list(p.shape), dtype_name(p.dtype)) for name, p in self.params.items()]
 
     def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
-        for name, tensor in named_tensors:
-            if name not in self.params or self.params[name].shape != tensor.shape:
-                raise ValueError(f"load_weights: unexpected tensor {name!r} {list(tensor.shape)}")
-        if len(named_tensors) != len(self.params):
-            raise ValueError(f"load_weights: got {len(named_tensors)} tensors, expected {len(self.params)}")
+        check_named_tensors(self.params, named_tensors)
         with torch.no_grad():
             for name, tensor in named_tensors:
                 self.params[name].copy_(tensor)
 
+    def adopt_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+        adopt_parameters(self.params, named_tensors)
+
     def generate(self, requests: list) -> list:
         raise NotImplementedError("a weight-sync benchmark engine does not generate")
+
+
+class CopyEngine(BenchEngine):
+    """The same engine loading by copy (`--copy`: the path of engines without `adopt_weights`)."""
+
+    adopt_weights = None  # type: ignore[assignment]
 
 
 def _nbytes(named_shapes: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype) -> int:
@@ -128,7 +141,12 @@ def sender(args: dict[str, Any], out: Any) -> None:
     for index, size in enumerate(args["sizes"]):
         named_shapes = shapes(size)
         g = torch.Generator().manual_seed(index)
-        tensors = [(name, torch.randn(shape, generator=g).to(dtype).to(group.device)) for name, shape in named_shapes]
+        tensors = [
+            (name, nn.Parameter(torch.randn(shape, generator=g).to(dtype).to(group.device), requires_grad=False))
+            for name, shape in named_shapes
+        ]
+        if not args["copy"]:  # as the trainer does: parameters are views of one buffer, sent with no copy
+            flatten_parameters(tensors)
         flat = torch.zeros(_nbytes(named_shapes, dtype), dtype=torch.uint8, device=group.device)
         weights = WeightSender(group, bucket_bytes=int(args["bucket_mb"] * (1 << 20)))
         checksum = float(sum(t.double().sum() for _, t in tensors))
@@ -170,7 +188,8 @@ def receiver(args: dict[str, Any], rank: int) -> None:
             break
         if message[0] == "size":
             named_shapes = shapes(args["sizes"][message[1]])
-            backend = ThreadedBackend(CopyEngine(named_shapes, dtype, group.device))
+            engine = (CopyEngine if args["copy"] else BenchEngine)(named_shapes, dtype, group.device)
+            backend = ThreadedBackend(engine)
             backend.receiver = WeightReceiver(group)
             flat = torch.empty(_nbytes(named_shapes, dtype), dtype=torch.uint8, device=group.device)
         elif message[1] == "raw":
@@ -200,6 +219,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "bucket_mb": args.bucket_mb,
         "repeats": args.repeats,
         "verify": args.smoke,
+        "copy": args.copy,
     }
     spawn = mp.get_context("spawn")
     out = spawn.Queue()
@@ -232,6 +252,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--receivers", type=int, default=1, help="inference servers of the policy")
     p.add_argument("--bucket-mb", type=float, default=64.0, help="bucket size of the versioned send")
     p.add_argument("--repeats", type=int, default=3, help="sends of each kind per size (best counts)")
+    p.add_argument(
+        "--copy",
+        action="store_true",
+        help="the copying path: sender tensors not flattened, the engine loads by copy (no adopt_weights)",
+    )
     p.add_argument("--timeout", type=float, default=900.0)
     p.add_argument("--json", type=Path, help="also write the figures to this file")
     p.add_argument("--smoke", action="store_true", help="a tiny run (seconds) that also checks the loaded weights")
@@ -245,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     results = run(args)
     print(
-        f"weight sync: {args.backend}, {args.dtype}, {args.receivers} receiver(s), buckets of {args.bucket_mb:g} MiB; "
+        f"weight sync: {args.backend}, {args.dtype}, {args.receivers} receiver(s), buckets of {args.bucket_mb:g} MiB, "
+        f"{'copying' if args.copy else 'zero-copy'} path; "
         f"best of {args.repeats}"
     )
     print(f"  {'parameters':>12} {'MiB':>8} {'raw s':>9} {'versioned s':>12} {'ratio':>7}")

@@ -7,11 +7,15 @@ ProcessGroupNCCL (GPU) object directly. Inside a vLLM worker vLLM owns the defau
 this is the only way the same code can run there too.
 
 One `send` is a fixed sequence of broadcasts from rank 0, which every receiver mirrors exactly:
-1. header: int64[2] = [version, manifest_nbytes];
-2. manifest: uint8[manifest_nbytes], msgpack of [[name, shape, dtype, bucket, offset, numel], ...];
+1. header: int64[2] = [version, manifest_nbytes]; manifest_nbytes is 0 when the manifest is the same
+   as in the previous send (the layout of a policy's weights does not change from version to version);
+2. manifest (only when it changed): uint8[manifest_nbytes], msgpack of
+   [[name, shape, dtype, bucket, offset, numel], ...];
 3. the buckets, one broadcast each: the tensors flattened into contiguous buffers of one dtype and at
    most `bucket_bytes` each (a larger tensor gets a bucket of its own), sent as raw bytes so any
-   dtype travels over any backend.
+   dtype travels over any backend. When a bucket's tensors already lie back to back in one storage
+   (a trainer's parameters after `flat_params.flatten_parameters`) that region is broadcast as it is,
+   with no copy; otherwise they are copied into a bucket buffer kept from one send to the next.
 A receiver always takes part in every broadcast of a send, even when the manifest does not match what
 it expects, so the sender and the other receivers never hang; it raises `ManifestMismatch` only after
 the last bucket, and it never returns a partial set of tensors.
@@ -115,10 +119,20 @@ def _parse_dtype(name: str) -> torch.dtype:
     return dtype
 
 
-def _send_header(group: WeightGroup, version: int, manifest: bytes) -> None:
-    header = torch.tensor([version, len(manifest)], dtype=torch.int64, device=group.device)
-    group.broadcast(header)
-    group.broadcast(torch.frombuffer(bytearray(manifest), dtype=torch.uint8).to(group.device))
+def contiguous_region(parts: list[torch.Tensor]) -> torch.Tensor | None:
+    """One flat view covering `parts` when they lie back to back, in order, in a single storage
+    (parameters flattened by `flatten_parameters`); None otherwise."""
+    first = parts[0]
+    storage = first.untyped_storage().data_ptr()
+    end = first.data_ptr()
+    for p in parts:
+        if not p.is_contiguous() or p.dtype != first.dtype or p.untyped_storage().data_ptr() != storage:
+            return None
+        if p.data_ptr() != end:
+            return None
+        end += p.numel() * p.element_size()
+    numel = sum(p.numel() for p in parts)
+    return torch.as_strided(first, (numel,), (1,), first.storage_offset())
 
 
 class WeightSender:
@@ -134,36 +148,75 @@ class WeightSender:
         # Bucket buffers are kept from one send to the next (same layout every version): writing into
         # memory already touched is several times faster than into fresh pages.
         self._buffers: dict[int, torch.Tensor] = {}
+        self._sent_manifest = b""
+        """The manifest of the previous send (receivers keep it too)."""
+        self._signature: list[tuple] = []
+        self._plan: _SendPlan | None = None
 
     def send(self, version: int, named_tensors: list[tuple[str, torch.Tensor]]) -> dict[str, float]:
-        """Broadcast `named_tensors` as weight `version`; returns {"seconds", "bytes", "buckets"}."""
+        """Broadcast `named_tensors` as weight `version`; returns {"seconds", "bytes", "buckets",
+        "copied_buckets", "manifest_bytes"} (0 manifest bytes: the manifest was unchanged, not sent)."""
         start = time.perf_counter()
-        entries: list[list] = []
-        buckets: list[list[torch.Tensor]] = []
-        open_bucket: dict[torch.dtype, tuple[int, int]] = {}  # dtype -> (bucket index, bytes used)
-        for name, tensor in named_tensors:
-            tensor = tensor.detach()
-            nbytes = tensor.numel() * tensor.element_size()
-            index, used = open_bucket.get(tensor.dtype, (-1, 0))
-            if index < 0 or used + nbytes > self.bucket_bytes:
-                index, used = len(buckets), 0
-                buckets.append([])
-            offset = used // tensor.element_size()
-            entries.append([name, list(tensor.shape), dtype_name(tensor.dtype), index, offset, tensor.numel()])
-            buckets[index].append(tensor.reshape(-1))
-            open_bucket[tensor.dtype] = (index, used + nbytes)
-
-        _send_header(self.group, version, msgpack.packb(entries))
+        signature = [(name, t.shape, t.dtype, t.device, t.data_ptr()) for name, t in named_tensors]
+        if signature != self._signature:  # the layout (and so the manifest) is the same every version
+            self._plan = _SendPlan(named_tensors, self.bucket_bytes, self.group.device)
+            self._signature = signature
+        plan = self._plan
+        changed = plan.manifest != self._sent_manifest
+        nbytes = len(plan.manifest) if changed else 0
+        self.group.broadcast(torch.tensor([version, nbytes], dtype=torch.int64, device=self.group.device))
+        if changed:
+            self.group.broadcast(torch.frombuffer(bytearray(plan.manifest), dtype=torch.uint8).to(self.group.device))
+            self._sent_manifest = plan.manifest
         total = 0
-        for index, parts in enumerate(buckets):
-            numel = sum(p.numel() for p in parts)
-            flat = self._buffers.get(index)
-            if flat is None or flat.dtype != parts[0].dtype or flat.numel() != numel:
-                flat = self._buffers[index] = torch.empty(numel, dtype=parts[0].dtype, device=self.group.device)
-            torch.cat([p.to(self.group.device) for p in parts], out=flat)
+        for index, (members, region) in enumerate(plan.buckets):
+            flat = region
+            if flat is None:
+                parts = [named_tensors[i][1].detach().reshape(-1).to(self.group.device) for i in members]
+                flat = self._bucket_buffer(index, parts)
+                torch.cat(parts, out=flat)
             self.group.broadcast(flat.view(torch.uint8))
             total += flat.numel() * flat.element_size()
-        return {"seconds": time.perf_counter() - start, "bytes": float(total), "buckets": float(len(buckets))}
+        return {
+            "seconds": time.perf_counter() - start,
+            "bytes": float(total),
+            "buckets": float(len(plan.buckets)),
+            "copied_buckets": float(sum(region is None for _, region in plan.buckets)),
+            "manifest_bytes": float(nbytes),
+        }
+
+    def _bucket_buffer(self, index: int, parts: list[torch.Tensor]) -> torch.Tensor:
+        numel = sum(p.numel() for p in parts)
+        flat = self._buffers.get(index)
+        if flat is None or flat.dtype != parts[0].dtype or flat.numel() != numel:
+            flat = self._buffers[index] = torch.empty(numel, dtype=parts[0].dtype, device=self.group.device)
+        return flat
+
+
+class _SendPlan:
+    """How one layout of tensors is sent: the manifest, and per bucket the indices of its tensors and,
+    when they lie back to back in one storage on the group's device, the region to broadcast as is."""
+
+    def __init__(self, named_tensors: list[tuple[str, torch.Tensor]], bucket_bytes: int, device: torch.device):
+        entries: list[list] = []
+        members: list[list[int]] = []
+        open_bucket: dict[torch.dtype, tuple[int, int]] = {}  # dtype -> (bucket index, bytes used)
+        for i, (name, tensor) in enumerate(named_tensors):
+            nbytes = tensor.numel() * tensor.element_size()
+            index, used = open_bucket.get(tensor.dtype, (-1, 0))
+            if index < 0 or used + nbytes > bucket_bytes:
+                index, used = len(members), 0
+                members.append([])
+            offset = used // tensor.element_size()
+            entries.append([name, list(tensor.shape), dtype_name(tensor.dtype), index, offset, tensor.numel()])
+            members[index].append(i)
+            open_bucket[tensor.dtype] = (index, used + nbytes)
+        self.manifest: bytes = msgpack.packb(entries)
+        self.buckets: list[tuple[list[int], torch.Tensor | None]] = []
+        for indices in members:
+            parts = [named_tensors[i][1].detach() for i in indices]
+            region = contiguous_region(parts) if parts[0].device == device else None
+            self.buckets.append((indices, region))
 
 
 class WeightReceiver:
@@ -173,42 +226,61 @@ class WeightReceiver:
         if group.rank == 0:
             raise ValueError("WeightReceiver cannot run on rank 0, the sender of the weight group")
         self.group = group
-        self._buffers: list[torch.Tensor] = []
+        self._buffers: dict[int, list[torch.Tensor]] = {}
+        self._entries: list[list] | None = None
+        """The manifest of the previous send (a send whose manifest did not change omits it)."""
+        self._layout: list[tuple[torch.dtype, int]] = []
+        self._views: dict[int, list[tuple[str, torch.Tensor]]] = {}
+        """buffer set -> the returned tensors (views of its buckets), kept while the layout holds."""
 
     def receive(
-        self, expected: list[tuple[str, list[int], str]] | None = None
+        self, expected: list[tuple[str, list[int], str]] | None = None, buffer_set: int = 0
     ) -> tuple[int, list[tuple[str, torch.Tensor]]]:
         """Block until the next send; return (version, [(name, tensor), ...]) in the sender's order.
 
         With `expected` (e.g. a backend's `parameter_manifest()`), raise ManifestMismatch naming the
-        first difference, after every bucket has been received. The returned tensors are views of
-        buffers reused by the next receive (the same layout every version): load (copy) them first.
+        first difference, after every bucket has been received. The returned tensors are views of the
+        bucket buffers of `buffer_set`, which the next receive into the same set overwrites (the same
+        layout every version): load (copy) them first, or adopt them and receive the next version into
+        another set (`flat_params.adopt_parameters`).
         """
         header = torch.zeros(2, dtype=torch.int64, device=self.group.device)
         self.group.broadcast(header)
         version, manifest_nbytes = (int(x) for x in header.tolist())
-        raw = torch.empty(manifest_nbytes, dtype=torch.uint8, device=self.group.device)
-        self.group.broadcast(raw)
-        entries = msgpack.unpackb(raw.cpu().numpy().tobytes(), use_list=True)
+        if manifest_nbytes > 0:
+            raw = torch.empty(manifest_nbytes, dtype=torch.uint8, device=self.group.device)
+            self.group.broadcast(raw)
+            self._set_manifest(msgpack.unpackb(raw.cpu().numpy().tobytes(), use_list=True))
+        elif self._entries is None:
+            raise ManifestMismatch("the first send of the group carried no manifest (sender and receiver out of step)")
+        entries = self._entries
 
-        # Each bucket's dtype and length follow from the entries that live in it.
-        sizes: dict[int, tuple[str, int]] = {}
-        for _name, _shape, dtype, index, offset, numel in entries:
-            sizes[index] = (dtype, max(sizes.get(index, (dtype, 0))[1], offset + numel))
-        layout = [(_parse_dtype(sizes[i][0]), sizes[i][1]) for i in range(len(sizes))]
-        if [(b.dtype, b.numel()) for b in self._buffers] != layout:
-            self._buffers = [torch.empty(n, dtype=dtype, device=self.group.device) for dtype, n in layout]
-        buckets = self._buffers
+        buckets = self._buffers.get(buffer_set, [])
+        if [(b.dtype, b.numel()) for b in buckets] != self._layout:
+            buckets = self._buffers[buffer_set] = [
+                torch.empty(n, dtype=dtype, device=self.group.device) for dtype, n in self._layout
+            ]
+            self._views.pop(buffer_set, None)
         for bucket in buckets:
             self.group.broadcast(bucket.view(torch.uint8))
 
         if expected is not None:
             _check_manifest(entries, expected)
-        tensors = [
-            (name, buckets[index][offset : offset + numel].view(shape))
-            for name, shape, _dtype, index, offset, numel in entries
-        ]
-        return version, tensors
+        if buffer_set not in self._views:  # views of the same buffers with the same layout: made once
+            self._views[buffer_set] = [
+                (name, buckets[index][offset : offset + numel].view(shape))
+                for name, shape, _dtype, index, offset, numel in entries
+            ]
+        return version, list(self._views[buffer_set])
+
+    def _set_manifest(self, entries: list[list]) -> None:
+        """A new manifest: each bucket's dtype and length follow from the entries that live in it."""
+        sizes: dict[int, tuple[str, int]] = {}
+        for _name, _shape, dtype, index, offset, numel in entries:
+            sizes[index] = (dtype, max(sizes.get(index, (dtype, 0))[1], offset + numel))
+        self._layout = [(_parse_dtype(sizes[i][0]), sizes[i][1]) for i in range(len(sizes))]
+        self._entries = entries
+        self._views.clear()
 
 
 def _check_manifest(entries: list[list], expected: list[tuple[str, list[int], str]]) -> None:

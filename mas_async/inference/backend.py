@@ -50,6 +50,8 @@ class SyncEngine(Protocol):
 
     def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None: ...
 
+    # Optional: `adopt_weights(named_tensors)`, taking the tensors as its parameters without a copy.
+
 
 class ThreadedBackend:
     """A synchronous engine behind the async backend interface: one batch at a time, in a thread."""
@@ -59,6 +61,8 @@ class ThreadedBackend:
     def __init__(self, engine: SyncEngine) -> None:
         self.engine = engine
         self.receiver: WeightReceiver | None = None
+        self._live_set = 1
+        """The receiver's buffer set the engine's parameters are views of (after an adopt)."""
 
     @property
     def version(self) -> int:
@@ -78,11 +82,20 @@ class ThreadedBackend:
         self.receiver = WeightReceiver(group)
 
     def update_weights(self, version: int) -> None:
+        """Receive and load `version`. An engine with `adopt_weights` takes the received buffers as its
+        parameters (no copy); the next version then goes into the other of two buffer sets, so the
+        weights being served are never written to."""
         assert self.receiver is not None, "join_weight_group() first"
-        got, tensors = self.receiver.receive(self.engine.parameter_manifest())
+        adopt = getattr(self.engine, "adopt_weights", None)
+        spare = 1 - self._live_set if adopt is not None else 0
+        got, tensors = self.receiver.receive(self.engine.parameter_manifest(), buffer_set=spare)
         if got != version:
             raise ValueError(f"the broadcast carried version {got}, the trainer announced {version}")
-        self.engine.load_weights(tensors)
+        if adopt is not None:
+            adopt(tensors)
+            self._live_set = spare
+        else:
+            self.engine.load_weights(tensors)
         self.engine.version = version
 
 

@@ -21,7 +21,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mas_async.flat_params import adopt_parameters, check_named_tensors
 from mas_async.samples import Completion
+from mas_async.weight_sync import dtype_name
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -203,31 +205,21 @@ class HFBackend:
 
     def parameter_manifest(self) -> list[tuple[str, list[int], str]]:
         """(name, shape, dtype) of every parameter, in `named_parameters()` order (tied ones once)."""
-        return [(name, list(p.shape), _dtype_name(p.dtype)) for name, p in self.model.named_parameters()]
+        return [(name, list(p.shape), dtype_name(p.dtype)) for name, p in self.model.named_parameters()]
 
     def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
-        """Replace every parameter. All names, shapes and dtypes are checked against the manifest
-        before the first copy, so a mismatch raises a ValueError and leaves the model untouched."""
+        """Replace every parameter by copying. All names, shapes and dtypes are checked against the
+        model before the first copy, so a mismatch raises a ValueError and leaves the model untouched."""
         params = dict(self.model.named_parameters())
-        seen: set[str] = set()
-        for name, tensor in named_tensors:
-            if name not in params:
-                raise ValueError(f"load_weights: unknown parameter {name!r}")
-            if name in seen:
-                raise ValueError(f"load_weights: parameter {name!r} given twice")
-            seen.add(name)
-            expected = params[name]
-            if tuple(tensor.shape) != tuple(expected.shape) or tensor.dtype != expected.dtype:
-                raise ValueError(
-                    f"load_weights: parameter {name!r} is {_dtype_name(tensor.dtype)}{list(tensor.shape)}, "
-                    f"the model has {_dtype_name(expected.dtype)}{list(expected.shape)}"
-                )
-        missing = [name for name in params if name not in seen]
-        if missing:
-            raise ValueError(f"load_weights: {len(missing)} parameters missing, first {missing[0]!r}")
+        check_named_tensors(params, named_tensors)
         with torch.no_grad():
             for name, tensor in named_tensors:
                 params[name].copy_(tensor)
+
+    def adopt_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+        """Replace every parameter without a copy: each becomes a view of its received tensor (checked
+        first, like `load_weights`). The tensors must stay untouched until the next update."""
+        adopt_parameters(dict(self.model.named_parameters()), named_tensors)
 
 
 def _nucleus(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -236,7 +228,3 @@ def _nucleus(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
     sorted_probs = sorted_probs.masked_fill(mass_before >= top_p[:, None], 0.0)
     return torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")

@@ -27,6 +27,7 @@ import torch
 from mas_async.checkpoint import checkpoint_due, load_policy_state, save_policy
 from mas_async.config import Config, TrainerConfig
 from mas_async.deployment import Deployment, weight_backend
+from mas_async.flat_params import flatten_parameters
 from mas_async.messages import Groups, Message, Trained, TrainStep, UpdateWeights, sample_from_wire
 from mas_async.runtime import Peer
 from mas_async.samples import Sample
@@ -67,6 +68,8 @@ class PolicyLearner:
         self.model_path = model_path
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=_DTYPES[spec.dtype])
         self.model.train()
+        # One contiguous buffer per dtype: the weight broadcast sends it as it is, with no copy.
+        flatten_parameters(self.model.named_parameters())
         self.reference = None
         if self.algo.kl_coef > 0:
             self.reference = AutoModelForCausalLM.from_pretrained(model_path, dtype=_DTYPES[spec.dtype]).eval()

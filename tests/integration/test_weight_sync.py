@@ -14,7 +14,10 @@ from typing import Any
 
 import pytest
 import torch
+from torch import nn
 
+from mas_async.flat_params import adopt_parameters, flatten_parameters
+from mas_async.inference.backend import ThreadedBackend
 from mas_async.weight_sync import (
     ManifestMismatch,
     WeightReceiver,
@@ -77,13 +80,85 @@ def _receiver(port: int, rank: int, expectations: list[Any], out: Any) -> None:
         out.put((rank, version, raw))
 
 
-def _run(bucket_bytes: int, versions: list[int], expectations: dict[int, list[Any]]) -> list[tuple]:
+def _flat_sender(port: int, bucket_bytes: int, versions: list[int], out: Any) -> None:
+    """As the trainer: persistent parameters, flattened, updated in place between sends."""
+    sender = WeightSender(_open(port, 0), bucket_bytes=bucket_bytes)
+    params = [(name, nn.Parameter(t, requires_grad=False)) for name, t in _tensors(0)]
+    flatten_parameters(params)
+    stats = []
+    for v in versions:
+        with torch.no_grad():
+            for (_, p), (_, t) in zip(params, _tensors(v), strict=True):
+                p.copy_(t)
+        stats.append(sender.send(v, [(name, p.detach()) for name, p in params]))
+    out.put(("sender", stats))
+
+
+class _AdoptingEngine:
+    """An engine that takes the received buffers as its parameters (as the transformers backend does);
+    `wrong_manifest_at` makes it expect a wrong shape at that update (1-based)."""
+
+    def __init__(self, wrong_manifest_at: int) -> None:
+        self.params = {n: nn.Parameter(torch.zeros_like(t), requires_grad=False) for n, t in _tensors(0)}
+        self.version = 0
+        self.wrong_manifest_at = wrong_manifest_at
+        self.updates = 0
+
+    def parameter_manifest(self) -> list[tuple[str, list[int], str]]:
+        manifest = _manifest(_tensors(0))
+        self.updates += 1
+        if self.updates == self.wrong_manifest_at:
+            manifest[0] = ("embed.weight", [1, 1], "float32")
+        return manifest
+
+    def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+        raise AssertionError("an adopting engine is never asked to copy")
+
+    def adopt_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+        adopt_parameters(self.params, named_tensors)
+
+
+def _adopting_receiver(port: int, rank: int, versions: list[int], out: Any) -> None:
+    """Update a ThreadedBackend to each version; report what its parameters hold after each update,
+    where they live, and what the previously served tensors hold at that moment."""
+    engine = _AdoptingEngine(wrong_manifest_at=2)
+    backend = ThreadedBackend(engine)
+    backend.receiver = WeightReceiver(_open(port, rank))
+    served_before: list[tuple[str, torch.Tensor]] = []
+    for version in versions:
+        try:
+            backend.update_weights(version)
+            error = ""
+        except ManifestMismatch as e:
+            error = str(e)
+        raw = [(n, dtype_name(p.dtype), list(p.shape), _bytes(p)) for n, p in engine.params.items()]
+        before = [(n, dtype_name(t.dtype), list(t.shape), _bytes(t)) for n, t in served_before]
+        ptr = engine.params["embed.weight"].data_ptr()
+        out.put((rank, version, {"error": error, "version": engine.version, "raw": raw, "before": before, "ptr": ptr}))
+        served_before = [(n, p.data) for n, p in engine.params.items()]
+
+
+def _bytes(t: torch.Tensor) -> bytes:
+    return t.reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def _run(
+    bucket_bytes: int,
+    versions: list[int],
+    expectations: dict[int, list[Any]],
+    sender: Any = _sender,
+    receivers: dict[int, Any] | None = None,
+) -> list[tuple]:
     """Run one sender and two receivers to completion; return every report (sender's last)."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_sender, args=(port, bucket_bytes, versions, out))]
-    procs += [ctx.Process(target=_receiver, args=(port, rank, expectations[rank], out)) for rank in (1, 2)]
+    receivers = receivers or {}
+    procs = [ctx.Process(target=sender, args=(port, bucket_bytes, versions, out))]
+    procs += [
+        ctx.Process(target=receivers.get(rank, _receiver), args=(port, rank, expectations[rank], out))
+        for rank in (1, 2)
+    ]
     reports = []
     try:
         for p in procs:
@@ -152,3 +227,50 @@ def test_bad_arguments_are_explained() -> None:
         open_weight_group(policy="pi", backend="mpi", host="127.0.0.1", port=1, rank=0, world_size=2)
     with pytest.raises(ValueError, match="rank 3 of 2"):
         open_weight_group(policy="pi", backend="gloo", host="127.0.0.1", port=1, rank=3, world_size=2)
+
+
+def test_flattened_parameters_are_sent_without_a_copy_and_the_manifest_only_once() -> None:
+    expectations = {1: [None, None, None], 2: [_manifest(_tensors(1))] * 3}
+    reports = _run(bucket_bytes=96, versions=[1, 2, 3], expectations=expectations, sender=_flat_sender)
+    *received, (_, stats) = reports
+    assert sorted((rank, version) for rank, version, _ in received) == [(r, v) for r in (1, 2) for v in (1, 2, 3)]
+    for _, version, raw in received:
+        _assert_exact(raw, version)
+    assert [s["buckets"] for s in stats] == [5, 5, 5]
+    assert [s["copied_buckets"] for s in stats] == [0, 0, 0]  # every bucket is a region of a flat buffer
+    assert stats[0]["manifest_bytes"] > 0 and [s["manifest_bytes"] for s in stats[1:]] == [0, 0]
+
+
+def test_separate_tensors_are_copied_into_buckets() -> None:
+    reports = _run(bucket_bytes=96, versions=[1, 2], expectations={1: [None, None], 2: [None, None]})
+    stats = reports[-1][1]
+    # Only layer.0.weight + layer.0.scale share a bucket without lying back to back; a lone tensor is
+    # broadcast as it is.
+    assert [s["copied_buckets"] for s in stats] == [1, 1]
+    assert stats[1]["manifest_bytes"] == 0  # new tensors, same layout: the manifest is not sent again
+
+
+def test_an_adopting_engine_is_updated_without_touching_the_weights_it_serves() -> None:
+    versions = [1, 2, 3, 4]
+    expectations = {1: versions, 2: [None] * 4}
+    reports = _run(
+        bucket_bytes=1 << 20,
+        versions=versions,
+        expectations=expectations,
+        sender=_flat_sender,
+        receivers={1: _adopting_receiver},
+    )
+    adopting = {version: report for rank, version, report in reports[:-1] if rank == 1}
+    for version, raw in ((v, r) for rank, v, r in reports[:-1] if rank == 2):
+        _assert_exact(raw, version)
+    # v1 adopted; v2 refused by the engine's manifest; v3, v4 adopted.
+    assert [adopting[v]["version"] for v in versions] == [1, 1, 3, 4]
+    assert "embed.weight" in adopting[2]["error"] and not any(adopting[v]["error"] for v in (1, 3, 4))
+    _assert_exact(adopting[1]["raw"], 1)
+    _assert_exact(adopting[2]["raw"], 1)  # the failed update went into the spare buffers
+    _assert_exact(adopting[3]["raw"], 3)
+    _assert_exact(adopting[4]["raw"], 4)
+    # While v4 was received, the v3 weights being served stayed intact: two buffer sets, alternating.
+    _assert_exact(adopting[4]["before"], 3)
+    _assert_exact(adopting[3]["before"], 1)
+    assert adopting[3]["ptr"] != adopting[1]["ptr"] and adopting[4]["ptr"] == adopting[1]["ptr"]

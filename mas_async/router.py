@@ -56,6 +56,7 @@ from mas_async.messages import (
 )
 from mas_async.metrics import EpisodeStats, MetricsWriter, keep_rows_before
 from mas_async.registry import resolve
+from mas_async.router_socket import RouterSocket
 from mas_async.runtime import Actor, PeerDead, make_socket
 
 log = logging.getLogger("mas_async.router")
@@ -115,8 +116,10 @@ class Router(Actor):
         self.deployment = deployment
         self.expected = self._expected_peers()
         self.all_joined = asyncio.Event()
-        self._outbox: asyncio.Queue[list] = asyncio.Queue()
-        self._pending: dict[tuple[str, int], tuple[bytes, int, list]] = {}
+        self._pending: dict[tuple[bytes, int], bytes] = {}
+        """(origin, request id) -> the inference replica serving it."""
+        self._replicas: dict[str, list[tuple[bytes, PeerInfo]]] = {}
+        """policy -> its live inference replicas (kept on join and death)."""
         self.state: IterationState | None = None
         env_cls = resolve(config.env.name, ENVS, "env")
         self.train_problems = env_cls.problems("train", config.env.train_size, **config.env.options)
@@ -140,99 +143,72 @@ class Router(Actor):
     # -- sockets -----------------------------------------------------------------------------------
 
     async def setup(self) -> None:
-        """Socket: ROUTER bound at the deployment's endpoint. ROUTER_MANDATORY makes a send to an
-        unknown or vanished identity an error (logged) instead of a silent drop; at the high-water mark
-        sends wait in the outbox rather than drop. `_direct`, a synchronous shadow of the same socket,
-        sends at once when nothing is queued (no hop through the send task on the hot path); order is
-        kept because it is used only while the outbox is empty and the send task is idle."""
+        """Socket: ROUTER bound at the deployment's endpoint, driven by `RouterSocket` (plain pyzmq
+        calls woken by the event loop). ROUTER_MANDATORY makes a send to an unknown or vanished
+        identity an error (logged) instead of a silent drop; at the high-water mark sends wait in an
+        outbox rather than drop."""
         assert self.ctx is not None
-        self.sock = make_socket(self.ctx, zmq.ROUTER)
-        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.sock.bind(self.deployment.router_endpoint)
-        self._direct = zmq.Socket.shadow(self.sock.underlying)
-        self._send_busy = False
-        self.spawn(self._receive_loop(), "receive")
-        self.spawn(self._send_loop(), "send")
+        sock = make_socket(self.ctx, zmq.ROUTER)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.bind(self.deployment.router_endpoint)
+        self.io = RouterSocket(zmq.Socket.shadow(sock.underlying), self._on_frames)
+        self._sock = sock  # owns the socket (closed with the context)
+        self.spawn(self.io.run(), "receive")
         self.spawn(self._watchdog(), "watchdog")
         log.info("router bound at %s; waiting for %d peers", self.deployment.router_endpoint, len(self.expected))
 
     def send_to(self, identity: bytes, msg: Message) -> None:
-        self._send([identity, *encode(msg)])
+        self.io.send([identity, *encode(msg)])
 
     def forward(self, identity: bytes, frames: list) -> None:
-        self._send([identity, *frames])
+        self.io.send([identity, *frames])
 
-    def _send(self, frames: list) -> None:
-        if self._outbox.empty() and not self._send_busy:
-            try:
-                self._direct.send_multipart(frames, zmq.NOBLOCK, copy=False)
-                return
-            except zmq.Again:  # high-water mark: queue it, the send task waits for room
-                pass
-            except zmq.ZMQError as e:
-                log.warning("could not send to %r: %s", frames[0], e)
-                return
-        self._outbox.put_nowait(frames)
-
-    async def _send_loop(self) -> None:
-        while True:
-            frames = await self._outbox.get()
-            self._send_busy = True
-            try:
-                await self.sock.send_multipart(frames, copy=False)
-            except zmq.ZMQError as e:
-                log.warning("could not send to %r: %s", frames[0], e)
-            finally:
-                self._send_busy = False
-
-    async def _receive_loop(self) -> None:
-        while True:
-            frames = await self.sock.recv_multipart(copy=False)
-            identity, body = frames[0].bytes, frames[1:]
-            try:
-                cls, header = peek([f.buffer for f in body])
+    def _on_frames(self, frames: list) -> None:
+        identity, body = frames[0].bytes, frames[1:]
+        try:
+            cls, header = peek([f.buffer for f in body])
+            if cls is Generate:
+                self._route_generate(identity, header, body)
+            elif cls is GenerateResult:
+                self._route_result(identity, header, body)
+            elif cls is Groups:
+                self._route_groups(header, body)
+            else:
+                # Liveness: every peer sends a Heartbeat each heartbeat_s, busy or not, so the hot path
+                # above need not stamp its messages.
                 peer = self.peers.get(identity)
                 if peer is not None:
                     peer.last_seen = time.monotonic()
-                if cls is Generate:
-                    self._route_generate(identity, header, body)
-                elif cls is GenerateResult:
-                    self._route_result(identity, header, body)
-                elif cls is Groups:
-                    self._route_groups(header, body)
-                elif cls is Heartbeat:
-                    pass
-                else:
+                if cls is not Heartbeat:
                     self._handle(identity, decode([f.buffer for f in body]))
-            except CodecError as e:
-                self.malformed += 1
-                log.warning("dropped a malformed message from %r (%d so far): %s", identity, self.malformed, e)
+        except CodecError as e:
+            self.malformed += 1
+            log.warning("dropped a malformed message from %r (%d so far): %s", identity, self.malformed, e)
 
     # -- hot path: header-only forwarding ----------------------------------------------------------
 
     def _route_generate(self, origin: bytes, header: list, frames: list) -> None:
         request_id, policy = header[0], header[1]
-        servers = [
-            (info.outstanding, ident)
-            for ident, info in self.peers.items()
-            if info.role == "inference" and info.policy == policy and info.alive
-        ]
-        if not servers:
+        replicas = self._replicas.get(policy)
+        if not replicas:
             reply = GenerateResult(request_id, origin.decode(), f"no inference server for policy {policy!r}", [])
             self.send_to(origin, reply)
             return
-        _, server = min(servers)
-        n = 1  # the header does not carry n; count requests, close enough for balancing
-        self.peers[server].outstanding += n
-        self._pending[(origin.decode(), request_id)] = (server, n, frames)
+        # The live replica with the fewest outstanding requests (the header does not carry n: requests
+        # are counted, close enough for balancing).
+        server, info = replicas[0]
+        for candidate in replicas:
+            if candidate[1].outstanding < info.outstanding:
+                server, info = candidate
+        info.outstanding += 1
+        self._pending[(origin, request_id)] = server
         self.forward(server, frames)
 
     def _route_result(self, server: bytes, header: list, frames: list) -> None:
-        request_id, origin = header[0], header[1]
-        pending = self._pending.pop((origin, request_id), None)
-        if pending is not None and server in self.peers:
-            self.peers[server].outstanding -= pending[1]
-        self.forward(origin.encode(), frames)
+        request_id, origin = header[0], header[1].encode()
+        if self._pending.pop((origin, request_id), None) is not None and server in self.peers:
+            self.peers[server].outstanding -= 1
+        self.forward(origin, frames)
 
     def _route_groups(self, header: list, frames: list) -> None:
         policy, iteration, episode_id, n_samples = header
@@ -273,7 +249,9 @@ class Router(Actor):
         if name not in self.expected:
             log.warning("ignoring Hello from unexpected peer %s", name)
             return
-        self.peers[identity] = PeerInfo(msg.role, msg.policy, msg.capacity, msg.pid)
+        info = self.peers[identity] = PeerInfo(msg.role, msg.policy, msg.capacity, msg.pid)
+        if msg.role == "inference":
+            self._replicas.setdefault(msg.policy, []).append((identity, info))
         self.send_to(identity, Welcome(PROTOCOL_VERSION))
         log.info("%s joined (pid %d); %d/%d peers", name, msg.pid, len(self.peers), len(self.expected))
         if {p.decode() for p in self.peers} == self.expected:
@@ -397,6 +375,8 @@ class Router(Actor):
 
     def _peer_died(self, ident: bytes, info: PeerInfo) -> None:
         info.alive = False
+        if info.role == "inference":
+            self._replicas[info.policy] = [r for r in self._replicas[info.policy] if r[0] != ident]
         name = ident.decode()
         if info.role != "env_worker":
             raise PeerDead(f"{name} (pid {info.pid}) has been silent for over {self.cfg.cluster.peer_timeout_s}s")
@@ -429,7 +409,7 @@ class Router(Actor):
             (self.run_dir / "eval.json").write_text(json.dumps(row, indent=2))
         for ident in self.peers:
             self.send_to(ident, Shutdown("run finished", False))
-        await asyncio.sleep(0.5)  # let the send loop flush the Shutdown messages
+        await asyncio.sleep(0.5)  # let the Shutdown messages leave (and any still in the outbox)
 
     async def _iteration(self, iteration: int, *, evaluate: bool, train: bool) -> dict[str, Any]:
         version = iteration

@@ -1,0 +1,114 @@
+"""The router's ROUTER socket, driven directly by the event loop.
+
+Every message of a rollout passes through the router twice, so its socket IO is the hot path of the
+deployment. A zmq.asyncio socket costs a future and an event-loop round trip per message; this class
+uses a plain (synchronous) pyzmq socket instead and only lets the event loop tell it when to look:
+
+- receiving: the socket's file descriptor is watched with `loop.add_reader`; when it fires, `run()`
+  takes every message already queued on the socket (up to `burst`, then it yields so other tasks run)
+  and hands each one to `on_message`, synchronously;
+- sending: `send()` writes at once without blocking. At a peer's high-water mark (ROUTER_MANDATORY
+  refuses the message on its first frame, never part-way) the message waits in an outbox, in order,
+  and a flush task retries until the peer has room;
+- ZMQ's descriptor is edge-triggered: any operation on the socket (a send included) may consume the
+  notification of messages that arrived meanwhile. So the receive loop re-reads ZMQ_EVENTS before it
+  sleeps, and every send wakes it to do so.
+
+An exception raised by `on_message` propagates out of `run()` (a supervised task: the actor stops).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable
+
+import zmq
+
+log = logging.getLogger("mas_async.router")
+
+_NOBLOCK = int(zmq.NOBLOCK)
+_MORE_NOBLOCK = int(zmq.SNDMORE) | _NOBLOCK
+_POLLIN = int(zmq.POLLIN)
+_EVENTS = int(zmq.EVENTS)
+
+
+class RouterSocket:
+    def __init__(self, sock: zmq.Socket, on_message: Callable[[list[zmq.Frame]], None], burst: int = 256) -> None:
+        self.sock = sock
+        self.on_message = on_message
+        self.burst = burst
+        self._wake = asyncio.Event()
+        self._outbox: deque[list] = deque()
+        self._flushing: asyncio.Task | None = None
+        self._draining = False
+
+    async def run(self) -> None:
+        """Receive until cancelled."""
+        loop = asyncio.get_running_loop()
+        fd = self.sock.getsockopt(zmq.FD)
+        loop.add_reader(fd, self._wake.set)
+        try:
+            while True:
+                self._wake.clear()
+                if self.sock.getsockopt(_EVENTS) & _POLLIN:
+                    if self._drain():  # a full burst: let the other tasks run, then go on
+                        await asyncio.sleep(0)
+                    continue
+                await self._wake.wait()
+        finally:
+            loop.remove_reader(fd)
+            if self._flushing is not None:
+                self._flushing.cancel()
+
+    def _drain(self) -> bool:
+        """Hand over the queued messages; True when the burst ran out before the queue did."""
+        sock = self.sock
+        self._draining = True  # the receive loop re-reads ZMQ_EVENTS after this anyway
+        try:
+            for _ in range(self.burst):
+                try:
+                    frames = [sock.recv(_NOBLOCK, copy=False)]
+                except zmq.Again:
+                    return False
+                while frames[-1].more:  # the rest of a multipart message arrives with its first frame
+                    frames.append(sock.recv(0, copy=False))
+                self.on_message(frames)
+            return True
+        finally:
+            self._draining = False
+
+    def send(self, frames: list) -> None:
+        """Send [identity, *frames] now, or queue it (in order) while the peer is at its high-water mark."""
+        if not self._outbox and self._send_now(frames):
+            return
+        self._outbox.append(frames)
+        if self._flushing is None or self._flushing.done():
+            self._flushing = asyncio.get_running_loop().create_task(self._flush())
+
+    def _send_now(self, frames: list) -> bool:
+        """False when the peer has no room (nothing was sent)."""
+        sock = self.sock
+        try:
+            sock.send(frames[0], _MORE_NOBLOCK, copy=False)
+        except zmq.Again:
+            return False
+        except zmq.ZMQError as e:  # unknown or vanished peer (ROUTER_MANDATORY): logged, not fatal
+            log.warning("could not send to %r: %s", frames[0], e)
+            return True
+        else:
+            last = len(frames) - 1
+            for i in range(1, last + 1):
+                sock.send(frames[i], _MORE_NOBLOCK if i < last else _NOBLOCK, copy=False)
+            return True
+        finally:
+            if not self._draining:  # the send may have consumed the descriptor's notification
+                self._wake.set()
+
+    async def _flush(self) -> None:
+        while self._outbox:
+            if self._send_now(self._outbox[0]):
+                self._outbox.popleft()
+            else:
+                await asyncio.sleep(0.001)

@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,12 +52,11 @@ if str(ROOT) not in sys.path:  # runnable from a checkout without `pip install -
     sys.path.insert(0, str(ROOT))
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
 
-from mas_async.bench_support import BENCH_DIR, RolloutRouter, bench_dir, prepare_rollout  # noqa: E402
+from mas_async.bench_support import BENCH_DIR, RolloutRouter, bench_dir, run_rollout  # noqa: E402
 from mas_async.config import Config, load_config  # noqa: E402
 from mas_async.env_worker import EnvWorker  # noqa: E402
 from mas_async.inference.backend import ThreadedBackend  # noqa: E402
 from mas_async.inference.server import InferenceServer  # noqa: E402
-from mas_async.launcher import Child, process_specs, stop_children  # noqa: E402
 from mas_async.lockstep import CODER_MIX, ScriptedEngine, TimedCodeEnv, run_phase  # noqa: E402
 
 CONFIG = ROOT / "configs" / "code_tiny_shared.yaml"
@@ -176,36 +174,9 @@ def actor_main(argv: list[str]) -> int:
 
 
 def run_framework(config: Config, warmup: int, timeout_s: float) -> dict[str, Any]:
-    """Start the rollout-only deployment, wait for the router to finish, return what was recorded."""
-    run_dir, deployment = prepare_rollout(config)
-    environ = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(config.cluster.torch_threads))
-    children = []
-    for name, spec in process_specs(config, training=False):
-        log_path = run_dir / "logs" / f"{name.replace('/', '-')}.log"
-        command = [sys.executable, __file__, "actor", spec[0], str(run_dir), "--warmup", str(warmup), *spec[1:]]
-        with log_path.open("ab") as log_file:
-            proc = subprocess.Popen(
-                command, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, env=environ,
-            )  # fmt: skip
-        children.append(Child(name, proc, log_path))
-    router = children[0]
-    try:
-        deadline = time.monotonic() + timeout_s
-        while router.proc.poll() is None:
-            failed = [c for c in children if c.proc.poll() not in (None, 0)]
-            if failed or time.monotonic() > deadline:
-                culprit = failed[0] if failed else router
-                why = f"exited with status {culprit.proc.returncode}" if failed else f"ran past {timeout_s:.0f}s"
-                raise RuntimeError(f"{culprit.name} {why}; last lines of {culprit.log_path}:\n{culprit.tail()}")
-            time.sleep(0.1)
-        if router.proc.returncode != 0:
-            raise RuntimeError(f"the router failed; last lines of {router.log_path}:\n{router.tail()}")
-        deadline = time.monotonic() + 30  # the peers write their records as they exit
-        while time.monotonic() < deadline and any(c.proc.poll() is None for c in children):
-            time.sleep(0.1)
-    finally:
-        stop_children(children)
+    """Run the rollout-only deployment (this script's actors) to the end; return what was recorded."""
+    command = [sys.executable, __file__, "actor"]
+    run_dir, deployment = run_rollout(config, warmup=warmup, timeout_s=timeout_s, actor_command=command)
     out = run_dir / BENCH_DIR
     phases = json.loads((out / "phases.json").read_text())["phases"]
     engine = json.loads((out / "engine.json").read_text())

@@ -40,10 +40,9 @@ if str(ROOT) not in sys.path:  # runnable from a checkout without `pip install -
     sys.path.insert(0, str(ROOT))
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
 
-from mas_async.bench_support import BENCH_DIR, prepare_rollout, start_rollout  # noqa: E402
+from mas_async.bench_support import BENCH_DIR, run_rollout  # noqa: E402
 from mas_async.codec import unpack  # noqa: E402
 from mas_async.config import Config, load_config  # noqa: E402
-from mas_async.launcher import stop_children  # noqa: E402
 
 CONFIG = ROOT / "configs" / "plan_path_tiny_shared.yaml"
 POLICY = "shared"
@@ -63,6 +62,7 @@ def build_config(args: argparse.Namespace, run_dir: Path) -> Config:
         f"workflow.options.max_turns={args.max_turns}",
         f"cluster.env_workers={args.env_workers}",
         f"cluster.torch_threads={args.torch_threads}",
+        *args.set,
     ]
     return load_config(CONFIG, overrides)
 
@@ -70,27 +70,9 @@ def build_config(args: argparse.Namespace, run_dir: Path) -> Config:
 # -- the framework ---------------------------------------------------------------------------------
 
 
-def run_framework(config: Config, warmup: int, batch_gap_s: float, timeout_s: float) -> dict[str, Any]:
+def run_framework(config: Config, warmup: int, timeout_s: float) -> dict[str, Any]:
     """Run the rollout-only deployment to the end; return what its processes recorded."""
-    run_dir, deployment = prepare_rollout(config)
-    children = start_rollout(config, run_dir, warmup=warmup, batch_gap_s=batch_gap_s)
-    router = children[0]
-    try:
-        deadline = time.monotonic() + timeout_s
-        while router.proc.poll() is None:
-            failed = [c for c in children if c.proc.poll() not in (None, 0)]
-            if failed or time.monotonic() > deadline:
-                culprit = failed[0] if failed else router
-                why = f"exited with status {culprit.proc.returncode}" if failed else f"ran past {timeout_s:.0f}s"
-                raise RuntimeError(f"{culprit.name} {why}; last lines of {culprit.log_path}:\n{culprit.tail()}")
-            time.sleep(0.1)
-        if router.proc.returncode != 0:
-            raise RuntimeError(f"the router failed; last lines of {router.log_path}:\n{router.tail()}")
-        deadline = time.monotonic() + 30  # the peers write their records as they exit
-        while time.monotonic() < deadline and any(c.proc.poll() is None for c in children):
-            time.sleep(0.1)
-    finally:
-        stop_children(children)
+    run_dir, deployment = run_rollout(config, warmup=warmup, timeout_s=timeout_s)
     out = run_dir / BENCH_DIR
     requests = []
     for path in sorted(out.glob("requests-*.msgpack")):
@@ -260,10 +242,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--mock-step-ms", type=float, default=10.0, help="mock: ms per decode step of a batch")
     p.add_argument("--mock-token-ms", type=float, default=0.0, help="mock: extra ms per sequence per step")
     p.add_argument(
-        "--batch-gap-ms",
-        type=float,
-        default=0.0,
-        help="experiment: inference servers wait while requests arrive less than this apart (0: as shipped)",
+        "--set",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="more config overrides of the framework run, e.g. policies.shared.batch_gather_fraction=0",
     )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds the framework run may take")
     p.add_argument("--json", type=Path, help="also write the figures to this file")
@@ -287,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="mas-async-bench-") as tmp:
         run_dir = args.run_dir or Path(tmp) / "framework"
         config = build_config(args, run_dir)
-        record = run_framework(config, args.warmup, args.batch_gap_ms / 1000, args.timeout)
+        record = run_framework(config, args.warmup, args.timeout)
         framework = framework_figures(record)
         standalone = run_standalone(config, record)
     result = report(args, framework, standalone)

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from mas_async.codec import pack
 from mas_async.env_worker import EnvWorker
 from mas_async.inference.server import InferenceServer
-from mas_async.launcher import Child, process_specs
+from mas_async.launcher import Child, process_specs, stop_children
 from mas_async.messages import Shutdown
 from mas_async.router import IterationState, Router
 from mas_async.runtime import PeerDead
@@ -144,18 +144,11 @@ class _TimedBackend:
 
 
 class TimedInferenceServer(InferenceServer):
-    """An inference server that times its batches (its deployment has no trainer, so no weight group).
+    """An inference server that times its batches (its deployment has no trainer, so no weight group)."""
 
-    `batch_gap_s > 0` overrides the policy's `batch_gather_ms` (the benchmark compares windows).
-    """
-
-    def __init__(
-        self, config: Config, deployment: Deployment, policy: str, replica: int, run_dir: Path, batch_gap_s: float
-    ) -> None:
+    def __init__(self, config: Config, deployment: Deployment, policy: str, replica: int, run_dir: Path) -> None:
         super().__init__(config, deployment, policy, replica)
         self.run_dir = run_dir
-        if batch_gap_s > 0:
-            self.gather_s = batch_gap_s
         self.timed = _TimedBackend(self.backend)
         self.backend = self.timed
 
@@ -175,17 +168,18 @@ def prepare_rollout(config: Config) -> tuple[Path, Deployment]:
     return run_dir, prepare_deployment(config, run_dir, training=False)
 
 
-def start_rollout(config: Config, run_dir: Path, *, warmup: int, batch_gap_s: float = 0.0) -> list[Child]:
-    """Start a rollout-only deployment (router first); the caller stops it with `stop_children`."""
+def start_rollout(config: Config, run_dir: Path, *, warmup: int, actor_command: list[str] | None = None) -> list[Child]:
+    """Start a rollout-only deployment (router first); the caller stops it with `stop_children`.
+    Each process runs `actor_command ROLE RUN_DIR --warmup N ...` (default: this module's actors)."""
     children = []
     environ = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(config.cluster.torch_threads))
+    actor_command = actor_command or [sys.executable, "-m", "mas_async.bench_support"]
     for name, args in process_specs(config, training=False):
         log_path = run_dir / "logs" / f"{name.replace('/', '-')}.log"
-        command = [sys.executable, "-m", "mas_async.bench_support", args[0], str(run_dir), "--warmup", str(warmup)]
-        command += ["--batch-gap-s", repr(batch_gap_s)]
+        command = [*actor_command, args[0], str(run_dir), "--warmup", str(warmup), *args[1:]]
         with log_path.open("ab") as log_file:
             proc = subprocess.Popen(
-                [*command, *args[1:]],
+                command,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -197,7 +191,35 @@ def start_rollout(config: Config, run_dir: Path, *, warmup: int, batch_gap_s: fl
     return children
 
 
-def build_actor(role: str, run_dir: Path, index: int, policy: str, warmup: int, batch_gap_s: float) -> Any:
+def run_rollout(
+    config: Config, *, warmup: int, timeout_s: float, actor_command: list[str] | None = None
+) -> tuple[Path, Deployment]:
+    """Run a rollout-only deployment to the end (the router finishes, the peers write their records
+    as they exit); raise naming the process that failed, with its log tail, or the timeout. Every
+    process is stopped by pid before this returns."""
+    run_dir, deployment = prepare_rollout(config)
+    children = start_rollout(config, run_dir, warmup=warmup, actor_command=actor_command)
+    router = children[0]
+    try:
+        deadline = time.monotonic() + timeout_s
+        while router.proc.poll() is None:
+            failed = [c for c in children if c.proc.poll() not in (None, 0)]
+            if failed or time.monotonic() > deadline:
+                culprit = failed[0] if failed else router
+                why = f"exited with status {culprit.proc.returncode}" if failed else f"ran past {timeout_s:.0f}s"
+                raise RuntimeError(f"{culprit.name} {why}; last lines of {culprit.log_path}:\n{culprit.tail()}")
+            time.sleep(0.1)
+        if router.proc.returncode != 0:
+            raise RuntimeError(f"the router failed; last lines of {router.log_path}:\n{router.tail()}")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(c.proc.poll() is None for c in children):
+            time.sleep(0.1)
+    finally:
+        stop_children(children)
+    return run_dir, deployment
+
+
+def build_actor(role: str, run_dir: Path, index: int, policy: str, warmup: int) -> Any:
     import torch
 
     from mas_async.config import load_config
@@ -211,7 +233,7 @@ def build_actor(role: str, run_dir: Path, index: int, policy: str, warmup: int, 
         return RolloutRouter(config, deployment, run_dir, warmup)
     if role == "env_worker":
         return RecordingEnvWorker(config, deployment, index, run_dir)
-    return TimedInferenceServer(config, deployment, policy, index, run_dir, batch_gap_s)
+    return TimedInferenceServer(config, deployment, policy, index, run_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -223,14 +245,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--index", type=int, default=0)
     parser.add_argument("--policy", default="")
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--batch-gap-s", type=float, default=0.0)
     args = parser.parse_args(argv)
     name = (
         "router" if args.role == "router" else "/".join(str(p) for p in (args.role, args.policy, args.index) if p != "")
     )
     setup_logging(name)
     try:
-        build_actor(args.role, args.run_dir, args.index, args.policy, args.warmup, args.batch_gap_s).run()
+        build_actor(args.role, args.run_dir, args.index, args.policy, args.warmup).run()
     except KeyboardInterrupt:
         return 130
     except Exception as e:  # the process boundary: logged with its traceback, exit status 1

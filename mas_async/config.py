@@ -50,8 +50,13 @@ class PolicyConfig(_Section):
     batch_gather_ms: float = Field(5.0, ge=0)
     """Backends that run one batch at a time (hf, mock): before taking the queue as a batch, wait while
     requests keep arriving less than this many ms apart, so a turn's wave of requests from many
-    episodes runs as one batch instead of "first one alone, then the rest". 0 disables; vLLM ignores it
-    (it batches continuously)."""
+    episodes runs as one batch instead of "first one alone, then the rest". 0 disables gathering; vLLM
+    ignores it (it batches continuously). See `batch_gather_fraction` for how long the wait may grow."""
+    batch_gather_fraction: float = Field(0.1, ge=0, le=1)
+    """The wave that follows a batch is expected to hold as many requests as that batch (each episode
+    sends its next prompt). Until it is complete, the gap allowed between arrivals grows to this
+    fraction of the last batch's duration (when that exceeds `batch_gather_ms`): a request that
+    misses a batch waits a whole batch, while waiting costs at most this fraction of one."""
 
 
 class AgentConfig(_Section):

@@ -2,7 +2,8 @@
 
 Requests queue as they arrive; the batching task takes everything queued and hands it to the backend
 as one batch (dynamic batching; a backend with continuous batching, like vLLM, may have several batches
-in flight). Every completion carries the `weight_version` of the weights that produced it.
+in flight). A backend that runs one batch at a time first waits for the rest of the wave of requests
+the episodes are sending (`WaveGather`). Every completion carries the `weight_version` of the weights that produced it.
 
 A weight update (UpdateWeights from the policy's trainer) goes through `UpdateGate`: it waits until the
 batches in flight are done and holds back new ones, receives every tensor of the broadcast, loads them,
@@ -58,6 +59,54 @@ class UpdateGate:
             self._cond.notify_all()
 
 
+class WaveGather:
+    """When a server that runs one batch at a time (hf, mock) takes its queue as the next batch.
+
+    Episodes answer a batch together and send their next prompts together: a wave. A request that
+    misses the batch of its wave waits a whole batch, so the server waits while requests keep arriving
+    less than `gap_s` apart, never beyond `capacity` sequences. The wave that follows a batch is
+    expected to hold as many requests as that batch did; until it does, the allowed gap grows to
+    `fraction` of that batch's duration (waiting then costs at most that fraction of a batch). The
+    whole wait is never longer than the last batch took, or 20 short gaps before there was one.
+    """
+
+    def __init__(self, gap_s: float, fraction: float, capacity: int) -> None:
+        self.gap_s = gap_s
+        self.fraction = fraction
+        self.capacity = capacity
+        self.last_requests = 0
+        self.last_seconds = 0.0
+        self._arrived = asyncio.Event()
+
+    def arrived(self) -> None:
+        """A request was queued."""
+        self._arrived.set()
+
+    def batch_done(self, requests: int, seconds: float) -> None:
+        self.last_requests, self.last_seconds = requests, seconds
+
+    async def wait(self, queue: list[Generate]) -> None:
+        """Return when `queue` should be taken as a batch."""
+        loop = asyncio.get_running_loop()
+        start = last_arrival = loop.time()
+        long_gap = max(self.gap_s, self.fraction * self.last_seconds)
+        give_up = start + max(self.last_seconds, 20 * self.gap_s)
+        seen = len(queue)
+        while sum(r.n for r in queue) < self.capacity:
+            now = loop.time()
+            if len(queue) != seen:
+                seen, last_arrival = len(queue), now
+            gap = long_gap if seen < self.last_requests else self.gap_s
+            wait = min(last_arrival + gap, give_up) - now
+            if wait <= 0:
+                return
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), wait)
+            except TimeoutError:
+                pass
+
+
 class InferenceServer(Peer):
     role = "inference"
 
@@ -87,7 +136,7 @@ class InferenceServer(Peer):
         self.backend.version = deployment.start_version
         self._queue: list[Generate] = []
         self._wakeup = asyncio.Event()
-        self.gather_s = spec.batch_gather_ms / 1000
+        self.gather = WaveGather(spec.batch_gather_ms / 1000, spec.batch_gather_fraction, spec.max_batch_sequences)
         self.gate = UpdateGate()
         self.served = 0
 
@@ -111,6 +160,7 @@ class InferenceServer(Peer):
         if isinstance(msg, Generate):
             self._queue.append(msg)
             self._wakeup.set()
+            self.gather.arrived()
         elif isinstance(msg, UpdateWeights):
             self.spawn(self._update(msg.version), f"update-v{msg.version}")
         else:
@@ -120,24 +170,14 @@ class InferenceServer(Peer):
         while True:
             await self._wakeup.wait()
             await self.gate.acquire_read()  # waits while a weight update is pending or running
-            if not self.backend.concurrent and self.gather_s > 0:
-                await self._gather()
+            if not self.backend.concurrent and self.gather.gap_s > 0:
+                await self.gather.wait(self._queue)
             self._wakeup.clear()
             batch, self._queue = self._queue, []
             if self.backend.concurrent:
                 self.spawn(self._serve(batch), "batch")
             else:
                 await self._serve(batch)
-
-    async def _gather(self, max_gaps: int = 20) -> None:
-        """Wait while requests keep arriving less than `gather_s` apart (at most `max_gaps` gaps, and
-        never beyond the server's capacity): one turn of many episodes becomes one batch."""
-        seen = -1
-        for _ in range(max_gaps):
-            if len(self._queue) == seen or sum(r.n for r in self._queue) >= self.capacity:
-                return
-            seen = len(self._queue)
-            await asyncio.sleep(self.gather_s)
 
     async def _serve(self, batch: list[Generate]) -> None:
         """Generate one batch (the gate's read side is held by the caller and released here)."""
@@ -163,7 +203,9 @@ class InferenceServer(Peer):
                 )  # fmt: skip
                 for r in live
             ]
+            started = time.monotonic()
             results = await self.backend.generate(requests)
+            self.gather.batch_done(len(live), time.monotonic() - started)
             for req, completions in zip(live, results, strict=True):
                 self.send(GenerateResult(req.request_id, req.origin, "", [completion_to_wire(c) for c in completions]))
             self.served += len(live)

@@ -11,10 +11,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _run(script: str, tmp_path: Path) -> tuple[str, dict]:
+def _run(script: str, tmp_path: Path, *extra: str) -> tuple[str, dict]:
     out = tmp_path / "figures.json"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / script), "--smoke", "--json", str(out)],
+        [sys.executable, str(ROOT / "bench" / script), "--smoke", "--json", str(out), *extra],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -37,9 +37,13 @@ def test_weight_sync_smoke(tmp_path: Path) -> None:
     stdout, figures = _run("weight_sync.py", tmp_path)  # the smoke run also checks the loaded weights
     assert "weight sync ratio" in stdout
     assert len(figures["sizes"]) == 2 and figures["worst_ratio"] > 0
+    stdout, _ = _run("weight_sync.py", tmp_path, "--copy")  # the copying path checks its weights too
+    assert "copying path" in stdout
 
 
 def test_router_smoke(tmp_path: Path) -> None:
     stdout, figures = _run("router.py", tmp_path)
     assert "router ratio" in stdout
-    assert figures["raw"][0] > 0 and figures["router"][0] > 0
+    rates = figures["rates"]
+    assert rates["raw"][0] > 0 and rates["raw-sync"][0] > 0 and rates["router"][0] > 0
+    assert figures["baseline"] in ("raw", "raw-sync") and figures["ratio"] > 0

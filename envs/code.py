@@ -28,6 +28,7 @@ holds returns all of them.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from typing import Any
@@ -100,18 +101,26 @@ class CodeEnv(Env):
         """Apply the coder's program or the tester's tests, and run what changed in the sandbox."""
         _check_agent(agent)
         problem = self._problem()
+        # The step's sandbox runs are independent: they run at once (a hanging program costs one
+        # timeout per step, not one per run).
         if agent == "coder":
             if not isinstance(action, str):
                 raise TypeError(f"code: the coder's action is a program (str), got {type(action).__name__}")
             self.code = action
-            self.ground_truth = await self._run(action, problem["tests"])
+            own = self._run(action, problem["tests"])
         else:
             if not isinstance(action, list) or not all(isinstance(t, dict) for t in action):
                 raise TypeError(f"code: the tester's action is a list of test dicts, got {type(action).__name__}")
             self.tests = action
-            self.agreement = await self._agreement(action)
+            own = self._agreement(action)
         if self.code is not None and self.tests is not None:
-            self.on_tests = await self._run(self.code, self.tests)
+            results, self.on_tests = await asyncio.gather(own, self._run(self.code, self.tests))
+        else:
+            results = await own
+        if agent == "coder":
+            self.ground_truth = results
+        else:
+            self.agreement = results
         solved = bool(self.on_tests) and all(self.on_tests)
         self.terminations = {a: solved for a in AGENTS}
         self.infos[agent] = {"pass_ratio": self.pass_ratio(), "test_agreement": self.test_agreement()}

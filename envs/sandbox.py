@@ -2,8 +2,8 @@
 
 Every piece of model-written code (the code env's programs and tests, the math env's tool calls) runs
 through `await run_python(code, stdin=..., limits=Limits(...))`. It never blocks the caller's event
-loop (asyncio subprocess, pipes read as they fill), many runs overlap (bounded by a per-loop
-semaphore), and it never raises for what the program does: an infinite loop, a crash or a fork bomb is
+loop (asyncio subprocess, pipes read as they fill), many runs overlap (at most MAX_CONCURRENCY per
+loop; a free slot goes to the episode furthest behind, `mas_async.priority`), and it never raises for what the program does: an infinite loop, a crash or a fork bomb is
 a `SandboxResult` with status "timeout", "error" or "killed". `run_python_sync` wraps it for callers
 without a loop (tests, PettingZoo's synchronous `step`).
 
@@ -59,6 +59,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import psutil
+
+from mas_async.priority import PrioritySlots
 
 log = logging.getLogger("mas_async.sandbox")
 T = TypeVar("T")
@@ -119,7 +121,7 @@ class SandboxResult:
 _isolation: bool | None = None
 _uid_range_cache: tuple[int, int] | None = None
 _uid_counter = itertools.count()
-_semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, PrioritySlots] = weakref.WeakKeyDictionary()
 
 
 def isolation_available() -> bool:
@@ -157,11 +159,12 @@ def _next_uid() -> int:
     return low + (os.getpid() * 7919 + next(_uid_counter)) % (high - low)
 
 
-def _semaphore() -> asyncio.Semaphore:
+def _run_slots() -> PrioritySlots:
+    """The loop's MAX_CONCURRENCY slots; the episode furthest behind gets a free one first."""
     loop = asyncio.get_running_loop()
-    if loop not in _semaphores:
-        _semaphores[loop] = asyncio.Semaphore(MAX_CONCURRENCY)
-    return _semaphores[loop]
+    if loop not in _slots:
+        _slots[loop] = PrioritySlots(MAX_CONCURRENCY)
+    return _slots[loop]
 
 
 async def run_python(
@@ -180,7 +183,7 @@ async def run_python(
     if isolation == "isolated" and not isolated:
         raise SandboxUnavailable("sandbox: isolated mode needs root and util-linux unshare with namespaces")
     limits = limits or Limits()
-    async with _semaphore():
+    async with _run_slots():
         return await _run(code, stdin, files or {}, limits, isolated)
 
 

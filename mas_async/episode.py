@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from mas_async.priority import episode_turn
 from mas_async.samples import Completion, Sample
 from nodes.base import ParseError
 
@@ -136,7 +137,9 @@ class Episode:
             self.tokens += len(completion.token_ids)
             text = self.tokenizers[policy].decode(np.asarray(completion.token_ids).tolist(), skip_special_tokens=True)
             scoring.append(self._score(node, policy, index, prompt_ids, completion, text))
-        # Concurrently: an env whose `astep` runs code in the sandbox overlaps its K executions.
+        # Concurrently: an env whose `astep` runs code in the sandbox overlaps its K executions. Scarce
+        # resources serve the episodes that are furthest behind first (`mas_async.priority`).
+        episode_turn.set(self.turn)
         return list(await asyncio.gather(*scoring))
 
     def record(self, node: Node, candidates: list[Candidate]) -> None:

@@ -21,8 +21,9 @@ answer kinds must match: "same workload: yes"). Both use `ScriptedEngine`, the m
 model (a batch of B sequences costs `max_tokens * (step + B * token)` seconds, one batch at a time),
 so generating a turn costs the lockstep side no more than one batch: with `--mock-token-ms 0` (the
 default) batching is free, which favours the lockstep side. Both run their env steps on one event
-loop with the sandbox's same limit on concurrent runs (`envs.sandbox.MAX_CONCURRENCY`); the lockstep
-side pays no messaging or process overhead at all. What it measures: the time lost by waiting, every
+loop with the sandbox's same limit on concurrent runs (`envs.sandbox.MAX_CONCURRENCY`, a free slot
+going to the episode furthest behind: on the lockstep side all are at the same turn, so that is arrival
+order); the lockstep side pays no messaging or process overhead at all. What it measures: the time lost by waiting, every
 turn, for the slowest env step of any episode before generating, against generating for each episode
 as soon as its own steps are done. mas-async keeps its on-policy barrier, so each of its phases still
 lasts as long as its slowest episode (printed): the speedup is the sum over turns of the slowest env

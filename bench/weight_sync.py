@@ -15,7 +15,9 @@ and times, alternately, `--repeats` times each:
 - raw: the same announcement, one broadcast of a preallocated buffer of the same number of bytes
   on the same process group, the same acknowledgement.
 
-The best time of each counts (this machine is shared). Prints both and the ratio (target <= 1.25).
+Each size runs `--repeats` raw/versioned pairs; the ratio is the median over pairs of versioned / raw
+(this machine is shared: a pair cancels slow drift, the median drops the pairs a neighbour hit). Prints
+the best times and the ratio (target <= 1.25).
 
     python bench/weight_sync.py                          # sizes 1M, 10M, 100M parameters, fp32, gloo
     python bench/weight_sync.py --sizes 1e6 1e8 --dtype bfloat16 --backend nccl
@@ -39,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # runnable from a checkout without `pip install -e .`
     sys.path.insert(0, str(ROOT))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import zmq  # noqa: E402
 from torch import nn  # noqa: E402
@@ -76,10 +79,11 @@ class BenchEngine:
             name: nn.Parameter(torch.zeros(shape, dtype=dtype, device=device), requires_grad=False)
             for name, shape in named_shapes
         }
+        self.manifest = [(name, list(p.shape), dtype_name(p.dtype)) for name, p in self.params.items()]
         self.version = 0
 
     def parameter_manifest(self) -> list[tuple[str, list[int], str]]:
-        return [(name, list(p.shape), dtype_name(p.dtype)) for name, p in self.params.items()]
+        return self.manifest  # computed once, as the transformers backend does
 
     def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
         check_named_tensors(self.params, named_tensors)
@@ -251,7 +255,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
     p.add_argument("--receivers", type=int, default=1, help="inference servers of the policy")
     p.add_argument("--bucket-mb", type=float, default=64.0, help="bucket size of the versioned send")
-    p.add_argument("--repeats", type=int, default=3, help="sends of each kind per size (best counts)")
+    p.add_argument("--repeats", type=int, default=10, help="raw/versioned pairs per size")
     p.add_argument(
         "--copy",
         action="store_true",
@@ -271,20 +275,21 @@ def main(argv: list[str] | None = None) -> int:
     results = run(args)
     print(
         f"weight sync: {args.backend}, {args.dtype}, {args.receivers} receiver(s), buckets of {args.bucket_mb:g} MiB, "
-        f"{'copying' if args.copy else 'zero-copy'} path; "
-        f"best of {args.repeats}"
+        f"{'copying' if args.copy else 'zero-copy'} path; {args.repeats} raw/versioned pairs per size"
     )
-    print(f"  {'parameters':>12} {'MiB':>8} {'raw s':>9} {'versioned s':>12} {'ratio':>7}")
+    print(f"  {'parameters':>12} {'MiB':>8} {'best raw s':>11} {'best versioned s':>17} {'pair ratio':>11}")
     worst = 0.0
     for figures in results.values():
         raw, versioned = min(figures["raw"]), min(figures["versioned"])
-        worst = max(worst, versioned / raw)
-        figures["ratio"] = versioned / raw
+        # Each versioned send runs right after a raw one; the ratio within a pair cancels most of the
+        # machine's drift, and the median over pairs ignores the pairs a noisy neighbour hit.
+        figures["ratio"] = float(np.median(np.array(figures["versioned"]) / np.array(figures["raw"])))
+        worst = max(worst, figures["ratio"])
         print(
-            f"  {figures['params']:>12,} {figures['bytes'] / 2**20:>8.1f} {raw:>9.4f} {versioned:>12.4f} "
-            f"{versioned / raw:>7.2f}"
+            f"  {figures['params']:>12,} {figures['bytes'] / 2**20:>8.1f} {raw:>11.4f} {versioned:>17.4f} "
+            f"{figures['ratio']:>11.2f}"
         )
-    print(f"weight sync ratio (versioned / raw time), worst size: {worst:.2f}   (target <= 1.25)")
+    print(f"weight sync ratio (versioned / raw time, median pair), worst size: {worst:.2f}   (target <= 1.25)")
     if args.json:
         result = {
             "bench": "weight_sync",

@@ -101,6 +101,7 @@ class HFBackend:
         if max_batch_sequences < 1:
             raise ValueError(f"max_batch_sequences must be at least 1, got {max_batch_sequences}")
         self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=_DTYPES[dtype])
+        self._manifest: list[tuple[str, list[int], str]] | None = None
         self.model.to(device).eval()
         self.device = torch.device(device)
         self.max_batch_sequences = max_batch_sequences
@@ -204,8 +205,11 @@ class HFBackend:
     # --- weights ------------------------------------------------------------------------------
 
     def parameter_manifest(self) -> list[tuple[str, list[int], str]]:
-        """(name, shape, dtype) of every parameter, in `named_parameters()` order (tied ones once)."""
-        return [(name, list(p.shape), dtype_name(p.dtype)) for name, p in self.model.named_parameters()]
+        """(name, shape, dtype) of every parameter, in `named_parameters()` order (tied ones once).
+        Loading weights never changes it, so it is computed once."""
+        if self._manifest is None:
+            self._manifest = [(n, list(p.shape), dtype_name(p.dtype)) for n, p in self.model.named_parameters()]
+        return self._manifest
 
     def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
         """Replace every parameter by copying. All names, shapes and dtypes are checked against the

@@ -90,7 +90,8 @@ def framework_figures(record: dict[str, Any]) -> dict[str, Any]:
     latencies = np.array([r[6] - r[5] for r in requests]) * 1000
     busy = []
     for batches in record["batches"].values():
-        seconds = sum(_overlap(start, end, p["start"], p["end"]) for start, end, _ in batches for p in phases)
+        # The union of the batch intervals: a continuous-batching engine (vLLM) runs several at once.
+        seconds = sum(_overlap(start, end, p["start"], p["end"]) for start, end in _union(batches) for p in phases)
         busy.append(seconds / wall)
     return {
         "seconds": wall,
@@ -109,6 +110,17 @@ def framework_figures(record: dict[str, Any]) -> dict[str, Any]:
 def _iteration(episode_id: str) -> int:
     """'train3-12' -> 3."""
     return int(episode_id.removeprefix("train").split("-")[0])
+
+
+def _union(batches: list[list[float]]) -> list[tuple[float, float]]:
+    """Disjoint (start, end) intervals covering the (start, end, sequences) batches."""
+    merged: list[tuple[float, float]] = []
+    for start, end, _ in sorted(batches):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
 
 
 def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:

@@ -250,8 +250,9 @@ class Router(Actor):
             log.warning("ignoring Hello from unexpected peer %s", name)
             return
         info = self.peers[identity] = PeerInfo(msg.role, msg.policy, msg.capacity, msg.pid)
-        if msg.role == "inference":
-            self._replicas.setdefault(msg.policy, []).append((identity, info))
+        if msg.role == "inference":  # a repeated Hello replaces the replica's entry
+            replicas = [r for r in self._replicas.get(msg.policy, []) if r[0] != identity]
+            self._replicas[msg.policy] = [*replicas, (identity, info)]
         self.send_to(identity, Welcome(PROTOCOL_VERSION))
         log.info("%s joined (pid %d); %d/%d peers", name, msg.pid, len(self.peers), len(self.expected))
         if {p.decode() for p in self.peers} == self.expected:

@@ -46,3 +46,36 @@ def test_data_order_depends_on_seed_and_iteration_only(tmp_path):
     b = [t.msg.problem_id for t in _router(tmp_path / "b")._episodes(7, 7, train=True, evaluate=False)]
     c = [t.msg.problem_id for t in _router(tmp_path / "c", "run.seed=1")._episodes(7, 7, train=True, evaluate=False)]
     assert a == b and a != c
+
+
+class _Sent:
+    """Stands in for the router's socket: records what it would send."""
+
+    def __init__(self) -> None:
+        self.frames: list[list] = []
+
+    def send(self, frames: list) -> None:
+        self.frames.append(frames)
+
+
+def test_generate_goes_to_the_replica_with_fewest_outstanding_and_results_go_back(tmp_path):
+    from mas_async.messages import PROTOCOL_VERSION, Hello
+
+    router = _router(tmp_path, "policies.horizontal.replicas=2")
+    router.io = _Sent()
+    a, b = b"inference/horizontal/0", b"inference/horizontal/1"
+    router._on_hello(a, Hello("inference", a.decode(), "horizontal", 8, PROTOCOL_VERSION, 1))
+    router._on_hello(b, Hello("inference", b.decode(), "horizontal", 8, PROTOCOL_VERSION, 2))
+    router._on_hello(a, Hello("inference", a.decode(), "horizontal", 8, PROTOCOL_VERSION, 1))  # repeated
+    assert [ident for ident, _ in router._replicas["horizontal"]] == [b, a]
+    router.io.frames.clear()
+    worker = b"env_worker/0"
+    for request_id in range(4):
+        router._route_generate(worker, [request_id, "horizontal"], [b"k", b"h", b"p"])
+    servers = [frames[0] for frames in router.io.frames]
+    assert sorted(servers) == [a, a, b, b]  # balanced by outstanding requests
+    assert router.peers[a].outstanding == router.peers[b].outstanding == 2
+    router._route_result(servers[0], [0, worker.decode()], [b"k", b"h", b"p"])
+    assert router.io.frames[-1][0] == worker and router.peers[servers[0]].outstanding == 1
+    router._route_generate(worker, [9, "vertical"], [b"k", b"h", b"p"])  # no replica of that policy yet
+    assert router.io.frames[-1][0] == worker  # answered at once with an error, nothing forwarded

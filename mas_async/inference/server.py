@@ -3,7 +3,8 @@
 Requests queue as they arrive; the batching task takes everything queued and hands it to the backend
 as one batch (dynamic batching; a backend with continuous batching, like vLLM, may have several batches
 in flight). A backend that runs one batch at a time first waits for the rest of the wave of requests
-the episodes are sending (`WaveGather`). Every completion carries the `weight_version` of the weights that produced it.
+the episodes are sending (`WaveGather`). Every completion carries the `weight_version` of the weights
+that produced it.
 
 A weight update (UpdateWeights from the policy's trainer) goes through `UpdateGate`: it waits until the
 batches in flight are done and holds back new ones, receives every tensor of the broadcast, loads them,

@@ -306,7 +306,9 @@ def _classify(rc: int, timed_out: bool, overflow: bool, limits: Limits, isolated
 
 
 class _Capture:
-    """One pipe's output: at most `cap` bytes are kept; past `cap`, `overflow` is set and reading stops."""
+    """One pipe's output: at most `cap` bytes are kept; past `cap`, `overflow` is set and the rest is
+    read and dropped. Reading goes on to the end of the pipe: asyncio's `Process.wait()` returns only
+    once every pipe is closed, and a pipe nobody reads stays paused, never reaching its end (a hang)."""
 
     def __init__(self, cap: int, overflow: asyncio.Event) -> None:
         self.cap, self.overflow = cap, overflow
@@ -320,9 +322,8 @@ class _Capture:
                 self.chunks.append(data[: self.cap - self.size])
             self.size += len(data)
             if self.size > self.cap:
-                self.overflow.set()
-                return
-        self.complete = True
+                self.overflow.set()  # the supervisor kills the program; its pipe then ends
+        self.complete = self.size <= self.cap
 
     @property
     def truncated(self) -> bool:

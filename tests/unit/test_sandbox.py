@@ -233,3 +233,16 @@ def test_basic_mode_kills_processes_that_leave_the_group() -> None:
     while _sandbox_processes() - before and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _sandbox_processes() - before
+
+
+def test_a_flood_past_a_small_output_cap_does_not_hang_the_supervisor() -> None:
+    """The reader must drain the pipe to its end after the cap: asyncio's Process.wait() returns only
+    once every pipe is closed, and an unread pipe stays paused forever (this used to hang)."""
+
+    async def flood() -> object:
+        code = "import sys\nwhile True:\n    sys.stdout.write('x' * (1 << 20))"
+        return await asyncio.wait_for(run_python(code, limits=Limits(output_bytes=1024)), 60)
+
+    for _ in range(3):
+        result = asyncio.run(flood())
+        assert result.status == "killed" and result.truncated and len(result.stdout) == 1024

@@ -7,10 +7,10 @@ programs (0.2-1.0 s) and hangs (killed by the 2 s per-test alarm). Each side run
 `--iterations` phases of `--episodes` episodes with a barrier between phases (on-policy training
 waits for every episode of an iteration); only the measured phases are timed.
 
-1. mas-async: a rollout-only deployment (`mas_async.bench_support`): the real router, ONE env worker
+1. mas-async: a rollout-only deployment (`bench.support`): the real router, ONE env worker
    and one inference server as processes, talking over ZeroMQ; each episode runs on its own, and the
    server batches whatever requests are queued (dynamic batching).
-2. lockstep: the reference implementation's pattern, in this process (`mas_async.lockstep`): the
+2. lockstep: the reference implementation's pattern, in this process (`bench.lockstep`): the
    same episodes (the ids, problems and seeds the router dispatched), the same `Episode` and workflow
    code, but each turn ONE batched generate call for all episodes, sent only once every env of the
    previous turn has stepped.
@@ -48,21 +48,18 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # runnable from a checkout without `pip install -e .`
-    sys.path.insert(0, str(ROOT))
-os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+from bench.lockstep import CODER_MIX, ScriptedEngine, TimedCodeEnv, run_phase
+from bench.support import BENCH_DIR, RolloutRouter, bench_dir, run_rollout
+from mas_async.config import Config, load_config
+from mas_async.inference.backends.base import ThreadedBackend
+from mas_async.inference.server import InferenceServer
+from mas_async.rollout.env_worker import EnvWorker
 
-from mas_async.bench_support import BENCH_DIR, RolloutRouter, bench_dir, run_rollout  # noqa: E402
-from mas_async.config import Config, load_config  # noqa: E402
-from mas_async.env_worker import EnvWorker  # noqa: E402
-from mas_async.inference.backend import ThreadedBackend  # noqa: E402
-from mas_async.inference.server import InferenceServer  # noqa: E402
-from mas_async.lockstep import CODER_MIX, ScriptedEngine, TimedCodeEnv, run_phase  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 CONFIG = ROOT / "configs" / "code_tiny_shared.yaml"
 POLICY = "shared"
-ENV = "mas_async.lockstep:TimedCodeEnv"
+ENV = "bench.lockstep:TimedCodeEnv"
 
 
 def build_config(args: argparse.Namespace, run_dir: Path) -> Config:
@@ -145,7 +142,7 @@ def actor_main(argv: list[str]) -> int:
     import logging
 
     from mas_async.deployment import Deployment
-    from mas_async.process import setup_logging
+    from mas_async.launch.process import setup_logging
 
     p = argparse.ArgumentParser(prog="async_vs_lockstep.py actor")
     p.add_argument("role", choices=["router", "env_worker", "inference"])
@@ -201,7 +198,7 @@ def run_lockstep(config: Config, record: dict[str, Any], warmup: int) -> dict[st
     """Replay the episodes the router dispatched, phase by phase, in lockstep, in this process."""
     import uvloop
 
-    from mas_async.env_worker import load_tokenizer, stop_token_ids
+    from mas_async.rollout.env_worker import load_tokenizer, stop_token_ids
 
     model_path = record["model_path"]
     engine = ScriptedEngine(model_path, seed=config.run.seed * 1000)
@@ -328,7 +325,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mas_async.inference.mock_backend import MockSpeed
+    from mas_async.inference.backends.mock import MockSpeed
 
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["actor"]:

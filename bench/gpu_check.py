@@ -42,8 +42,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # runnable from a checkout without `pip install -e .`
-    sys.path.insert(0, str(ROOT))
 
 # Tolerances of the mean |vLLM - trainer| log-prob: fp32 on GPU goes through Triton attention, whose
 # fp32 dots may use TF32; bf16 rounds every activation.
@@ -120,7 +118,7 @@ def _raw_receiver(port: int, backend: str, nbytes: int, rounds: int, visible: st
     os.environ["CUDA_VISIBLE_DEVICES"] = visible  # before this process touches CUDA
     import torch
 
-    from mas_async.weight_sync import open_weight_group
+    from mas_async.weights.group import open_weight_group
 
     if backend == "nccl":
         torch.cuda.set_device(0)
@@ -136,7 +134,7 @@ def raw_broadcast_s(backend: str, nbytes: int, rounds: int, visible: str) -> flo
     """Median seconds of one broadcast of `nbytes` from here to a plain process on `visible`."""
     import torch
 
-    from mas_async.weight_sync import open_weight_group
+    from mas_async.weights.group import open_weight_group
 
     port = _free_port()
     child = mp.get_context("spawn").Process(target=_raw_receiver, args=(port, backend, nbytes, rounds, visible))
@@ -162,7 +160,7 @@ def raw_broadcast_s(backend: str, nbytes: int, rounds: int, visible: str) -> flo
 
 
 def generate(backend: Any, prompts: list[Any], args: argparse.Namespace) -> tuple[list[list[Any]], float]:
-    from mas_async.inference.hf_backend import GenerationRequest
+    from mas_async.inference.request import GenerationRequest
 
     requests = [GenerationRequest(p, n=args.n, max_tokens=args.max_tokens, temperature=1.0) for p in prompts]
     t0 = time.perf_counter()
@@ -174,7 +172,7 @@ def logprob_diff(model: Any, prompts: list[Any], results: list[list[Any]]) -> tu
     import numpy as np
     import torch
 
-    from mas_async.trainer.logprobs import completion_logprobs
+    from mas_async.training.logprobs import completion_logprobs
 
     pairs = [(p, c) for p, group in zip(prompts, results, strict=True) for c in group]
     diffs = []
@@ -219,8 +217,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"raw {weight_backend} broadcast of {nbytes / 2**20:.1f} MiB: {raw_s * 1e3:.1f} ms "
               f"({nbytes / raw_s / 2**30:.1f} GiB/s)")  # fmt: skip
 
-        from mas_async.inference.vllm_backend import VLLMBackend
-        from mas_async.weight_sync import WeightSender, open_weight_group
+        from mas_async.inference.backends.vllm import VLLMBackend
+        from mas_async.weights.group import open_weight_group
+        from mas_async.weights.sender import WeightSender
 
         engine_args = {"gpu_memory_utilization": 0.5 if shared else 0.8, "enforce_eager": True}
         engine_args.update(_engine_args(args.engine_arg))

@@ -1,6 +1,6 @@
 """Rollout throughput of the framework against the standalone engine on the same prompts.
 
-1. Framework: a rollout-only deployment (`mas_async.bench_support`: the real router, env workers and
+1. Framework: a rollout-only deployment (`bench.support`: the real router, env workers and
    inference servers as separate processes, no trainers) runs `--warmup` + `--iterations` rollout
    phases of Plan-Path training episodes (tree sampling, K candidates per agent per turn) with one
    policy. It records every phase's window, every generate request and every inference batch.
@@ -35,14 +35,11 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # runnable from a checkout without `pip install -e .`
-    sys.path.insert(0, str(ROOT))
-os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+from bench.support import BENCH_DIR, run_rollout
+from mas_async.config import Config, load_config
+from mas_async.wire.codec import unpack
 
-from mas_async.bench_support import BENCH_DIR, run_rollout  # noqa: E402
-from mas_async.codec import unpack  # noqa: E402
-from mas_async.config import Config, load_config  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 CONFIG = ROOT / "configs" / "plan_path_tiny_shared.yaml"
 POLICY = "shared"
@@ -145,9 +142,9 @@ def run_standalone(config: Config, record: dict[str, Any]) -> dict[str, Any]:
     """Replay the framework's prompts on the bare engine, phase by phase, in lockstep batches."""
     import torch
 
-    from mas_async.env_worker import load_tokenizer, stop_token_ids
-    from mas_async.inference.backend import make_backend
-    from mas_async.inference.hf_backend import GenerationRequest
+    from mas_async.inference.backends.base import make_backend
+    from mas_async.inference.request import GenerationRequest
+    from mas_async.rollout.env_worker import load_tokenizer, stop_token_ids
 
     torch.set_num_threads(config.cluster.torch_threads)
     spec, rollout = config.policies[POLICY], config.rollout
@@ -274,7 +271,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mas_async.inference.mock_backend import MockSpeed
+    from mas_async.inference.backends.mock import MockSpeed
 
     args = parse_args(argv)
     speed = MockSpeed(args.mock_step_ms / 1000, args.mock_token_ms / 1000, args.max_batch)

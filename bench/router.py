@@ -8,7 +8,7 @@ is measured:
 - echo servers (as mock inference servers): a DEALER each, answering every Generate at once with a
   GenerateResult of n completions of `--completion-tokens` tokens (pre-encoded payload).
 
-The middle is the real router (`python -m mas_async.process router`, which decodes the kind and header
+The middle is the real router (`python -m mas_async.launch.process router`, which decodes the kind and header
 of every message, balances by outstanding requests, keeps the pending map, and forwards the payload
 undecoded), or one of two raw forwarders that route frames between fixed pairs (client i <-> server i)
 with no decoding at all: a ROUTER socket on uvloop + zmq.asyncio awaiting each message ("raw"), and a
@@ -35,16 +35,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import zmq
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # runnable from a checkout without `pip install -e .`
-    sys.path.insert(0, str(ROOT))
-os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-
-import zmq  # noqa: E402
-
-from mas_async.codec import pack, unpack  # noqa: E402
-from mas_async.messages import (  # noqa: E402
+from mas_async.wire.codec import pack, unpack
+from mas_async.wire.messages import (
     PROTOCOL_VERSION,
     Generate,
     GenerateResult,
@@ -54,6 +48,8 @@ from mas_async.messages import (  # noqa: E402
     decode,
     encode,
 )
+
+ROOT = Path(__file__).resolve().parents[1]
 
 POLICY = "shared"
 GENERATE = bytes([Kind.GENERATE])
@@ -224,7 +220,7 @@ def start_router(run_dir: Path, pairs: int) -> tuple[str, subprocess.Popen]:
     Deployment(endpoint, {POLICY: 0}, {POLICY: ""}).save(run_dir / "deployment.json")
     with (run_dir / "logs" / "router.log").open("ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "mas_async.process", "router", str(run_dir)],
+            [sys.executable, "-m", "mas_async.launch.process", "router", str(run_dir)],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

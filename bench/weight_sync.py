@@ -1,7 +1,7 @@
 """Versioned weight sync against a raw torch.distributed broadcast of the same bytes.
 
 One sender process (rank 0, as a policy's trainer) and `--receivers` receiver processes (ranks 1..R, as
-its inference servers) join one weight group (`mas_async.weight_sync.open_weight_group`, gloo on CPU,
+its inference servers) join one weight group (`mas_async.weights.sender.open_weight_group`, gloo on CPU,
 nccl on GPU). For every model size, the sender holds transformer-shaped tensors of that many parameters
 and times, alternately, `--repeats` times each:
 
@@ -37,19 +37,19 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+import zmq
+from torch import nn
+
+from mas_async.inference.backends.base import ThreadedBackend
+from mas_async.weights.flat_params import adopt_parameters, check_named_tensors, flatten_parameters
+from mas_async.weights.group import dtype_name, open_weight_group
+from mas_async.weights.receiver import WeightReceiver
+from mas_async.weights.sender import WeightSender
+from mas_async.wire.codec import pack, unpack
+
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # runnable from a checkout without `pip install -e .`
-    sys.path.insert(0, str(ROOT))
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import zmq  # noqa: E402
-from torch import nn  # noqa: E402
-
-from mas_async.codec import pack, unpack  # noqa: E402
-from mas_async.flat_params import adopt_parameters, check_named_tensors, flatten_parameters  # noqa: E402
-from mas_async.inference.backend import ThreadedBackend  # noqa: E402
-from mas_async.weight_sync import WeightReceiver, WeightSender, dtype_name, open_weight_group  # noqa: E402
 
 LAYERS = 12
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -1,4 +1,4 @@
-"""`check_env`: validate that an env class keeps the `envs.base.Env` contract before anyone trains on it.
+"""`check_env`: validate that an env class keeps the `mas_async.api.env.Env` contract before anyone trains on it.
 
 `check_env(MyEnv, **problem_options)` raises `EnvCheckError` naming the env and the failed property, or
 returns a `CheckReport` listing what it checked and what it had to skip. The tests run it over every
@@ -43,7 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from envs.base import Env
+from mas_async.api import Env
 
 DEFAULT_CHARSET = string.printable  # digits, ASCII letters, punctuation and whitespace
 MAX_OBSERVATION_CHARS = 1 << 17

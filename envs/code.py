@@ -33,10 +33,10 @@ import hashlib
 import json
 from typing import Any
 
-from envs.base import Env, check_split
 from envs.code_data import OWN_TRAIN, load_humaneval, load_jsonl, load_own
 from envs.code_exec import is_function_test, run_tests
 from envs.sandbox import RunCache, run_sync
+from mas_async.api import Env, check_split
 
 AGENTS = ("coder", "tester")
 SHOWN_CHARS = 3000  # program and tests shown in an observation, at most

@@ -26,9 +26,9 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from envs.base import Env, check_split
 from envs.math_data import equivalent, last_boxed, load_jsonl, load_split
 from envs.sandbox import Limits, RunCache, SandboxResult, run_python, run_sync
+from mas_async.api import Env, check_split
 
 SHOWN_CHARS = 1500  # reasoning, code and output shown in an observation, at most
 TOOL_LIMITS = Limits(timeout_s=10.0, cpu_s=5)

@@ -38,8 +38,7 @@ from pettingzoo import AECEnv
 from envs.check import MAX_OBSERVATION_CHARS, observation_charset
 
 if TYPE_CHECKING:
-    from envs.base import Env
-    from nodes.base import Node
+    from mas_async.api import Env, Node
 
 DEFAULT_PENALTY = -1.0
 
@@ -184,7 +183,7 @@ def aec_env(
     """`PettingZooEnv` for an env named as in a config (a registry key or "module:Class"); with a
     `workflow`, agents take turns in its `agents` order; `with_nodes` maps agents to node names."""
     from envs import ENVS
-    from mas_async.registry import resolve
+    from mas_async.api import resolve
     from nodes import NODES, WORKFLOWS
 
     env_cls = resolve(env, ENVS, "env")
@@ -198,7 +197,7 @@ def aec_env(
 def from_config(path: str, overrides: list[str] | None = None, **kwargs: Any) -> PettingZooEnv:
     """`PettingZooEnv` for the team of a run config: its env (and problem options), its workflow's turn
     order, its agents' nodes (which parse the action text), its alpha, and max_turns as max_cycles."""
-    from mas_async.config import load_config
+    from mas_async.api import load_config
 
     config = load_config(path, overrides)
     options = config.workflow.options

@@ -31,7 +31,7 @@ from collections import deque
 from functools import lru_cache
 from typing import Any
 
-from envs.base import Env, check_split
+from mas_async.api import Env, check_split
 
 Cell = tuple[int, int]
 

@@ -3,7 +3,7 @@
 Every piece of model-written code (the code env's programs and tests, the math env's tool calls) runs
 through `await run_python(code, stdin=..., limits=Limits(...))`. It never blocks the caller's event
 loop (asyncio subprocess, pipes read as they fill), many runs overlap (at most MAX_CONCURRENCY per
-loop; a free slot goes to the episode furthest behind, `mas_async.priority`), and it never raises for what the program does: an infinite loop, a crash or a fork bomb is
+loop; a free slot goes to the episode furthest behind, `mas_async.api.priority`), and it never raises for what the program does: an infinite loop, a crash or a fork bomb is
 a `SandboxResult` with status "timeout", "error" or "killed". `run_python_sync` wraps it for callers
 without a loop (tests, PettingZoo's synchronous `step`).
 
@@ -60,7 +60,7 @@ from typing import Any, TypeVar
 
 import psutil
 
-from mas_async.priority import PrioritySlots
+from mas_async.api import PrioritySlots
 
 log = logging.getLogger("mas_async.sandbox")
 T = TypeVar("T")

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from envs.base import Env, check_split
+from mas_async.api import Env, check_split
 
 Cell = tuple[int, int]
 State = tuple[Cell, tuple[Cell, ...]]  # (keeper, sorted boxes)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from envs.base import Env, check_split
+from mas_async.api import Env, check_split
 
 Cell = tuple[int, int]
 

@@ -2,6 +2,6 @@
 
 import sys
 
-from mas_async.cli import main
+from mas_async.launch.cli import main
 
 sys.exit(main())

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from mas_async.config import Config
-    from mas_async.trainer.trainer import PolicyLearner
+    from mas_async.training.learner import PolicyLearner
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
@@ -100,7 +100,3 @@ def latest_complete(run_dir: Path, policies: list[str]) -> int | None:
         if all((policy_checkpoint(run_dir, p, version) / "trainer_state.pt").exists() for p in policies):
             return version
     return None
-
-
-def load_router_position(run_dir: Path, version: int) -> dict[str, Any]:
-    return json.loads((run_dir / "checkpoints" / "router" / f"v{version:06d}.json").read_text())

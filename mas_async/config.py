@@ -37,8 +37,9 @@ class RunConfig(_Section):
 class PolicyConfig(_Section):
     model: str = "builtin:tiny-char"
     """'builtin:<preset>' (materialised once by the launcher) or a local model folder."""
-    backend: Literal["hf", "vllm", "mock"] = "hf"
-    """Inference backend: hf (transformers, CPU default), vllm, or mock (benchmarks only)."""
+    backend: str = "hf"
+    """Inference backend: hf (transformers, CPU default), vllm, mock (benchmarks only), or a user's own
+    class as "module:Class" (see `mas_async.api.BACKENDS` for what it must provide)."""
     replicas: int = Field(1, ge=1)
     """Inference server replicas for this policy; the router balances by outstanding requests."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -206,6 +207,15 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _agents_name_known_policies(self) -> Config:
+        from mas_async.api.registry import BACKENDS
+
+        for name, spec in self.policies.items():
+            if spec.backend not in BACKENDS and ":" not in spec.backend:
+                known = ", ".join(sorted(BACKENDS))
+                raise ValueError(
+                    f"policies.{name}.backend is {spec.backend!r}: known backends are {known}, or give a "
+                    "'module:Class' path"
+                )
         for agent, spec in self.agents.items():
             if spec.policy not in self.policies:
                 known = ", ".join(sorted(self.policies))

@@ -18,6 +18,35 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
 
+
+class Keys:
+    """Names of the metrics that the router writes and the progress display and plots read."""
+
+    ITERATION = "iteration"
+    TRAIN_SUCCESS = "team/success_rate"
+    TRAIN_EPISODES = "rollout/episodes"
+    TRAIN_DROPPED = "rollout/dropped"
+    TRAIN_TURNS = "rollout/turns"
+    EVAL_SUCCESS = "eval/team_success_rate"
+    EVAL_EPISODES = "eval/episodes"
+    EVAL_DROPPED = "eval/dropped"
+    TOKENS_PER_S = "throughput/rollout_tokens_per_s"
+    ROLLOUT_S = "time/rollout_s"
+    TRAIN_S = "time/train_s"
+    WEIGHT_SYNC_S = "time/weight_sync_s"
+    STEP_S = "time/step_s"
+    ELAPSED_S = "time/elapsed_s"
+    LATE_GROUPS = "router/late_groups"
+    MALFORMED = "router/malformed"
+    LOGPROB_DIFF = "logprob_abs_diff"
+    VERSION_MISMATCH = "version_mismatch"
+
+    @staticmethod
+    def policy(policy: str, key: str) -> str:
+        """A trainer's metric in the row: policy/<policy>/<key>."""
+        return f"policy/{policy}/{key}"
+
+
 TENSORBOARD_DIR = "tensorboard"
 """Folder of the TensorBoard event files, beside metrics.jsonl."""
 

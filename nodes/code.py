@@ -18,7 +18,7 @@ from __future__ import annotations
 import ast
 from typing import TYPE_CHECKING, Any
 
-from nodes.base import Node, ParseError
+from mas_async.api import Node, ParseError
 from nodes.parallel import ParallelWorkflow
 from nodes.parsing import fenced_blocks, python_block, strip_thinking
 

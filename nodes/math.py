@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from nodes.base import Node
+from mas_async.api import Node
 from nodes.parallel import ParallelWorkflow
 from nodes.parsing import boxed_answer, python_block, strip_thinking
 

@@ -20,11 +20,10 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from mas_async.episode import step_env
-from nodes.base import Node, Workflow
+from mas_async.api import Node, Workflow, step_env
 
 if TYPE_CHECKING:
-    from mas_async.episode import Episode
+    from mas_async.api import EpisodeContext as Episode
 
 
 class ParallelWorkflow(Workflow):
@@ -40,11 +39,10 @@ class ParallelWorkflow(Workflow):
 
     async def run(self, episode: Episode) -> None:
         nodes = [self.nodes[agent] for agent in self.agents]
-        n = episode.k if episode.mode == "train" else 1
         for _ in range(self.max_turns):
             if episode.env.done:
                 return
-            groups = await asyncio.gather(*(episode.sample(node, n) for node in nodes))
+            groups = await asyncio.gather(*(episode.sample(node) for node in nodes))
             chosen = []
             for node, candidates in zip(nodes, groups, strict=True):
                 episode.record(node, candidates)

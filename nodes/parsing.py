@@ -10,7 +10,7 @@ import ast
 import re
 
 from envs.math_data import last_boxed
-from nodes.base import ParseError
+from mas_async.api import ParseError
 
 FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)
 PYTHON_TAGS = ("python", "py", "python3", "")

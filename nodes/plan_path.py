@@ -21,12 +21,12 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from envs.plan_path import MOVES
-from nodes.base import Node, ParseError, Workflow
+from mas_async.api import Node, ParseError, Workflow
 from nodes.sequential import SequentialWorkflow
 
 if TYPE_CHECKING:
     from envs.plan_path import PlanPathEnv
-    from mas_async.episode import Episode
+    from mas_async.api import EpisodeContext as Episode
 
 
 class Mover(Node):

@@ -18,12 +18,12 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from nodes.base import Node, ParseError, Workflow
+from mas_async.api import Node, ParseError, Workflow
 from nodes.parsing import boxed_answer, strip_thinking
 
 if TYPE_CHECKING:
     from envs.math import RoutedMathEnv
-    from mas_async.episode import Episode
+    from mas_async.api import EpisodeContext as Episode
 
 VERDICT = re.compile(r"VERDICT:\s*\**\s*(APPROVE|REJECT)", re.IGNORECASE)
 SHOWN_CHARS = 1500

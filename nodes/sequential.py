@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from nodes.base import Node, Workflow
+from mas_async.api import Node, Workflow
 
 if TYPE_CHECKING:
-    from mas_async.episode import Episode
+    from mas_async.api import EpisodeContext as Episode
 
 
 class SequentialWorkflow(Workflow):

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from envs.sokoban import AGENTS, MOVES
-from nodes.base import Node, ParseError
+from mas_async.api import Node, ParseError
 from nodes.plan_path import last_move
 from nodes.sequential import SequentialWorkflow
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from nodes.base import Node, ParseError
+from mas_async.api import Node, ParseError
 from nodes.code import Coder
 from nodes.math import Reasoner
 from nodes.parallel import ParallelWorkflow

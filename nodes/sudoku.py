@@ -26,11 +26,11 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from envs.sudoku import LABELS
-from nodes.base import Node, ParseError, Workflow
+from mas_async.api import Node, ParseError, Workflow
 
 if TYPE_CHECKING:
     from envs.sudoku import SudokuEnv
-    from mas_async.episode import Episode
+    from mas_async.api import EpisodeContext as Episode
 
 DIGITS = "123456789"
 

@@ -20,92 +20,16 @@ import logging
 import time
 
 from mas_async.config import Config
-from mas_async.deployment import Deployment, weight_backend
-from mas_async.inference.backend import make_backend
-from mas_async.inference.hf_backend import GenerationRequest
-from mas_async.messages import Generate, GenerateResult, Message, UpdateWeights, WeightsLoaded, completion_to_wire
-from mas_async.runtime import Peer
+from mas_async.deployment import Deployment
+from mas_async.inference.backends.base import make_backend
+from mas_async.inference.gate import UpdateGate
+from mas_async.inference.request import GenerationRequest
+from mas_async.inference.wave import WaveGather
+from mas_async.runtime.actor import Peer
+from mas_async.weights.group import WeightGroupSpec
+from mas_async.wire.messages import Generate, GenerateResult, Message, UpdateWeights, WeightsLoaded, completion_to_wire
 
 log = logging.getLogger("mas_async.inference")
-
-
-class UpdateGate:
-    """A writer-preferring reader/writer gate: generation batches are readers, a weight update is the
-    writer. The update waits for the batches in flight; batches that arrive meanwhile wait for it."""
-
-    def __init__(self) -> None:
-        self._readers = 0
-        self._writing = False
-        self._cond = asyncio.Condition()
-
-    async def acquire_read(self) -> None:
-        async with self._cond:
-            await self._cond.wait_for(lambda: not self._writing)
-            self._readers += 1
-
-    async def release_read(self) -> None:
-        async with self._cond:
-            self._readers -= 1
-            self._cond.notify_all()
-
-    async def acquire_write(self) -> None:
-        async with self._cond:
-            await self._cond.wait_for(lambda: not self._writing)
-            self._writing = True
-            await self._cond.wait_for(lambda: self._readers == 0)
-
-    async def release_write(self) -> None:
-        async with self._cond:
-            self._writing = False
-            self._cond.notify_all()
-
-
-class WaveGather:
-    """When a server that runs one batch at a time (hf, mock) takes its queue as the next batch.
-
-    Episodes answer a batch together and send their next prompts together: a wave. A request that
-    misses the batch of its wave waits a whole batch, so the server waits while requests keep arriving
-    less than `gap_s` apart, never beyond `capacity` sequences. The wave that follows a batch is
-    expected to hold as many requests as that batch did; until it does, the allowed gap grows to
-    `fraction` of that batch's duration (waiting then costs at most that fraction of a batch). The
-    whole wait is never longer than the last batch took, or 20 short gaps before there was one.
-    """
-
-    def __init__(self, gap_s: float, fraction: float, capacity: int) -> None:
-        self.gap_s = gap_s
-        self.fraction = fraction
-        self.capacity = capacity
-        self.last_requests = 0
-        self.last_seconds = 0.0
-        self._arrived = asyncio.Event()
-
-    def arrived(self) -> None:
-        """A request was queued."""
-        self._arrived.set()
-
-    def batch_done(self, requests: int, seconds: float) -> None:
-        self.last_requests, self.last_seconds = requests, seconds
-
-    async def wait(self, queue: list[Generate]) -> None:
-        """Return when `queue` should be taken as a batch."""
-        loop = asyncio.get_running_loop()
-        start = last_arrival = loop.time()
-        long_gap = max(self.gap_s, self.fraction * self.last_seconds)
-        give_up = start + max(self.last_seconds, 20 * self.gap_s)
-        seen = len(queue)
-        while sum(r.n for r in queue) < self.capacity:
-            now = loop.time()
-            if len(queue) != seen:
-                seen, last_arrival = len(queue), now
-            gap = long_gap if seen < self.last_requests else self.gap_s
-            wait = min(last_arrival + gap, give_up) - now
-            if wait <= 0:
-                return
-            self._arrived.clear()
-            try:
-                await asyncio.wait_for(self._arrived.wait(), wait)
-            except TimeoutError:
-                pass
 
 
 class InferenceServer(Peer):
@@ -126,7 +50,7 @@ class InferenceServer(Peer):
         self.cfg = config
         self.deployment = deployment
         self.replica = replica
-        self.world_size = 1 + spec.replicas
+        self.weight_group = WeightGroupSpec.of(config, deployment, policy) if deployment.training else None
         self.backend = make_backend(
             spec.backend,
             deployment.weights_path(policy),
@@ -139,21 +63,13 @@ class InferenceServer(Peer):
         self._wakeup = asyncio.Event()
         self.gather = WaveGather(spec.batch_gather_ms / 1000, spec.batch_gather_fraction, spec.max_batch_sequences)
         self.gate = UpdateGate()
-        self.served = 0
 
     async def main(self) -> None:
         if not self.deployment.training:  # mas-async eval: fixed weights, no trainer to listen to
             await self._batch_loop()
             return
-        await asyncio.to_thread(
-            self.backend.join_weight_group,
-            policy=self.policy,
-            backend=weight_backend(self.cfg),
-            host=self.deployment.host,
-            port=self.deployment.weight_ports[self.policy],
-            rank=1 + self.replica,
-            world_size=self.world_size,
-        )
+        assert self.weight_group is not None
+        await asyncio.to_thread(self.backend.join_weight_group, **self.weight_group.join_args(1 + self.replica))
         log.info("weight group of %s joined as rank %d", self.policy, 1 + self.replica)
         await self._batch_loop()
 
@@ -209,7 +125,6 @@ class InferenceServer(Peer):
             self.gather.batch_done(len(live), time.monotonic() - started)
             for req, completions in zip(live, results, strict=True):
                 self.send(GenerateResult(req.request_id, req.origin, "", [completion_to_wire(c) for c in completions]))
-            self.served += len(live)
         finally:
             await self.gate.release_read()
 

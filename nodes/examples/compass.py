@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from nodes.base import Node, ParseError
+from mas_async.api import Node, ParseError
 
 if TYPE_CHECKING:
     from envs.plan_path import PlanPathEnv

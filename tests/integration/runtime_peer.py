@@ -9,7 +9,7 @@ import asyncio
 import sys
 import time
 
-from mas_async.runtime import Peer
+from mas_async.runtime.actor import Peer
 
 
 class SleepyPeer(Peer):

@@ -10,7 +10,7 @@ import time
 import zmq
 
 from mas_async.deployment import free_ports
-from mas_async.messages import PROTOCOL_VERSION, Heartbeat, Hello, Shutdown, Welcome, decode, encode
+from mas_async.wire.messages import PROTOCOL_VERSION, Heartbeat, Hello, Shutdown, Welcome, decode, encode
 from tests.integration.launch import ROOT
 
 

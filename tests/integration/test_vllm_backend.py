@@ -35,11 +35,13 @@ import psutil
 import pytest
 import torch
 
-from mas_async.inference.hf_backend import GenerationRequest, HFBackend
-from mas_async.messages import Generate, GenerateResult, UpdateWeights, WeightsLoaded
+from mas_async.inference.backends.hf import HFBackend
+from mas_async.inference.request import GenerationRequest
 from mas_async.tiny_model import EOS_ID, IM_END_ID, materialise
-from mas_async.trainer.logprobs import completion_logprobs
-from mas_async.weight_sync import WeightSender, open_weight_group
+from mas_async.training.logprobs import completion_logprobs
+from mas_async.weights.group import open_weight_group
+from mas_async.weights.sender import WeightSender
+from mas_async.wire.messages import Generate, GenerateResult, UpdateWeights, WeightsLoaded
 
 pytestmark = [
     pytest.mark.vllm,
@@ -279,7 +281,7 @@ def test_a_request_during_an_update_is_served_by_one_version(stack: Stack) -> No
 
 
 def _completion(wire: list) -> Any:
-    from mas_async.messages import completion_from_wire
+    from mas_async.wire.messages import completion_from_wire
 
     return completion_from_wire(wire)
 

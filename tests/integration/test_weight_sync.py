@@ -16,15 +16,11 @@ import pytest
 import torch
 from torch import nn
 
-from mas_async.flat_params import adopt_parameters, flatten_parameters
-from mas_async.inference.backend import ThreadedBackend
-from mas_async.weight_sync import (
-    ManifestMismatch,
-    WeightReceiver,
-    WeightSender,
-    dtype_name,
-    open_weight_group,
-)
+from mas_async.inference.backends.base import ThreadedBackend
+from mas_async.weights.flat_params import adopt_parameters, flatten_parameters
+from mas_async.weights.group import ManifestMismatch, dtype_name, open_weight_group
+from mas_async.weights.receiver import WeightReceiver
+from mas_async.weights.sender import WeightSender
 
 WAIT_S = 60.0
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from mas_async.episode import Episode
-from mas_async.samples import Completion
+from mas_async.rollout.episode import Episode
+from mas_async.wire.samples import Completion
 
 
 class CharTokenizer:

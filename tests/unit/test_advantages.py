@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from mas_async.samples import Sample
-from mas_async.trainer.advantages import compute_advantages
+from mas_async.training.advantages import compute_advantages
+from mas_async.wire.samples import Sample
 
 S = math.sqrt(2 / 3)  # population std of [1, 0, -1] and of [0, 1, 2]
 EPS = 1e-6

@@ -12,7 +12,7 @@ from envs import ENVS
 from envs.check import EnvCheckError, check_env
 from envs.sokoban import SokobanEnv
 from envs.sudoku import SudokuEnv
-from mas_async.registry import resolve
+from mas_async.api import resolve
 
 
 @pytest.mark.parametrize("key", sorted(ENVS))
@@ -132,7 +132,7 @@ def test_a_broken_env_is_caught_by_name(broken: type, prop: str, detail: str) ->
 
 def test_plan_path_grids_up_to_10x10() -> None:
     from envs.plan_path import PlanPathEnv
-    from mas_async.episode import _prompt_ids
+    from mas_async.rollout.episode import _prompt_ids
     from mas_async.tiny_model import CHARACTERS, PRESETS, build_tokenizer
 
     check_env(PlanPathEnv, sizes=[10])

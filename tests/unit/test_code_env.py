@@ -16,8 +16,8 @@ import pytest
 from envs.code import CodeEnv
 from envs.code_data import load_humaneval, load_jsonl, load_own
 from envs.code_exec import run_tests
+from mas_async.api import ParseError
 from nodes import code as code_nodes  # a test module may not hold a class named "Test*"
-from nodes.base import ParseError
 from nodes.code import Coder, CodeWorkflow
 from tests.unit.chat_fakes import ScriptedGenerate, make_episode
 

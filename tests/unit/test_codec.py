@@ -6,8 +6,9 @@ import msgpack
 import numpy as np
 import pytest
 
-from mas_async.codec import CodecError, pack, unpack
-from mas_async.messages import (
+from mas_async.wire.codec import CodecError, pack, unpack
+from mas_async.wire.messages import (
+    HEADERS,
     MESSAGES,
     Generate,
     GenerateResult,
@@ -22,7 +23,7 @@ from mas_async.messages import (
     sample_from_wire,
     sample_to_wire,
 )
-from mas_async.samples import Completion, Sample
+from mas_async.wire.samples import Completion, Sample
 
 
 def _generate() -> Generate:
@@ -59,7 +60,7 @@ def test_sample_round_trip():
         "e/vertical/0", "e", "p1", "vertical", "pv", 0, np.arange(5, dtype=np.int32),
         np.array([3], dtype=np.int32), np.array([-0.5], dtype=np.float32), 2, 0.25, True, 1.0, {"x": 1},
     )  # fmt: skip
-    msg = Groups("pv", 3, "e", 1, [sample_to_wire(s)])
+    msg = Groups("pv", 3, "e", 0, 1, [sample_to_wire(s)])
     back = sample_from_wire(decode(encode(msg)).samples[0])
     assert back.group == s.group and back.version == 2 and back.reward == 0.25 and back.info == {"x": 1}
     np.testing.assert_array_equal(back.prompt_ids, s.prompt_ids)
@@ -69,9 +70,18 @@ def test_peek_reads_the_header_without_the_payload():
     frames = encode(_generate())
     frames[2] = b"\xc1 garbage that is never decoded"
     cls, header = peek(frames)
-    assert cls is Generate and header == [7, "vertical", "env_worker/0", 123.5]
+    assert cls is Generate and tuple(header) == (7, "vertical", "env_worker/0", 123.5)
+    assert (header.request_id, header.policy, header.origin, header.deadline) == (7, "vertical", "env_worker/0", 123.5)
     with pytest.raises(CodecError):
         decode(frames)
+
+
+def test_header_views_name_the_leading_fields_of_every_message():
+    import dataclasses
+
+    for kind, cls in MESSAGES.items():
+        names = [f.name for f in dataclasses.fields(cls)][: cls.HEADER]
+        assert list(HEADERS[kind]._fields) == names
 
 
 def test_every_message_kind_is_registered_once():

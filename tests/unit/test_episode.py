@@ -13,12 +13,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from envs.base import Env, check_split
 from envs.plan_path import PlanPathEnv
-from mas_async.episode import Candidate, Episode
-from mas_async.samples import Completion
-from mas_async.trainer.advantages import compute_advantages
-from nodes.base import Node, ParseError, Workflow
+from mas_async.api import Env, Node, ParseError, Workflow, check_split
+from mas_async.rollout.episode import Candidate, Episode
+from mas_async.training.advantages import compute_advantages
+from mas_async.wire.samples import Completion
 from nodes.plan_path import HorizontalMover, PlanPathWorkflow, VerticalMover
 
 # 3x3, no walls, start top-left, goal bottom-right (shortest 4, and 4 for the team: D, R, D, R).

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from mas_async.flat_params import adopt_parameters, flatten_parameters
 from mas_async.tiny_model import build_model
-from mas_async.weight_sync import contiguous_region
+from mas_async.weights.flat_params import adopt_parameters, flatten_parameters
+from mas_async.weights.sender import contiguous_region
 
 
 def _mixed_module() -> nn.Module:

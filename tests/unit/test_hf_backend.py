@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from mas_async.inference.hf_backend import GenerationRequest, HFBackend
+from mas_async.inference.backends.hf import HFBackend
+from mas_async.inference.request import GenerationRequest
 from mas_async.tiny_model import materialise
-from mas_async.trainer.logprobs import completion_logprobs
+from mas_async.training.logprobs import completion_logprobs
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from mas_async.trainer.loss import ppo_clip_loss
+from mas_async.training.loss import ppo_clip_loss
 
 # old log-probs are 0, so ratio = exp(logprobs) = these values.
 RATIOS = [[1.0, 1.5, 0.5], [0.9, 1.1, 2.0]]

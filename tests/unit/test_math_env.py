@@ -12,7 +12,7 @@ import pytest
 
 from envs.math import MathEnv, RoutedMathEnv
 from envs.math_data import equivalent, last_boxed, load_jsonl, load_split
-from nodes.base import ParseError
+from mas_async.api import ParseError
 from nodes.math import MathWorkflow, Reasoner, ToolUser
 from nodes.routed import RoutedWorkflow, Solver, Verifier
 from tests.unit.chat_fakes import ScriptedGenerate, make_episode

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mas_async.inference.hf_backend import GenerationRequest
-from mas_async.inference.mock_backend import DEFAULT_VOCAB, MockEngine, MockSpeed, vocab_size
+from mas_async.inference.backends.mock import DEFAULT_VOCAB, MockEngine, MockSpeed, vocab_size
+from mas_async.inference.request import GenerationRequest
 
 
 def _model_dir(tmp_path: Path, vocab: int) -> Path:

@@ -5,11 +5,9 @@ from __future__ import annotations
 import pytest
 
 from envs import ENVS
-from envs.base import Env
 from envs.plan_path import PlanPathEnv, bfs_distances, shortest_path_length, team_moves
-from mas_async.registry import resolve
+from mas_async.api import Env, ParseError, resolve
 from nodes import NODES, WORKFLOWS
-from nodes.base import ParseError
 from nodes.plan_path import HorizontalMover, PlanPathWorkflow, VerticalMover
 
 ALLOWED = set("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ \n.#:,=-")

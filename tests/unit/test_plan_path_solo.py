@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from envs.plan_path_solo import PlanPathSoloEnv
-from nodes.base import ParseError
+from mas_async.api import ParseError
 from nodes.plan_path import SoloMover
 
 OPEN = {"seed": 0, "rows": 3, "cols": 3, "walls": [], "start": [0, 0], "goal": [2, 2], "shortest": 4}

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from mas_async.cli import main
-from mas_async.plot import PlotError, plot_run
+from mas_async.launch.cli import main
+from mas_async.launch.plot import PlotError, plot_run
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 VIEWS = ["reward", "success", "throughput", "time", "logprob_diff", "overview"]

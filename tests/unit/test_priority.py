@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from mas_async.priority import PrioritySlots, episode_turn
+from mas_async.api import PrioritySlots, episode_turn
 
 
 def test_a_freed_slot_goes_to_the_lowest_turn_then_in_arrival_order() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mas_async.progress import ETA_WINDOW, duration, eta_seconds
+from mas_async.launch.progress import ETA_WINDOW, duration, eta_seconds
 
 
 def test_no_rows_no_eta() -> None:

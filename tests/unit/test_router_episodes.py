@@ -8,7 +8,7 @@ from collections import Counter
 
 from mas_async.config import load_config
 from mas_async.deployment import Deployment
-from mas_async.router import Router
+from mas_async.router.hub import Router
 from tests.integration.launch import ROOT
 
 
@@ -48,6 +48,14 @@ def test_data_order_depends_on_seed_and_iteration_only(tmp_path):
     assert a == b and a != c
 
 
+def _header(cls, *values):
+    """A header view as `peek` makes it (missing trailing fields are filled with placeholders)."""
+    from mas_async.wire.messages import HEADERS
+
+    view = HEADERS[cls.KIND]
+    return view(*values, *([None] * (len(view._fields) - len(values))))
+
+
 class _Sent:
     """Stands in for the router's socket: records what it would send."""
 
@@ -59,7 +67,7 @@ class _Sent:
 
 
 def test_generate_goes_to_the_replica_with_fewest_outstanding_and_results_go_back(tmp_path):
-    from mas_async.messages import PROTOCOL_VERSION, Hello
+    from mas_async.wire.messages import PROTOCOL_VERSION, Generate, GenerateResult, Hello
 
     router = _router(tmp_path, "policies.horizontal.replicas=2")
     router.io = _Sent()
@@ -67,15 +75,17 @@ def test_generate_goes_to_the_replica_with_fewest_outstanding_and_results_go_bac
     router._on_hello(a, Hello("inference", a.decode(), "horizontal", 8, PROTOCOL_VERSION, 1))
     router._on_hello(b, Hello("inference", b.decode(), "horizontal", 8, PROTOCOL_VERSION, 2))
     router._on_hello(a, Hello("inference", a.decode(), "horizontal", 8, PROTOCOL_VERSION, 1))  # repeated
-    assert [ident for ident, _ in router._replicas["horizontal"]] == [b, a]
+    assert [ident for ident, _ in router.table._replicas["horizontal"]] == [b, a]
     router.io.frames.clear()
     worker = b"env_worker/0"
     for request_id in range(4):
-        router._route_generate(worker, [request_id, "horizontal"], [b"k", b"h", b"p"])
+        router._route_generate(worker, _header(Generate, request_id, "horizontal"), [b"k", b"h", b"p"])
     servers = [frames[0] for frames in router.io.frames]
     assert sorted(servers) == [a, a, b, b]  # balanced by outstanding requests
     assert router.peers[a].outstanding == router.peers[b].outstanding == 2
-    router._route_result(servers[0], [0, worker.decode()], [b"k", b"h", b"p"])
+    router._route_result(servers[0], _header(GenerateResult, 0, worker.decode(), ""), [b"k", b"h", b"p"])
     assert router.io.frames[-1][0] == worker and router.peers[servers[0]].outstanding == 1
-    router._route_generate(worker, [9, "vertical"], [b"k", b"h", b"p"])  # no replica of that policy yet
+    router._route_generate(
+        worker, _header(Generate, 9, "vertical", "env_worker/0", 0.0), [b"k", b"h", b"p"]
+    )  # no replica of that policy yet
     assert router.io.frames[-1][0] == worker  # answered at once with an error, nothing forwarded

@@ -9,7 +9,7 @@ import pytest
 import uvloop
 import zmq
 
-from mas_async.router_socket import RouterSocket
+from mas_async.runtime.router_socket import RouterSocket
 
 WAIT_S = 10.0
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from envs.sokoban import Board, SokobanEnv, move, team_moves
-from mas_async.episode import Episode
-from mas_async.samples import Completion
-from nodes.base import ParseError
+from mas_async.api import ParseError
+from mas_async.rollout.episode import Episode
+from mas_async.wire.samples import Completion
 from nodes.sokoban import ChatVerticalPusher, HorizontalPusher, SokobanWorkflow, VerticalPusher
 
 ALLOWED = set("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ \n.#:,=-")
@@ -260,7 +260,7 @@ def test_problem_options_and_mistakes() -> None:
 
 
 def test_prompts_fit_the_tiny_model() -> None:
-    from mas_async.episode import _prompt_ids
+    from mas_async.rollout.episode import _prompt_ids
     from mas_async.tiny_model import PRESETS, UNK_TOKEN, VOCAB, build_tokenizer
 
     tokenizer = build_tokenizer()

@@ -15,9 +15,9 @@ from envs.code_solo import CodeSoloEnv
 from envs.math_solo import MathSoloEnv
 from envs.sokoban_solo import SokobanSoloEnv
 from envs.sudoku_solo import SudokuSoloEnv
-from mas_async.episode import _prompt_ids
+from mas_async.api import ParseError
+from mas_async.rollout.episode import _prompt_ids
 from mas_async.tiny_model import CHARACTERS, PRESETS, build_tokenizer
-from nodes.base import ParseError
 from nodes.solo import (
     ChatSoloPlacer,
     ChatSoloPusher,

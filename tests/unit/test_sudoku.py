@@ -8,7 +8,7 @@ import json
 import pytest
 
 from envs.sudoku import BOX, SudokuEnv, count_solutions, solved_grid
-from nodes.base import ParseError
+from mas_async.api import ParseError
 from nodes.sudoku import CellChooser, ChatCellChooser, ChatDigitPlacer, DigitPlacer, SudokuWorkflow
 from tests.unit.test_sokoban import ALLOWED, episode
 
@@ -201,7 +201,7 @@ def test_problem_options_and_mistakes() -> None:
 
 
 def test_prompts_fit_the_tiny_model() -> None:
-    from mas_async.episode import _prompt_ids
+    from mas_async.rollout.episode import _prompt_ids
     from mas_async.tiny_model import PRESETS, UNK_TOKEN, VOCAB, build_tokenizer
 
     tokenizer = build_tokenizer()

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from mas_async.config import TrainerConfig, load_config
-from mas_async.samples import Sample
 from mas_async.tiny_model import materialise
-from mas_async.trainer.logprobs import completion_logprobs
-from mas_async.trainer.trainer import PolicyLearner, lr_lambda
+from mas_async.training.learner import PolicyLearner, lr_lambda
+from mas_async.training.logprobs import completion_logprobs
+from mas_async.wire.samples import Sample
 from tests.integration.launch import ROOT
 
 
@@ -46,7 +46,6 @@ def test_epochs_and_mini_batches_count_optimiser_steps(model_path):
     learner = _learner(model_path, "algorithm.ppo_epochs=2", "algorithm.mini_batches=2")
     metrics = learner.step(_batch(learner))
     assert metrics["optimizer_steps"] == 4
-    assert metrics["logprob_abs_diff"] < 1e-6
 
 
 def test_second_epoch_is_off_policy_in_ratio_only(model_path):

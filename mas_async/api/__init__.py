@@ -1,0 +1,35 @@
+"""The framework API: everything user code (envs, nodes, workflows, backends) subclasses or names.
+
+User packages (`envs/`, `nodes/`, a user's own) import only from here; the rest of `mas_async` imports
+user code only through the registry's "module:Class" lookups, so the arrows point one way.
+"""
+
+from mas_async.api.env import SPLITS, Env, check_split, step_env
+from mas_async.api.node import Node, ParseError
+from mas_async.api.priority import PrioritySlots, episode_turn
+from mas_async.api.registry import BACKENDS, ENVS, NODES, WORKFLOWS, RegistryError, resolve
+from mas_async.api.workflow import Candidate, EpisodeContext, Workflow
+from mas_async.config import Config, ConfigError, load_config
+
+__all__ = [
+    "BACKENDS",
+    "ENVS",
+    "NODES",
+    "SPLITS",
+    "WORKFLOWS",
+    "Candidate",
+    "Config",
+    "ConfigError",
+    "Env",
+    "EpisodeContext",
+    "Node",
+    "ParseError",
+    "PrioritySlots",
+    "RegistryError",
+    "Workflow",
+    "check_split",
+    "episode_turn",
+    "load_config",
+    "resolve",
+    "step_env",
+]

@@ -1,0 +1,114 @@
+"""The interface between an inference server and its backend (hf, vllm, mock).
+
+A backend generates completions for a batch of requests and loads version-tagged weights broadcast by
+the policy's trainer. `ThreadedBackend` adapts a synchronous engine (the transformers one, the mock) to
+this interface: one batch at a time in a worker thread, weights received by the generic
+`WeightReceiver` and loaded with the engine's `load_weights`. The vLLM backend implements the interface
+natively (`concurrent = True`: several batches may be in flight; vLLM batches them continuously).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from typing import TYPE_CHECKING, Protocol
+
+from mas_async.api.registry import BACKENDS, resolve
+from mas_async.weights.group import open_weight_group
+from mas_async.weights.receiver import WeightReceiver
+
+if TYPE_CHECKING:
+    import torch
+
+    from mas_async.inference.request import GenerationRequest
+    from mas_async.wire.samples import Completion
+
+
+class InferenceBackend(Protocol):
+    version: int
+    """Weight version of the loaded weights; stamped on every completion."""
+    concurrent: bool
+    """True when several generate() calls may run at once (continuous batching)."""
+
+    async def generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
+        """n completions for each request, every one carrying `version`."""
+        ...
+
+    def join_weight_group(self, *, policy: str, backend: str, host: str, port: int, rank: int, world_size: int) -> None:
+        """Join the policy's weight-broadcast group (blocking; called once, in a thread)."""
+        ...
+
+    def update_weights(self, version: int) -> None:
+        """Receive every tensor of the broadcast of `version`, then load them and set `version`
+        (blocking, in a thread; the server guarantees no generate() runs meanwhile)."""
+        ...
+
+
+class SyncEngine(Protocol):
+    version: int
+
+    def generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]: ...
+
+    def parameter_manifest(self) -> list[tuple[str, list[int], str]] | None: ...
+
+    def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None: ...
+
+    # Optional: `adopt_weights(named_tensors)`, taking the tensors as its parameters without a copy.
+
+
+class ThreadedBackend:
+    """A synchronous engine behind the async backend interface: one batch at a time, in a thread."""
+
+    concurrent = False
+
+    def __init__(self, engine: SyncEngine) -> None:
+        self.engine = engine
+        self.receiver: WeightReceiver | None = None
+        self._live_set = 1
+        """The receiver's buffer set the engine's parameters are views of (after an adopt)."""
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        self.engine.version = value
+
+    async def generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
+        return await asyncio.to_thread(self.engine.generate, requests)
+
+    def join_weight_group(self, *, policy: str, backend: str, host: str, port: int, rank: int, world_size: int) -> None:
+        group = open_weight_group(
+            policy=policy, backend=backend, host=host, port=port, rank=rank, world_size=world_size
+        )
+        self.receiver = WeightReceiver(group)
+
+    def update_weights(self, version: int) -> None:
+        """Receive and load `version`. An engine with `adopt_weights` takes the received buffers as its
+        parameters (no copy); the next version then goes into the other of two buffer sets, so the
+        weights being served are never written to."""
+        assert self.receiver is not None, "join_weight_group() first"
+        adopt = getattr(self.engine, "adopt_weights", None)
+        spare = 1 - self._live_set if adopt is not None else 0
+        got, tensors = self.receiver.receive(self.engine.parameter_manifest(), buffer_set=spare)
+        if got != version:
+            raise ValueError(f"the broadcast carried version {got}, the trainer announced {version}")
+        if adopt is not None:
+            adopt(tensors)
+            self._live_set = spare
+        else:
+            self.engine.load_weights(tensors)
+        self.engine.version = version
+
+
+def make_backend(name: str, model_path: str, *, dtype: str, max_batch_sequences: int, seed: int) -> InferenceBackend:
+    """The backend named in the policy's config (`policies.<name>.backend`): a key of
+    `mas_async.api.BACKENDS` or a "module:Class" path. The class is built with `(model_path, dtype=...,
+    max_batch_sequences=..., seed=...)`; a synchronous engine (a `generate` that is not a coroutine
+    function) runs behind `ThreadedBackend`, one batch at a time in a thread."""
+    cls = resolve(name, BACKENDS, "inference backend")
+    engine = cls(model_path, dtype=dtype, max_batch_sequences=max_batch_sequences, seed=seed)
+    if inspect.iscoroutinefunction(getattr(engine, "generate", None)):
+        return engine
+    return ThreadedBackend(engine)

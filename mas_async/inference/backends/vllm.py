@@ -1,0 +1,186 @@
+"""The vLLM inference backend: vLLM's async engine behind the `InferenceBackend` interface.
+
+Continuous batching: the InferenceServer may have several `generate` calls in flight
+(`concurrent = True`); every request of every call goes to the engine at once and vLLM schedules
+them together, step by step. A request with n = K is one vLLM request with n = K, so the K samples
+share the prompt's KV blocks. Each completion returns its token ids, the log-prob of every sampled
+token under the sampling distribution, log_softmax(logits / temperature) (vLLM's
+"processed_logprobs"; what the hf backend returns and the trainer recomputes; with top_p < 1 vLLM
+reports the truncated distribution instead, so keep top_p = 1.0 for training), and the weight
+version of the engine.
+
+Requests end only at their own stop ids (a stop token is part of the ids) or at max_tokens, exactly
+like the hf backend. Weight updates arrive from the trainer's versioned broadcast straight inside
+vLLM's worker and are followed by a prefix-cache reset; how is in `vllm_compat.py`, the one module
+that knows vLLM's version-specific calls.
+
+vLLM's `AsyncLLM` is bound to the event loop that drives it, while the server calls this backend
+both from its own loop (`generate`) and from worker threads (`join_weight_group`, `update_weights`).
+So the engine gets a private event loop in a daemon thread, and every call is handed to that loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import gc
+import itertools
+import threading
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+
+from mas_async.inference import vllm_compat
+from mas_async.wire.samples import Completion
+
+if TYPE_CHECKING:
+    from vllm.outputs import CompletionOutput
+
+    from mas_async.inference.request import GenerationRequest
+
+_T = TypeVar("_T")
+
+
+def _copy(c: Completion) -> Completion:
+    return Completion(c.token_ids.copy(), c.logprobs.copy(), c.version, c.finish_reason)
+
+
+class VLLMBackend:
+    """Serves one policy with vLLM's async engine, started on a local model folder."""
+
+    concurrent = True
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        dtype: str = "float32",
+        max_batch_sequences: int = 512,
+        seed: int = 0,
+        engine_args: dict[str, Any] | None = None,
+    ) -> None:
+        """`engine_args`: extra vLLM `AsyncEngineArgs` fields (e.g. gpu_memory_utilization when a
+        trainer shares the GPU), over this backend's defaults."""
+        if max_batch_sequences < 1:
+            raise ValueError(f"max_batch_sequences must be at least 1, got {max_batch_sequences}")
+        self.version: int = 0
+        self._joined = False
+        self._in_flight = 0  # generate() batches running on the engine (touched on the engine loop only)
+        self._request_ids = itertools.count()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
+        self._thread.start()
+
+        async def start() -> Any:
+            return vllm_compat.start_engine(
+                str(model_path), dtype=dtype, max_num_seqs=max_batch_sequences, seed=seed, **(engine_args or {})
+            )
+
+        try:
+            self.engine = self._call(start())
+        except BaseException:
+            self._stop_loop()
+            raise
+        self.max_model_len = vllm_compat.max_model_len(self.engine)
+        # Shut the engine down while the interpreter is still whole (vLLM's own finaliser, run at
+        # interpreter teardown, cannot).
+        atexit.register(self.close)
+
+    # --- generation ---------------------------------------------------------------------------
+
+    async def generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
+        """Sample every request's n completions; results are in request order, n per request."""
+        for i, request in enumerate(requests):
+            request.check(i, self.max_model_len)
+        future = asyncio.run_coroutine_threadsafe(self._generate(requests), self._loop)
+        return await asyncio.wrap_future(future)
+
+    async def _generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
+        version = self.version
+        self._in_flight += 1
+        try:
+            results = await asyncio.gather(*(self._generate_one(r, version) for r in requests))
+        finally:
+            self._in_flight -= 1
+        if self.version != version:  # the server's UpdateGate makes this impossible
+            raise RuntimeError(f"the weights changed from v{version} to v{self.version} during a batch")
+        return list(results)
+
+    async def _generate_one(self, request: GenerationRequest, version: int) -> list[Completion]:
+        prompt = {"prompt_token_ids": np.asarray(request.prompt_ids, dtype=np.int64).tolist()}
+        params = vllm_compat.sampling_params(request)
+        final = None
+        async for output in self.engine.generate(prompt, params, request_id=f"mas-{next(self._request_ids)}"):
+            final = output
+        if final is None or len(final.outputs) != params.n:
+            raise RuntimeError(f"vLLM returned {0 if final is None else len(final.outputs)} of {params.n} samples")
+        completions = [self._completion(o, version) for o in sorted(final.outputs, key=lambda o: o.index)]
+        if params.n < request.n:  # greedy: one sample stands for n identical ones
+            completions = [completions[0]] + [_copy(completions[0]) for _ in range(request.n - 1)]
+        return completions
+
+    @staticmethod
+    def _completion(output: CompletionOutput, version: int) -> Completion:
+        if output.finish_reason not in ("stop", "length"):
+            raise RuntimeError(f"vLLM ended a sample with finish_reason {output.finish_reason!r}")
+        return Completion(
+            token_ids=np.asarray(output.token_ids, dtype=np.int32),
+            logprobs=np.asarray(vllm_compat.sampled_logprobs(output), dtype=np.float32),
+            version=version,
+            finish_reason=output.finish_reason,
+        )
+
+    # --- weights ------------------------------------------------------------------------------
+
+    def join_weight_group(self, *, policy: str, backend: str, host: str, port: int, rank: int, world_size: int) -> None:
+        """Join the policy's weight group from inside vLLM's worker (blocking; call from a thread)."""
+        group = dict(policy=policy, backend=backend, host=host, port=port, rank=rank, world_size=world_size)
+        self._call(vllm_compat.join_weight_group(self.engine, **group))
+        self._joined = True
+
+    def update_weights(self, version: int) -> None:
+        """Receive the broadcast of `version` inside vLLM's worker, load it, reset the prefix cache,
+        then stamp `version` on what follows (blocking; call from a thread while nothing generates).
+        A wrong version or manifest raises ValueError and leaves the previous weights in place."""
+        if not self._joined:
+            raise RuntimeError("update_weights() before join_weight_group()")
+        error = self._call(self._update(version))
+        if error:
+            raise ValueError(error)
+        self.version = version
+
+    async def _update(self, version: int) -> str:
+        if self._in_flight:
+            raise RuntimeError(f"a weight update started while {self._in_flight} batches were generating")
+        return await vllm_compat.load_weights(self.engine, version)
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Shut the engine (and its process) down and stop the private loop."""
+        if not self._thread.is_alive():
+            return
+
+        async def shutdown() -> None:
+            self.engine.shutdown()
+            # Let the cancelled output task finish and collect the engine here, on the loop, rather
+            # than at interpreter teardown, where its __del__ would run shutdown() a second time.
+            del self.engine
+            await asyncio.sleep(0.1)
+            gc.collect()
+
+        atexit.unregister(self.close)
+        try:
+            self._call(shutdown())
+        finally:
+            self._stop_loop()
+
+    def _call(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        """Run `coro` on the engine's loop and wait for it (from any other thread)."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)

@@ -1,0 +1,279 @@
+"""Every call into vLLM whose shape depends on its version, in one place (supported: 0.32.x).
+
+The vLLM backend (`vllm_backend.py`) talks to vLLM only through this module: engine construction,
+sampling parameters, reading the sampled tokens' log-probs back, and the weight update. A new vLLM
+release should only ever need changes here (and the pin in pyproject.toml).
+
+How a weight update reaches the model. vLLM runs the model in a worker that lives in the engine-core
+process (one process beside the inference server; `distributed_executor_backend="uni"`). vLLM mixes
+`WeightSyncExtension` into that worker class, so its methods can be called with `collective_rpc`:
+- `mas_join_weight_group` joins the policy's weight group (`mas_async.weights.sender`) from inside the
+  worker, with the same TCPStore + PrefixStore + ProcessGroupGloo/NCCL objects as every other rank.
+  (`init_process_group` cannot be used there: vLLM already owns the default group.)
+- `mas_load_weights` receives every tensor of one broadcast first (checked against the checkpoint's
+  names and shapes and the engine's dtype), and only then loads them with the worker's
+  `reload_weights(is_checkpoint_format=True)`, vLLM's layer-wise in-place reload, which fuses q/k/v
+  and gate/up and re-runs the per-layer post-processing (on CPU: the oneDNN weight packing). A
+  failure half-way through a reload would leave layers on the meta device, so nothing is loaded
+  unless every tensor arrived and matched.
+- A tied `lm_head` shares the embedding's storage but keeps its own post-processed copy on CPU;
+  nothing is loaded into it, so its post-processing is re-run explicitly after the reload.
+The caller then resets the prefix cache (`reset_prefix_cache`): cached KV blocks were computed by
+the old weights and must never serve a request of the new version.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mas_async.weights.group import ManifestMismatch, dtype_name, open_weight_group
+from mas_async.weights.receiver import WeightReceiver
+
+if TYPE_CHECKING:
+    from vllm import SamplingParams
+    from vllm.outputs import CompletionOutput
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from mas_async.inference.request import GenerationRequest
+
+SUPPORTED_VERSIONS = (0, 32)
+"""The vLLM minor release this module is written against (pyproject pins vllm>=0.32,<0.33)."""
+
+_WORKER_EXTENSION = "mas_async.inference.backends.vllm_compat.WeightSyncExtension"
+_CPU_ATTENTION_HEAD_MULTIPLE = 32  # vLLM's CPU attention kernels support head sizes 32, 64, 80, ...
+
+
+def check_version() -> None:
+    """Raise a clear error when the installed vLLM is not the supported release."""
+    import vllm
+
+    major_minor = tuple(int(x) for x in vllm.__version__.split(".")[:2])
+    if major_minor != SUPPORTED_VERSIONS:
+        raise RuntimeError(
+            f"the vllm backend supports vLLM {SUPPORTED_VERSIONS[0]}.{SUPPORTED_VERSIONS[1]}.x, "
+            f"but vLLM {vllm.__version__} is installed (pip install 'mas-async[vllm]')"
+        )
+
+
+def _model_config(model_path: str) -> dict[str, Any]:
+    path = Path(model_path) / "config.json"
+    if not path.is_file():
+        raise ValueError(f"the vllm backend needs a local model folder with a config.json: {path} does not exist")
+    return json.loads(path.read_text())
+
+
+def _causal_lm_architecture(config: dict[str, Any]) -> list[str] | None:
+    """The architecture to run when config.json does not name one (e.g. a config saved without its
+    model): the causal-LM class transformers registers for the config's model_type."""
+    if config.get("architectures"):
+        return None
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.get("model_type", ""))
+    if name is None:
+        raise ValueError(
+            f"config.json names no architecture and model_type {config.get('model_type')!r} has no causal LM"
+        )
+    return [name]
+
+
+def _check_cpu_model(model_path: str, config: dict[str, Any]) -> None:
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    if head_dim % _CPU_ATTENTION_HEAD_MULTIPLE != 0:
+        raise ValueError(
+            f"vLLM's CPU attention supports head sizes that are multiples of {_CPU_ATTENTION_HEAD_MULTIPLE}; "
+            f"the model in {model_path} has head_dim {head_dim}. Use the hf backend for it, or a model "
+            f"with head_dim 32, 64, ... (e.g. builtin:small-char)"
+        )
+
+
+_CPU_ENVIRONMENT = {
+    # The worker runs inside the engine-core process ("uni" executor): the fastest start on CPU.
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    # KV cache size in GiB; without it vLLM reserves a fraction of all the machine's memory.
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    # Several engines and trainers share the cores: do not pin OpenMP threads to them.
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    # vLLM compiles a small log-prob helper with inductor on first use (~30 s on CPU); eager is fine.
+    "TORCH_COMPILE_DISABLE": "1",
+}
+
+
+@contextmanager
+def _environment(defaults: dict[str, str]) -> Iterator[None]:
+    """Set `defaults` where the environment has no value while the engine starts (vLLM reads them
+    then, and its process inherits them); restore the environment afterwards."""
+    added = [key for key in defaults if key not in os.environ]
+    os.environ.update({key: defaults[key] for key in added})
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
+
+
+def start_engine(model_path: str, *, dtype: str, max_num_seqs: int, seed: int, **overrides: Any) -> AsyncLLM:
+    """Start vLLM's async engine on a local model folder.
+
+    Must run in the thread whose event loop will drive the engine. `overrides` are extra
+    `AsyncEngineArgs` fields (e.g. gpu_memory_utilization, enforce_eager) that win over the defaults.
+    """
+    import torch
+
+    config = _model_config(model_path)
+    on_cpu = not torch.cuda.is_available()
+    if on_cpu:
+        _check_cpu_model(model_path, config)
+    check_version()
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    args: dict[str, Any] = {
+        "model": model_path,
+        "dtype": dtype,
+        "seed": seed,
+        "max_num_seqs": max_num_seqs,
+        "runner": "generate",
+        # The log-probs of the sampling distribution: after temperature (and top-k/top-p), as the
+        # trainer computes them. The default ("raw_logprobs") would ignore the temperature.
+        "logprobs_mode": "processed_logprobs",
+        "enable_prefix_caching": True,
+        "worker_extension_cls": _WORKER_EXTENSION,
+        "disable_log_stats": True,
+        "enforce_eager": on_cpu,
+    }
+    if on_cpu:
+        args["distributed_executor_backend"] = "uni"
+    architectures = _causal_lm_architecture(config)
+    if architectures is not None:
+        args["hf_overrides"] = {"architectures": architectures}
+    args.update(overrides)
+    # Returned without a local name: a traceback that vLLM keeps from its start-up holds this frame,
+    # and a local would keep the engine alive until interpreter teardown.
+    with _environment(_CPU_ENVIRONMENT if on_cpu else {}):
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+
+
+def max_model_len(engine: AsyncLLM) -> int:
+    """The longest sequence (prompt + completion) the engine accepts."""
+    return engine.model_config.max_model_len
+
+
+def sampling_params(request: GenerationRequest) -> SamplingParams:
+    """vLLM's parameters for one request: n samples, the sampled tokens' log-probs, token ids only.
+
+    Generation stops only at the request's own stop ids (`ignore_eos`: the model's EOS is not added),
+    exactly like the hf backend; a stop token is part of the returned ids. A greedy request asks for
+    one sample (vLLM refuses n > 1 without sampling): its n samples would be identical anyway.
+    """
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    greedy = request.greedy or request.temperature == 0.0
+    return SamplingParams(
+        n=1 if greedy else request.n,
+        max_tokens=request.max_tokens,
+        temperature=0.0 if greedy else request.temperature,
+        top_p=1.0 if greedy else request.top_p,
+        stop_token_ids=list(request.stop_token_ids),
+        ignore_eos=True,
+        logprobs=0,  # only the sampled token's log-prob
+        flat_logprobs=True,
+        detokenize=False,
+        skip_special_tokens=False,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+
+
+def sampled_logprobs(output: CompletionOutput) -> list[float]:
+    """The log-prob of each sampled token of one completion, in order."""
+    logprobs = output.logprobs
+    if logprobs is None or len(logprobs) != len(output.token_ids):
+        raise RuntimeError(f"vLLM returned {0 if logprobs is None else len(logprobs)} log-probs for "
+                           f"{len(output.token_ids)} tokens")  # fmt: skip
+    if hasattr(logprobs, "start_indices"):  # FlatLogprobs: entry start_indices[i] is token i's
+        starts = logprobs.start_indices
+        if [logprobs.token_ids[s] for s in starts] != list(output.token_ids):
+            raise RuntimeError("vLLM's log-probs do not belong to the sampled tokens")
+        return [logprobs.logprobs[s] for s in starts]
+    return [position[token].logprob for position, token in zip(logprobs, output.token_ids, strict=True)]
+
+
+async def join_weight_group(engine: AsyncLLM, **group: Any) -> None:
+    """Make the engine's worker join the policy's weight group (blocks until every rank joined)."""
+    await engine.collective_rpc("mas_join_weight_group", kwargs=group)
+
+
+async def load_weights(engine: AsyncLLM, version: int) -> str:
+    """Receive the broadcast of `version` inside the worker, load it and reset the prefix cache.
+
+    Returns "" on success, else why nothing was loaded (wrong version, or a manifest that does not
+    match the model); the engine keeps its previous weights then.
+    """
+    errors = await engine.collective_rpc("mas_load_weights", kwargs={"version": version})
+    error = next((e for e in errors if e), "")
+    if not await engine.reset_prefix_cache():
+        raise RuntimeError("vLLM refused to reset its prefix cache: requests were still running during the update")
+    return error
+
+
+class WeightSyncExtension:
+    """Mixed into vLLM's worker class (`worker_extension_cls`); runs in the worker's process.
+
+    Method names carry a `mas_` prefix: vLLM refuses an extension whose names clash with the worker's.
+    """
+
+    def mas_join_weight_group(
+        self, *, policy: str, backend: str, host: str, port: int, rank: int, world_size: int
+    ) -> None:
+        group = open_weight_group(
+            policy=policy, backend=backend, host=host, port=port, rank=rank, world_size=world_size
+        )
+        self._mas_receiver = WeightReceiver(group)
+
+    def mas_load_weights(self, version: int) -> str:
+        receiver: WeightReceiver | None = getattr(self, "_mas_receiver", None)
+        if receiver is None:
+            raise RuntimeError("mas_load_weights before mas_join_weight_group")
+        try:
+            got, tensors = receiver.receive(self._mas_manifest())
+        except ManifestMismatch as e:
+            return str(e)
+        if got != version:
+            return f"the broadcast carried version {got}, the trainer announced {version}"
+        self.reload_weights(weights_iterator=iter(tensors), is_checkpoint_format=True)  # type: ignore[attr-defined]
+        self._mas_refresh_tied_lm_head()
+        return ""
+
+    def _mas_manifest(self) -> list[tuple[str, list[int], str]]:
+        """What the trainer sends: the checkpoint's tensors (a tied lm_head once, as the embedding),
+        in the engine's dtype. Read from the safetensors headers of the model folder."""
+        from safetensors import safe_open
+
+        model_config = self.vllm_config.model_config  # type: ignore[attr-defined]
+        tied = getattr(model_config.hf_text_config, "tie_word_embeddings", False)
+        manifest = []
+        for path in sorted(Path(model_config.model).glob("*.safetensors")):
+            with safe_open(str(path), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                    if tied and name == "lm_head.weight":
+                        continue
+                    manifest.append((name, list(f.get_slice(name).get_shape()), dtype_name(model_config.dtype)))
+        return manifest
+
+    def _mas_refresh_tied_lm_head(self) -> None:
+        from vllm.config import set_current_vllm_config
+
+        config = self.vllm_config  # type: ignore[attr-defined]
+        if not getattr(config.model_config.hf_text_config, "tie_word_embeddings", False):
+            return
+        lm_head = getattr(self.model_runner.get_model(), "lm_head", None)  # type: ignore[attr-defined]
+        method = getattr(lm_head, "quant_method", None)
+        if method is not None:
+            with set_current_vllm_config(config):
+                method.process_weights_after_loading(lm_head)

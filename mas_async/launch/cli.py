@@ -1,0 +1,60 @@
+"""The `mas-async` command line.
+
+    mas-async train CONFIG [section.key=value ...]   run a training job (every process on this machine)
+    mas-async eval CONFIG [checkpoint=RUN_DIR ...]   evaluate policies on the test split (avg@k, pass@k)
+    mas-async plot RUN_DIR [--out DIR]               PNG plots of a run's metrics (into RUN_DIR/plots/)
+
+Thin by design: it parses arguments, loads and validates the config (a mistake is one sentence naming
+the key and the file, exit status 2) and hands over to the launcher or the plotter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from mas_async.api.registry import RegistryError
+from mas_async.config import ConfigError, load_config
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mas-async", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="run a training job: every process on this machine")
+    train.add_argument("config", help="YAML run config, e.g. configs/plan_path_tiny.yaml")
+    train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.batch_size=8")
+    evaluate = sub.add_parser("eval", help="evaluate checkpointed policies on the test split (avg@k, pass@k)")
+    evaluate.add_argument("config", help="YAML run config (the env, agents and policies to evaluate)")
+    evaluate.add_argument(
+        "overrides", nargs="*", help="checkpoint=RUN_DIR (its last checkpoint), eval.k=8, eval.greedy=false, ..."
+    )
+    plot = sub.add_parser("plot", help="write PNG plots of a run's metrics.jsonl (into RUN_DIR/plots/)")
+    plot.add_argument("run_dir", help="a run directory of `mas-async train`")
+    plot.add_argument("--out", help="write the PNGs here instead of RUN_DIR/plots/")
+    args = parser.parse_args(argv)
+
+    if args.command in ("train", "eval"):
+        from mas_async.launch.launcher import launch
+
+        overrides = [f"eval.{o}" if o.startswith("checkpoint=") else o for o in args.overrides]
+        try:
+            config = load_config(args.config, overrides)
+            return launch(config, mode=args.command)
+        except (ConfigError, RegistryError) as e:
+            print(f"mas-async: {e}", file=sys.stderr)
+            return 2
+    if args.command == "plot":
+        from mas_async.launch.plot import PlotError, plot_run
+
+        try:
+            paths = plot_run(args.run_dir, args.out)
+        except PlotError as e:
+            print(f"mas-async: {e}", file=sys.stderr)
+            return 2
+        print(f"mas-async: wrote {len(paths)} plots to {paths[0].parent}")
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""`mas-async plot RUN_DIR`: PNG plots of a run's metrics.jsonl, written to RUN_DIR/plots/.
+
+One PNG per view, plus `overview.png` with all of them:
+
+- reward.png: mean candidate reward per agent (training rollouts; held-out evaluation dashed);
+- success.png: team success rate of training rollouts (best-of-K) and of the held-out evaluation;
+- throughput.png: rollout tokens per second;
+- time.png: seconds per iteration in each phase (rollout, train step, weight sync);
+- logprob_diff.png: per policy, the mean absolute difference between the rollout's log-probs and the
+  trainer's recompute (log scale): the evidence that inference ran exactly the trainer's weights.
+
+It reads the file as it is, so it works on a run still in progress. matplotlib draws off-screen (Agg
+canvas, no display needed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mas_async.metrics import Keys, read_metrics
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+PLOTS_DIR = "plots"
+
+
+class PlotError(ValueError):
+    """The run directory has nothing to plot (said in one sentence)."""
+
+
+@dataclass(frozen=True)
+class Line:
+    key: str
+    label: str
+    dashed: bool = False
+    color: int | None = None
+    """Index into the colour cycle (the train and eval lines of one agent share a colour)."""
+
+
+@dataclass(frozen=True)
+class View:
+    name: str
+    title: str
+    ylabel: str
+    lines: tuple[Line, ...]
+    log_y: bool = False
+    train_only: bool = False
+    """Leave out rows without training (the final evaluation pass) from this view."""
+
+
+def views(rows: list[dict[str, Any]]) -> list[View]:
+    """The views of a run, with one line per agent or policy found in its rows."""
+    keys = {key for row in rows for key in row}
+    agents = sorted(k.removeprefix("reward/") for k in keys if k.startswith("reward/"))
+    policies = sorted(k.split("/")[1] for k in keys if k.startswith("policy/") and k.endswith("/logprob_abs_diff"))
+    reward = [Line(f"reward/{a}", a, color=i) for i, a in enumerate(agents)] + [
+        Line(f"eval/reward/{a}", f"{a} (eval)", dashed=True, color=i)
+        for i, a in enumerate(agents)
+        if f"eval/reward/{a}" in keys
+    ]
+    return [
+        View("reward", "Mean reward per agent", "reward", tuple(reward)),
+        View(
+            "success",
+            "Team success rate",
+            "success rate",
+            (
+                Line(Keys.TRAIN_SUCCESS, "train rollouts (best of K)"),
+                Line(Keys.EVAL_SUCCESS, "held-out eval (one sample)", dashed=True),
+            ),
+        ),
+        View(
+            "throughput",
+            "Rollout throughput",
+            "tokens / s",
+            (Line(Keys.TOKENS_PER_S, "rollout"),),
+            train_only=True,
+        ),
+        View(
+            "time",
+            "Time per phase",
+            "seconds per iteration",
+            (
+                Line(Keys.ROLLOUT_S, "rollout"),
+                Line(Keys.TRAIN_S, "train step"),
+                Line(Keys.WEIGHT_SYNC_S, "weight sync"),
+                Line(Keys.STEP_S, "barrier (train, sync, load)", dashed=True),
+            ),
+            train_only=True,
+        ),
+        View(
+            "logprob_diff",
+            "|rollout - trainer| log-prob difference",
+            "mean absolute difference",
+            tuple(Line(f"policy/{p}/logprob_abs_diff", p) for p in policies),
+            log_y=True,
+        ),
+    ]
+
+
+def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    xs, ys = [], []
+    for row in rows:
+        value = row.get(key)
+        if isinstance(value, (int, float)) and Keys.ITERATION in row:
+            xs.append(int(row[Keys.ITERATION]))
+            ys.append(float(value))
+    return xs, ys
+
+
+def _draw(ax: Axes, view: View, rows: list[dict[str, Any]]) -> None:
+    if view.train_only:
+        rows = [row for row in rows if Keys.TRAIN_S in row or Keys.TRAIN_SUCCESS in row]
+    drawn = False
+    for line in view.lines:
+        xs, ys = _series(rows, line.key)
+        if view.log_y:  # zeros (exact agreement) cannot be drawn on a log axis
+            kept = [(x, y) for x, y in zip(xs, ys, strict=True) if y > 0]
+            xs, ys = [x for x, _ in kept], [y for _, y in kept]
+        if xs:
+            style = "--" if line.dashed else "-"
+            color = None if line.color is None else f"C{line.color % 10}"
+            marker = "o" if len(xs) < 30 else None
+            ax.plot(xs, ys, style, color=color, marker=marker, markersize=3, label=line.label)
+            drawn = True
+    ax.set_title(view.title)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel(view.ylabel)
+    ax.grid(True, alpha=0.3)
+    if view.log_y and drawn:
+        ax.set_yscale("log")
+    if drawn:
+        ax.legend(fontsize="small")
+    else:
+        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="gray")
+
+
+def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
+    """Write every view of RUN_DIR/metrics.jsonl as a PNG (and overview.png); return their paths."""
+    from matplotlib.figure import Figure
+
+    run_dir = Path(run_dir)
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.is_file():
+        raise PlotError(f"{run_dir} has no metrics.jsonl: is it a run directory of `mas-async train`?")
+    rows = read_metrics(metrics)
+    if not rows:
+        raise PlotError(f"{metrics} holds no complete row yet")
+    out = Path(out_dir) if out_dir is not None else run_dir / PLOTS_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    all_views = views(rows)
+    paths = []
+    for view in all_views:
+        fig = Figure(figsize=(6.4, 4.0), layout="constrained")
+        _draw(fig.add_subplot(), view, rows)
+        path = out / f"{view.name}.png"
+        fig.savefig(path, dpi=100)
+        paths.append(path)
+    fig = Figure(figsize=(15, 8.5), layout="constrained")
+    fig.suptitle(f"mas-async run {run_dir}")
+    for index, view in enumerate(all_views):
+        _draw(fig.add_subplot(2, 3, index + 1), view, rows)
+    path = out / "overview.png"
+    fig.savefig(path, dpi=90)
+    paths.append(path)
+    return paths

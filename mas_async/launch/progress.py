@@ -1,0 +1,130 @@
+"""The launcher's live progress display, fed by RUN_DIR/metrics.jsonl.
+
+On a terminal it is a rich live panel (iteration, elapsed time and ETA, success, per-agent reward,
+tokens/s, the on-policy proof); elsewhere (CI logs, pipes) it prints one plain line per iteration.
+The ETA is the remaining training iterations times the mean time per iteration over the last
+`ETA_WINDOW` rows (so it follows a run that speeds up or slows down, and averages over evaluations);
+after the first iteration, that iteration's own phase times (its elapsed time includes the start-up).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from mas_async.config import Config
+from mas_async.metrics import Keys, read_metrics
+
+ETA_WINDOW = 10
+"""Rows (iterations) over which the time per iteration of the ETA is averaged."""
+
+
+def _fmt(value: Any, spec: str = ".3f") -> str:
+    return format(value, spec) if isinstance(value, (int, float)) else "-"
+
+
+def duration(seconds: float | None) -> str:
+    """'45s', '3m12s', '1h02m'; '-' when unknown."""
+    if seconds is None:
+        return "-"
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def eta_seconds(rows: list[dict[str, Any]], iterations: int) -> float | None:
+    """Seconds until the last of `iterations` training iterations is done, from the rows' iteration
+    and time/elapsed_s; None before the first row."""
+    timed = [r for r in rows if isinstance(r.get(Keys.ELAPSED_S), (int, float)) and "iteration" in r]
+    if not timed:
+        return None
+    last = timed[-1]
+    remaining = iterations - 1 - int(last[Keys.ITERATION])
+    if remaining <= 0:
+        return 0.0
+    first = timed[max(0, len(timed) - 1 - ETA_WINDOW)]
+    if first is last:  # one row: its elapsed time includes the start-up, its phase times do not
+        phases = [last.get(key) for key in (Keys.ROLLOUT_S, Keys.STEP_S)]
+        timed_phases = [float(t) for t in phases if isinstance(t, (int, float))]
+        per_iteration = sum(timed_phases) if timed_phases else float(last[Keys.ELAPSED_S])
+    else:
+        spanned = max(1, int(last[Keys.ITERATION]) - int(first[Keys.ITERATION]))
+        per_iteration = (float(last[Keys.ELAPSED_S]) - float(first[Keys.ELAPSED_S])) / spanned
+    return remaining * per_iteration
+
+
+class Progress:
+    def __init__(self, config: Config, run_dir: Path) -> None:
+        self.cfg = config
+        self.path = run_dir / "metrics.jsonl"
+        self.rows: list[dict[str, Any]] = []
+        self.last_eval: float | None = None
+        self.started = time.monotonic()
+        self.console = Console()
+        self.live: Live | None = None
+        self.console.print(f"[bold]mas-async[/] run directory: {run_dir}")
+        if self.console.is_terminal:
+            self.live = Live(self._table(), console=self.console, refresh_per_second=4)
+            self.live.start()
+
+    def update(self) -> None:
+        rows = read_metrics(self.path)
+        first_new = len(self.rows)
+        self.rows = rows
+        for index in range(first_new, len(rows)):
+            row = rows[index]
+            if Keys.EVAL_SUCCESS in row:
+                self.last_eval = row[Keys.EVAL_SUCCESS]
+            if self.live is None:
+                print(self._line(row, rows[: index + 1]), flush=True)
+        if self.live is not None:
+            self.live.update(self._table())
+
+    def _line(self, row: dict[str, Any], history: list[dict[str, Any]]) -> str:
+        parts = [f"iter {row['iteration']:>4}/{self.cfg.run.iterations}"]
+        if Keys.TRAIN_SUCCESS in row:
+            parts.append(f"train_success {_fmt(row[Keys.TRAIN_SUCCESS], '.2f')}")
+        if Keys.EVAL_SUCCESS in row:
+            parts.append(f"eval_success {_fmt(row[Keys.EVAL_SUCCESS], '.2f')}")
+        for agent in self.cfg.agents:
+            if f"reward/{agent}" in row:
+                parts.append(f"r[{agent}] {_fmt(row[f'reward/{agent}'], '+.2f')}")
+        parts.append(f"tok/s {_fmt(row.get(Keys.TOKENS_PER_S), '.0f')}")
+        diffs = [v for k, v in row.items() if k.endswith("/logprob_abs_diff")]
+        if diffs:
+            parts.append(f"lp_diff {max(diffs):.1e}")
+        parts.append(f"{row.get(Keys.ELAPSED_S, 0):.0f}s")
+        parts.append(f"eta {duration(eta_seconds(history, self.cfg.run.iterations))}")
+        return "  ".join(parts)
+
+    def _table(self) -> Table:
+        table = Table(title="mas-async training", show_header=False, expand=False)
+        row = self.rows[-1] if self.rows else {}
+        elapsed = time.monotonic() - self.started
+        table.add_row(Keys.ITERATION, f"{row.get('iteration', '-')} / {self.cfg.run.iterations}")
+        eta = eta_seconds(self.rows, self.cfg.run.iterations)
+        table.add_row("elapsed / ETA", f"{duration(elapsed)} / {duration(eta)}")
+        table.add_row("train success (best-of-K)", _fmt(row.get(Keys.TRAIN_SUCCESS), ".2f"))
+        table.add_row("eval success (held out)", _fmt(self.last_eval, ".2f"))
+        for agent in self.cfg.agents:
+            table.add_row(f"reward/{agent}", _fmt(row.get(f"reward/{agent}"), "+.3f"))
+        table.add_row("rollout tokens/s", _fmt(row.get(Keys.TOKENS_PER_S), ".0f"))
+        for policy in self.cfg.policies:
+            diff = row.get(Keys.policy(policy, Keys.LOGPROB_DIFF))
+            mismatch = row.get(Keys.policy(policy, Keys.VERSION_MISMATCH))
+            table.add_row(f"{policy}: logprob diff / mismatch", f"{_fmt(diff, '.1e')} / {_fmt(mismatch, 'd')}")
+        return table
+
+    def finish(self) -> None:
+        self.update()
+        if self.live is not None:
+            self.live.stop()
+            self.live = None

@@ -1,0 +1,162 @@
+"""The env worker: hosts env instances and runs many episodes concurrently as asyncio tasks.
+
+It holds the tokenizers (not the models): prompts are tokenised here with each policy's chat template
+and the token ids are the truth from then on. Every generate request goes through the router to an
+inference server of the agent's policy, with a request id and a deadline. When an episode ends, its
+recorded groups go to the router as one Groups message per policy (routed to that policy's trainer),
+then an EpisodeDone with the episode's summary. An exception in an episode (a bug in a node, an env or
+a workflow) fails that episode only: it is reported in EpisodeDone.error and counted as dropped, and
+the worker lives on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import traceback
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from mas_async.api.registry import ENVS, NODES, WORKFLOWS, resolve
+from mas_async.config import Config
+from mas_async.deployment import Deployment
+from mas_async.rollout.episode import Episode, candidates_per_turn, greedy_decoding
+from mas_async.runtime.actor import Peer
+from mas_async.wire.messages import (
+    EpisodeDone,
+    Generate,
+    GenerateResult,
+    Groups,
+    Message,
+    RunEpisode,
+    completion_from_wire,
+    sample_to_wire,
+)
+
+if TYPE_CHECKING:
+    from mas_async.wire.samples import Completion
+
+log = logging.getLogger("mas_async.rollout.env_worker")
+
+
+class GenerateError(RuntimeError):
+    """An inference server could not serve a request (the reply names why)."""
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def stop_token_ids(tokenizer) -> list[int]:
+    """End-of-turn tokens: eos and, for chat templates of the Qwen family, <|im_end|>."""
+    ids = {tokenizer.eos_token_id}
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
+        ids.add(im_end)
+    return sorted(i for i in ids if i is not None)
+
+
+class EnvWorker(Peer):
+    role = "env_worker"
+
+    def __init__(self, config: Config, deployment: Deployment, index: int) -> None:
+        cluster = config.cluster
+        super().__init__(
+            f"env_worker/{index}",
+            deployment.router_endpoint,
+            capacity=config.rollout.episodes_per_worker,
+            heartbeat_s=cluster.heartbeat_s,
+            peer_timeout_s=cluster.peer_timeout_s,
+            startup_timeout_s=cluster.startup_timeout_s,
+        )
+        self.cfg = config
+        self.env_cls = resolve(config.env.name, ENVS, "env")
+        workflow_cls = resolve(config.workflow.name, WORKFLOWS, "workflow")
+        nodes = {agent: resolve(spec.node, NODES, "node")(agent) for agent, spec in config.agents.items()}
+        self.workflow = workflow_cls(nodes, **config.workflow.options)
+        self.policy_of = config.policy_of()
+        self.tokenizers = {p: load_tokenizer(deployment.model_paths[p]) for p in config.policies}
+        self.stop_ids = {p: stop_token_ids(tok) for p, tok in self.tokenizers.items()}
+        self._ids = itertools.count()
+        self._pending: dict[int, asyncio.Future[list[Completion]]] = {}
+        self._episodes: dict[str, asyncio.Task] = {}
+
+    async def on_message(self, msg: Message) -> None:
+        if isinstance(msg, RunEpisode):
+            task = asyncio.get_running_loop().create_task(self._run_episode(msg), name=msg.episode_id)
+            self._episodes[msg.episode_id] = task
+            task.add_done_callback(lambda _t, e=msg.episode_id: self._episodes.pop(e, None))
+        elif isinstance(msg, GenerateResult):
+            future = self._pending.pop(msg.request_id, None)
+            if future is None or future.done():
+                return  # the request timed out already
+            if msg.error:
+                future.set_exception(GenerateError(msg.error))
+            else:
+                future.set_result([completion_from_wire(c) for c in msg.completions])
+        else:
+            log.warning("unexpected %s", type(msg).__name__)
+
+    async def generate(self, policy: str, prompt_ids: np.ndarray, n: int, greedy: bool) -> list[Completion]:
+        """One request with n samples to an inference server of `policy`, via the router."""
+        rollout = self.cfg.rollout
+        request_id = next(self._ids)
+        future: asyncio.Future[list[Completion]] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        deadline = time.time() + rollout.request_timeout_s
+        self.send(
+            Generate(
+                request_id, policy, self.peer_id, deadline, np.asarray(prompt_ids, dtype=np.int32), n,
+                rollout.max_tokens, rollout.temperature, rollout.top_p, greedy, self.stop_ids[policy],
+            )
+        )  # fmt: skip
+        try:
+            return await asyncio.wait_for(future, rollout.request_timeout_s)
+        except TimeoutError:
+            raise GenerateError(
+                f"generate request {request_id} to policy {policy!r} timed out after {rollout.request_timeout_s}s"
+            ) from None
+        finally:
+            self._pending.pop(request_id, None)
+
+    async def _run_episode(self, msg: RunEpisode) -> None:
+        error, summary, counts = "", {}, {}
+        env = None
+        try:
+            env = self.env_cls()
+            env.reset(seed=msg.seed, options={"problem": msg.problem})
+            episode = Episode(
+                episode_id=msg.episode_id,
+                problem_id=msg.problem_id,
+                env=env,
+                policy_of=self.policy_of,
+                tokenizers=self.tokenizers,
+                generate=self.generate,
+                k=candidates_per_turn(self.cfg, msg.mode),
+                alpha=self.cfg.algorithm.alpha,
+                mode=msg.mode,
+                seed=msg.seed,
+                greedy=greedy_decoding(self.cfg, msg.mode),
+            )
+            await self.workflow.run(episode)
+            summary = episode.finish()
+            by_policy = defaultdict(list)
+            for sample in episode.samples:
+                by_policy[sample.policy].append(sample)
+            for policy, samples in by_policy.items():
+                wire = [sample_to_wire(s) for s in samples]
+                self.send(Groups(policy, msg.iteration, msg.episode_id, msg.attempt, len(samples), wire))
+                counts[policy] = len(samples)
+        except Exception as e:  # a failed episode is reported and counted, never a dead worker
+            error = f"{type(e).__name__}: {e}"
+            log.error("episode %s failed:\n%s", msg.episode_id, traceback.format_exc())
+        finally:
+            if env is not None:
+                env.close()
+        self.send(EpisodeDone(msg.episode_id, msg.iteration, msg.mode, msg.attempt, error, summary, counts))

@@ -1,0 +1,141 @@
+"""The router's book of one iteration's episodes: what is queued, what runs where, what came back.
+
+Each dispatch of an episode is an attempt (`RunEpisode.attempt`, 0, 1, ...). An episode's Groups are
+held until its EpisodeDone of the same attempt arrives and only then forwarded to the trainers, so a
+failed episode, a timed-out one or an abandoned attempt (its worker was declared dead and the episode
+runs again elsewhere) never contributes a sample, and no episode is counted twice. Whatever arrives
+for an attempt that is not the current one is dropped and counted (`late`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from mas_async.metrics import EpisodeStats
+from mas_async.wire.messages import EpisodeDone, RunEpisode
+
+MODES = ("train", "eval")
+
+
+@dataclass
+class EpisodeTask:
+    msg: RunEpisode
+    worker: bytes | None = None
+    deadline: float = 0.0
+    groups: list[tuple[str, int, list]] = field(default_factory=list)
+    """(policy, samples, frames) of each Groups message of the current attempt, held until it is done."""
+
+
+class EpisodeBook:
+    """Queued and in-flight episodes of one iteration and what their results added up to."""
+
+    def __init__(self, iteration: int, version: int, tasks: list[EpisodeTask]) -> None:
+        self.iteration = iteration
+        self.version = version
+        """The weight version every episode of this iteration runs at."""
+        self.queued = list(tasks)
+        self.in_flight: dict[str, EpisodeTask] = {}
+        self.stats = {mode: EpisodeStats() for mode in MODES}
+        self.dropped = dict.fromkeys(MODES, 0)
+        self.eval_solved: dict[str, list[bool]] = {}
+        """test problem -> success of each of its eval.k episodes (for pass@k)."""
+        self.first_error = ""
+        self.late = 0
+        """Groups or EpisodeDone messages of an attempt that is not current (dropped)."""
+        self.done = asyncio.Event()
+
+    def current(self, episode_id: str, iteration: int, attempt: int) -> EpisodeTask | None:
+        task = self.in_flight.get(episode_id)
+        if iteration != self.iteration or task is None or task.msg.attempt != attempt:
+            return None
+        return task
+
+    def hold_groups(self, header: Any, frames: list) -> bool:
+        """Keep a Groups message until its episode is done; False (and counted) if it is late."""
+        task = self.current(header.episode_id, header.iteration, header.attempt)
+        if task is None:
+            self.late += 1
+            return False
+        task.groups.append((header.policy, header.n_samples, frames))
+        return True
+
+    def finish(self, msg: EpisodeDone) -> EpisodeTask | None:
+        """Record an EpisodeDone; returns the finished task (its held groups are to be forwarded when
+        it succeeded), or None when the message is late."""
+        task = self.current(msg.episode_id, msg.iteration, msg.attempt)
+        if task is None:
+            self.late += 1
+            return None
+        del self.in_flight[msg.episode_id]
+        if msg.error:
+            self.dropped[msg.mode] += 1
+            self.first_error = self.first_error or msg.error
+            task.groups.clear()
+        else:
+            self.stats[msg.mode].add(msg.summary)
+            if msg.mode == "eval":
+                self.eval_solved.setdefault(task.msg.problem_id, []).append(bool(msg.summary.get("success")))
+        return task
+
+    def requeue(self, worker: bytes) -> int:
+        """Put every episode that `worker` was running back in the queue as a new attempt."""
+        lost = [eid for eid, task in self.in_flight.items() if task.worker == worker]
+        for episode_id in lost:
+            old = self.in_flight.pop(episode_id).msg
+            msg = RunEpisode(
+                old.episode_id, old.iteration, old.mode, old.attempt + 1, old.problem_id, old.problem, old.seed,
+                old.version,
+            )  # fmt: skip
+            self.queued.append(EpisodeTask(msg))
+        return len(lost)
+
+    def overdue(self, now: float) -> list[EpisodeTask]:
+        return [task for task in self.in_flight.values() if now > task.deadline]
+
+    def check_done(self) -> None:
+        if not self.queued and not self.in_flight:
+            self.done.set()
+
+
+def plan_episodes(
+    config: Any,
+    train_problems: list[dict],
+    test_problems: list[dict],
+    order: list[int],
+    iteration: int,
+    version: int,
+    *,
+    train: bool,
+    evaluate: bool,
+) -> list[EpisodeTask]:
+    """The iteration's episodes: `rollout.batch_size` training problems (each run by
+    `episodes_per_problem` episodes: one under tree sampling, K under parallel sampling) and, when
+    evaluating, `eval.size` test problems with eval.k episodes each."""
+    from mas_async.rollout.episode import episodes_per_problem
+
+    tasks = []
+    if train:
+        size, copies = config.rollout.batch_size, episodes_per_problem(config, "train")
+        for index in range(size):
+            position = order[(iteration * size + index) % len(order)]
+            for copy in range(copies):
+                seed = hash((config.run.seed, iteration, index, copy)) & 0x7FFFFFFF  # ints: not salted
+                suffix = f"-{copy}" if copies > 1 else ""
+                msg = RunEpisode(
+                    f"train{iteration}-{index}{suffix}", iteration, "train", 0, f"train{position}",
+                    train_problems[position], seed, version,
+                )  # fmt: skip
+                tasks.append(EpisodeTask(msg))
+    if evaluate:
+        copies = episodes_per_problem(config, "eval")
+        for index in range(min(config.eval.size, len(test_problems))):
+            for copy in range(copies):
+                suffix = f"-{copy}" if copies > 1 else ""
+                msg = RunEpisode(
+                    f"eval{iteration}-{index}{suffix}", iteration, "eval", 0, f"test{index}",
+                    test_problems[index], index * 1000 + copy, version,
+                )  # fmt: skip
+                tasks.append(EpisodeTask(msg))
+    return tasks

@@ -1,0 +1,353 @@
+"""The router: the hub of the deployment (DESIGN.md sections 3 and 4).
+
+It forwards each Generate to the replica of its policy with the fewest outstanding requests and each
+result back to its origin, dispatches the iteration's episodes to env workers (`EpisodeBook`), holds each
+episode's groups until it is done and then routes them to the trainers of their policies, and runs the
+iteration barrier as the version clock (`VersionClock`) says:
+
+1. dispatch the iteration's episodes at the clock's version v (and, every few iterations, the held-out
+   eval episodes);
+2. forward each finished episode's groups to the trainers, counted per policy and version by the clock;
+3. when the clock says a step is due, send TrainStep(v) to every trainer; trainers step in parallel and
+   broadcast weights v+1; each inference server acknowledges WeightsLoaded(v+1); when the clock says the
+   step is complete it advances, and only then does iteration v+1 start.
+
+On the hot path (Generate, GenerateResult, Groups) only the kind byte and the small header frame are
+decoded, through named header views; payload frames are forwarded untouched. Peer liveness lives in
+`PeerTable`, the metrics row in `report.py`; the router writes RUN_DIR/metrics.jsonl.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from mas_async.api.registry import ENVS, resolve
+from mas_async.checkpoint import checkpoint_due, save_router
+from mas_async.config import Config
+from mas_async.deployment import Deployment
+from mas_async.metrics import MetricsWriter, keep_rows_before
+from mas_async.router.clock import VersionClock
+from mas_async.router.episodes import EpisodeBook, EpisodeTask, plan_episodes
+from mas_async.router.peers import PeerInfo, PeerTable
+from mas_async.router.report import iteration_row
+from mas_async.runtime.actor import Actor, PeerDead, make_socket
+from mas_async.runtime.router_socket import RouterSocket
+from mas_async.wire.codec import CodecError
+from mas_async.wire.messages import (
+    PROTOCOL_VERSION,
+    EpisodeDone,
+    Generate,
+    GenerateResult,
+    Groups,
+    Heartbeat,
+    Hello,
+    Message,
+    Shutdown,
+    Trained,
+    TrainStep,
+    UpdateWeights,
+    WeightsLoaded,
+    Welcome,
+    decode,
+    encode,
+    peek,
+)
+
+log = logging.getLogger("mas_async.router")
+
+
+def expected_peers(config: Config, training: bool) -> set[str]:
+    """Names of every peer of a deployment (their socket identities)."""
+    names = {f"env_worker/{i}" for i in range(config.cluster.env_workers)}
+    for policy, spec in config.policies.items():
+        names |= {f"inference/{policy}/{r}" for r in range(spec.replicas)}
+        if training:
+            names.add(f"trainer/{policy}")
+    return names
+
+
+class Router(Actor):
+    role = "router"
+
+    def __init__(self, config: Config, deployment: Deployment, run_dir: Path) -> None:
+        super().__init__("router")
+        self.cfg = config
+        self.deployment = deployment
+        self.run_dir = run_dir
+        self.policies = list(config.policies)
+        self.table = PeerTable(expected_peers(config, deployment.training))
+        self.all_joined = asyncio.Event()
+        self._pending: dict[tuple[bytes, int], bytes] = {}
+        """(origin, request id) -> the inference replica serving it."""
+        replicas = {name for name in self.table.expected if name.startswith("inference/")}
+        self.clock = VersionClock(self.policies, replicas, deployment.start_version)
+        self.book: EpisodeBook | None = None
+        env_cls = resolve(config.env.name, ENVS, "env")
+        self.train_problems = env_cls.problems("train", config.env.train_size, **config.env.options)
+        self.test_problems = env_cls.problems("test", config.env.test_size, **config.env.options)
+        self._order = list(range(len(self.train_problems)))
+        random.Random(config.run.seed).shuffle(self._order)
+        self.start = deployment.start_version
+        if self.start:
+            keep_rows_before(run_dir / "metrics.jsonl", self.start)
+        self.metrics = MetricsWriter(run_dir / "metrics.jsonl")
+        self.started = time.monotonic()
+        self._step_done = asyncio.Event()
+
+    @property
+    def peers(self) -> dict[bytes, PeerInfo]:
+        return self.table.peers
+
+    # -- sockets -----------------------------------------------------------------------------------
+
+    async def setup(self) -> None:
+        """Socket: ROUTER bound at the deployment's endpoint, driven by `RouterSocket` (plain pyzmq
+        calls woken by the event loop). ROUTER_MANDATORY makes a send to an unknown or vanished
+        identity an error (logged) instead of a silent drop; at the high-water mark sends wait in an
+        outbox rather than drop."""
+        assert self.ctx is not None
+        sock = make_socket(self.ctx, zmq.ROUTER)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.bind(self.deployment.router_endpoint)
+        self.io = RouterSocket(zmq.Socket.shadow(sock.underlying), self._on_frames)
+        self._sock = sock  # owns the socket (closed with the context)
+        self.spawn(self.io.run(), "receive")
+        self.spawn(self._watchdog(), "watchdog")
+        log.info("router bound at %s; waiting for %d peers", self.deployment.router_endpoint, len(self.table.expected))
+
+    def send_to(self, identity: bytes, msg: Message) -> None:
+        self.io.send([identity, *encode(msg)])
+
+    def forward(self, identity: bytes, frames: list) -> None:
+        self.io.send([identity, *frames])
+
+    def _on_frames(self, frames: list) -> None:
+        identity, body = frames[0].bytes, frames[1:]
+        try:
+            cls, header = peek([f.buffer for f in body])
+            if cls is Generate:
+                self._route_generate(identity, header, body)
+            elif cls is GenerateResult:
+                self._route_result(identity, header, body)
+            elif cls is Groups:
+                self._hold_groups(header, body)
+            else:
+                # Liveness: every peer sends a Heartbeat each heartbeat_s, busy or not, so the hot path
+                # above need not stamp its messages.
+                self.table.seen(identity)
+                if cls is not Heartbeat:
+                    self._handle(identity, decode([f.buffer for f in body]))
+        except CodecError as e:
+            self.malformed += 1
+            log.warning("dropped a malformed message from %r (%d so far): %s", identity, self.malformed, e)
+
+    # -- hot path: header-only forwarding ----------------------------------------------------------
+
+    def _route_generate(self, origin: bytes, header: Any, frames: list) -> None:
+        # The header does not carry n: requests are counted, close enough for balancing.
+        chosen = self.table.pick_replica(header.policy)
+        if chosen is None:
+            reply = f"no inference server for policy {header.policy!r}"
+            self.send_to(origin, GenerateResult(header.request_id, origin.decode(), reply, []))
+            return
+        server, info = chosen
+        info.outstanding += 1
+        self._pending[(origin, header.request_id)] = server
+        self.forward(server, frames)
+
+    def _route_result(self, server: bytes, header: Any, frames: list) -> None:
+        origin = header.origin.encode()
+        if self._pending.pop((origin, header.request_id), None) is not None and server in self.peers:
+            self.peers[server].outstanding -= 1
+        self.forward(origin, frames)
+
+    def _hold_groups(self, header: Any, frames: list) -> None:
+        if self.book is None or not self.book.hold_groups(header, frames):
+            # An abandoned attempt, a timed-out episode or an old iteration (counted as late): its
+            # samples must never reach a trainer (counted twice, or from weights that are gone).
+            log.warning("dropped late groups of episode %s (attempt %s)", header.episode_id, header.attempt)
+
+    # -- control messages --------------------------------------------------------------------------
+
+    def _handle(self, identity: bytes, msg: Message) -> None:
+        if isinstance(msg, Hello):
+            self._on_hello(identity, msg)
+        elif isinstance(msg, EpisodeDone):
+            self._on_episode_done(msg)
+        elif isinstance(msg, UpdateWeights):
+            for ident in self.table.of_policy("inference", msg.policy):
+                self.send_to(ident, msg)
+        elif isinstance(msg, Trained):
+            if msg.error:
+                raise RuntimeError(f"trainer of policy {msg.policy!r} failed: {msg.error}")
+            self.clock.trained(msg.policy, msg.version, msg.metrics)
+            self._check_step_done()
+        elif isinstance(msg, WeightsLoaded):
+            if msg.error:
+                raise RuntimeError(f"{msg.replica} failed to load weights v{msg.version}: {msg.error}")
+            self.clock.loaded(msg.replica, msg.version)
+            self._check_step_done()
+        else:
+            self.malformed += 1
+            log.warning("unexpected %s from %r", type(msg).__name__, identity)
+
+    def _on_hello(self, identity: bytes, msg: Hello) -> None:
+        name = identity.decode()
+        if msg.protocol != PROTOCOL_VERSION:
+            raise RuntimeError(f"{name} speaks protocol {msg.protocol}, the router {PROTOCOL_VERSION}")
+        if name not in self.table.expected:
+            log.warning("ignoring Hello from unexpected peer %s", name)
+            return
+        self.table.join(identity, PeerInfo(msg.role, msg.policy, msg.capacity, msg.pid))
+        self.send_to(identity, Welcome(PROTOCOL_VERSION))
+        log.info("%s joined (pid %d); %d/%d peers", name, msg.pid, len(self.peers), len(self.table.expected))
+        if self.table.all_joined():
+            self.all_joined.set()
+
+    def _on_episode_done(self, msg: EpisodeDone) -> None:
+        book = self.book
+        task = book.finish(msg) if book is not None else None
+        if task is None:
+            log.warning("dropped a late result of episode %s (attempt %d)", msg.episode_id, msg.attempt)
+            return
+        assert book is not None
+        if task.worker in self.peers:
+            self.peers[task.worker].outstanding -= 1
+        if msg.error:
+            log.error("episode %s failed: %s", msg.episode_id, msg.error)
+        for policy, samples, frames in task.groups:
+            self.clock.forwarded(policy, book.version, samples)
+            self.forward(f"trainer/{policy}".encode(), frames)
+        self._dispatch()
+
+    def _check_step_done(self) -> None:
+        if self.clock.step_complete():
+            self._step_done.set()
+
+    # -- episodes ----------------------------------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        """Hand queued episodes to the least-loaded live env workers, up to each one's capacity."""
+        book = self.book
+        if book is None or not self.clock.may_dispatch():
+            return
+        now = time.monotonic()
+        while book.queued:
+            workers = self.table.free_workers()
+            if not workers:
+                break
+            _, worker = min(workers)
+            task = book.queued.pop(0)
+            task.worker = worker
+            task.deadline = now + self.cfg.rollout.episode_timeout_s
+            self.peers[worker].outstanding += 1
+            book.in_flight[task.msg.episode_id] = task
+            self.send_to(worker, task.msg)
+        book.check_done()
+
+    def _episodes(self, iteration: int, version: int, train: bool, evaluate: bool) -> list[EpisodeTask]:
+        return plan_episodes(
+            self.cfg, self.train_problems, self.test_problems, self._order, iteration, version,
+            train=train, evaluate=evaluate,
+        )  # fmt: skip
+
+    async def _watchdog(self) -> None:
+        """Declare silent peers dead and drop episodes past their deadline."""
+        while True:
+            await asyncio.sleep(self.cfg.cluster.heartbeat_s)
+            now = time.monotonic()
+            for ident in self.peers:
+                self.send_to(ident, Heartbeat(time.time()))
+            for ident, info in self.table.silent(now, self.cfg.cluster.peer_timeout_s):
+                self._peer_died(ident, info)
+            book = self.book
+            if book is None:
+                continue
+            for task in book.overdue(now):
+                msg = task.msg
+                log.error("episode %s timed out; counted as dropped", msg.episode_id)
+                self._on_episode_done(
+                    EpisodeDone(msg.episode_id, msg.iteration, msg.mode, msg.attempt, "timed out", {}, {})
+                )
+
+    def _peer_died(self, ident: bytes, info: PeerInfo) -> None:
+        self.table.mark_dead(ident)
+        name = ident.decode()
+        if info.role != "env_worker":
+            raise PeerDead(f"{name} (pid {info.pid}) has been silent for over {self.cfg.cluster.peer_timeout_s}s")
+        if self.book is not None:
+            lost = self.book.requeue(ident)
+            log.error("%s is silent; dispatching its %d episodes again as new attempts", name, lost)
+            self._dispatch()
+
+    # -- the iteration barrier ---------------------------------------------------------------------
+
+    async def main(self) -> None:
+        try:
+            await asyncio.wait_for(self.all_joined.wait(), self.cfg.cluster.startup_timeout_s)
+        except TimeoutError:
+            missing = self.table.missing()
+            raise PeerDead(f"peers never joined within {self.cfg.cluster.startup_timeout_s}s: {missing}") from None
+        log.info("all %d peers joined; starting", len(self.table.expected))
+        if self.deployment.training:
+            iterations, every = self.cfg.run.iterations, self.cfg.eval.every
+            for iteration in range(self.start, iterations):
+                evaluate = every > 0 and iteration % every == 0
+                await self._iteration(iteration, evaluate=evaluate, train=True)
+            await self._iteration(iterations, evaluate=every > 0, train=False)
+        else:  # mas-async eval: one evaluation pass of the given weights
+            row = await self._iteration(self.start, evaluate=True, train=False)
+            (self.run_dir / "eval.json").write_text(json.dumps(row, indent=2))
+        for ident in self.peers:
+            self.send_to(ident, Shutdown("run finished", False))
+        await asyncio.sleep(0.5)  # let the Shutdown messages leave (and any still in the outbox)
+
+    async def rollout(self, iteration: int, *, train: bool, evaluate: bool) -> EpisodeBook:
+        """Run the iteration's episodes at the clock's version until every one is in (or dropped)."""
+        version = self.clock.version
+        book = self.book = EpisodeBook(iteration, version, self._episodes(iteration, version, train, evaluate))
+        self._dispatch()
+        await book.done.wait()
+        return book
+
+    async def step(self, iteration: int) -> dict[str, dict[str, Any]]:
+        """The barrier's step: TrainStep(v) to every trainer, then wait until every trainer stepped and
+        every replica loaded v+1; returns each trainer's metrics."""
+        version = self.clock.begin_step()
+        self._step_done.clear()
+        for policy in self.policies:
+            expected = self.clock.expected_samples(policy, version)
+            self.send_to(f"trainer/{policy}".encode(), TrainStep(policy, iteration, version, expected))
+        await self._step_done.wait()
+        return self.clock.advance()
+
+    async def _iteration(self, iteration: int, *, evaluate: bool, train: bool) -> dict[str, Any]:
+        t0 = time.monotonic()
+        book = await self.rollout(iteration, train=train, evaluate=evaluate)
+        rollout_s = time.monotonic() - t0
+        if train and book.stats["train"].episodes == 0:
+            raise RuntimeError(f"iteration {iteration}: every training episode failed; first error: {book.first_error}")
+        step_s, trained = 0.0, {}
+        if train:
+            t1 = time.monotonic()
+            trained = await self.step(iteration)
+            step_s = time.monotonic() - t1
+            if checkpoint_due(self.cfg, self.clock.version):
+                save_router(self.run_dir, self.clock.version, {"iteration": iteration + 1})
+        row = iteration_row(
+            book, eval_k=self.cfg.eval.k, train=train, trained=trained, version=book.version, rollout_s=rollout_s,
+            step_s=step_s, malformed=self.malformed, elapsed_s=time.monotonic() - self.started,
+        )  # fmt: skip
+        self.metrics.write(row)
+        return row
+
+    async def cleanup(self) -> None:
+        self.metrics.close()

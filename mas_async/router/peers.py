@@ -1,0 +1,82 @@
+"""The router's table of peers: who joined, who is alive, and which inference replica serves next.
+
+Every peer says Hello once (a repeated Hello replaces its entry) and sends a Heartbeat every
+`heartbeat_s`; `silent(now, timeout)` names the peers that stopped. Replicas are kept per policy so the
+hot path picks the live replica with the fewest outstanding requests without scanning every peer.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class PeerInfo:
+    role: str
+    policy: str
+    capacity: int
+    pid: int
+    last_seen: float = field(default_factory=time.monotonic)
+    outstanding: int = 0
+    """Inference: requests in flight. Env worker: episodes in flight."""
+    alive: bool = True
+
+
+class PeerTable:
+    """Peers by socket identity, with the live replicas of each policy."""
+
+    def __init__(self, expected: set[str]) -> None:
+        self.expected = expected
+        """Names ("router"-side identities) of every peer the deployment must have."""
+        self.peers: dict[bytes, PeerInfo] = {}
+        self._replicas: dict[str, list[tuple[bytes, PeerInfo]]] = {}
+
+    def join(self, identity: bytes, info: PeerInfo) -> None:
+        self.peers[identity] = info
+        if info.role == "inference":  # a repeated Hello replaces the replica's entry
+            replicas = [r for r in self._replicas.get(info.policy, []) if r[0] != identity]
+            self._replicas[info.policy] = [*replicas, (identity, info)]
+
+    def all_joined(self) -> bool:
+        return {p.decode() for p in self.peers} == self.expected
+
+    def missing(self) -> list[str]:
+        return sorted(self.expected - {p.decode() for p in self.peers})
+
+    def seen(self, identity: bytes) -> None:
+        peer = self.peers.get(identity)
+        if peer is not None:
+            peer.last_seen = time.monotonic()
+
+    def pick_replica(self, policy: str) -> tuple[bytes, PeerInfo] | None:
+        """The live replica of `policy` with the fewest outstanding requests (None if it has none)."""
+        replicas = self._replicas.get(policy)
+        if not replicas:
+            return None
+        best = replicas[0]
+        for candidate in replicas:
+            if candidate[1].outstanding < best[1].outstanding:
+                best = candidate
+        return best
+
+    def free_workers(self) -> list[tuple[int, bytes]]:
+        """(episodes in flight, identity) of every live env worker with room for another episode."""
+        return [
+            (info.outstanding, ident)
+            for ident, info in self.peers.items()
+            if info.role == "env_worker" and info.alive and info.outstanding < info.capacity
+        ]
+
+    def silent(self, now: float, timeout_s: float) -> list[tuple[bytes, PeerInfo]]:
+        return [(i, p) for i, p in self.peers.items() if p.alive and now - p.last_seen > timeout_s]
+
+    def mark_dead(self, identity: bytes) -> PeerInfo:
+        info = self.peers[identity]
+        info.alive = False
+        if info.role == "inference":
+            self._replicas[info.policy] = [r for r in self._replicas[info.policy] if r[0] != identity]
+        return info
+
+    def of_policy(self, role: str, policy: str) -> list[bytes]:
+        return [i for i, p in self.peers.items() if p.role == role and p.policy == policy]

@@ -1,0 +1,69 @@
+"""One metrics row per iteration, built by the router from its episode book and the trainers' metrics.
+
+Key names are those of `mas_async.metrics.Keys`. Success rates count every episode that was dispatched:
+a failed or timed-out episode is a failure, never left out of the denominator (`*/dropped` says how
+many there were).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mas_async.metrics import Keys
+from mas_async.router.episodes import EpisodeBook
+
+
+def iteration_row(
+    book: EpisodeBook,
+    *,
+    eval_k: int,
+    train: bool,
+    trained: dict[str, dict[str, Any]],
+    version: int,
+    rollout_s: float,
+    step_s: float,
+    malformed: int,
+    elapsed_s: float,
+) -> dict[str, Any]:
+    row: dict[str, Any] = {Keys.ITERATION: book.iteration}
+    train_stats, eval_stats = book.stats["train"], book.stats["eval"]
+    if train:
+        means = train_stats.means()
+        ran = train_stats.episodes + book.dropped["train"]
+        row[Keys.TRAIN_SUCCESS] = train_stats.sums.get("success", 0.0) / max(1, ran)
+        for key, value in means.items():
+            if key.startswith("reward/"):
+                row[key] = value
+        row[Keys.TRAIN_EPISODES] = train_stats.episodes
+        row[Keys.TRAIN_DROPPED] = book.dropped["train"]
+        row[Keys.TRAIN_TURNS] = means.get("turns", 0.0)
+    if eval_stats.episodes or book.dropped["eval"]:
+        means = eval_stats.means()
+        ran = eval_stats.episodes + book.dropped["eval"]
+        success = eval_stats.sums.get("success", 0.0) / max(1, ran)
+        row[Keys.EVAL_SUCCESS] = success
+        row[f"eval/avg@{eval_k}"] = success
+        solved = book.eval_solved.values()
+        problems = max(1, ran // max(1, eval_k))
+        row[f"eval/pass@{eval_k}"] = sum(any(s) for s in solved) / problems
+        for key, value in means.items():
+            if key.startswith("reward/"):
+                row[f"eval/{key}"] = value
+        row[Keys.EVAL_EPISODES] = eval_stats.episodes
+        row[Keys.EVAL_DROPPED] = book.dropped["eval"]
+    tokens = train_stats.tokens + eval_stats.tokens
+    row[Keys.TOKENS_PER_S] = tokens / rollout_s if rollout_s > 0 else 0.0
+    row[Keys.ROLLOUT_S] = rollout_s
+    if train:
+        row[Keys.TRAIN_S] = max(m.get(Keys.TRAIN_S, 0.0) for m in trained.values())
+        row[Keys.WEIGHT_SYNC_S] = max(m.get(Keys.WEIGHT_SYNC_S, 0.0) for m in trained.values())
+        row[Keys.STEP_S] = step_s
+        for policy, metrics in trained.items():
+            row[Keys.policy(policy, "version")] = version
+            for key, value in metrics.items():
+                if not key.startswith("time/"):
+                    row[Keys.policy(policy, key)] = value
+    row[Keys.LATE_GROUPS] = book.late
+    row[Keys.MALFORMED] = malformed
+    row[Keys.ELAPSED_S] = elapsed_s
+    return row

@@ -1,0 +1,236 @@
+"""The actor runtime: one asyncio (uvloop) event loop per process, pyzmq asyncio sockets, supervised tasks.
+
+`Actor` is the base of every process role. It owns the ZMQ context and the tasks of the process; if
+any task raises, the others are cancelled and the error propagates to the process entry point (a dead
+peer or a failed handler is a named error, never a hang). Teardown closes every socket and terminates
+the context with a hard timeout before the process exits: zero-copy sends crash a process that exits
+with a live context.
+
+`Peer` is an actor with one DEALER socket connected to the router. Its life: connect, send Hello (role,
+id, policy, capacity, protocol version), wait for Welcome, then run its work while a heartbeat task
+sends a Heartbeat every `heartbeat_s` and declares the router dead after `peer_timeout_s` of silence.
+Socket IO lives in its own tasks: the receive task decodes and dispatches, the send task drains a queue,
+so handlers never await a socket. Blocking calls (torch compute, torch.distributed collectives) go to
+threads with `asyncio.to_thread`; the loop keeps serving heartbeats meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Coroutine
+from typing import Any
+
+import uvloop
+import zmq
+import zmq.asyncio
+
+from mas_async.wire.codec import MAX_FRAME_BYTES, CodecError
+from mas_async.wire.messages import (
+    PROTOCOL_VERSION,
+    Heartbeat,
+    Hello,
+    Message,
+    Shutdown,
+    Welcome,
+    decode,
+    encode,
+)
+
+log = logging.getLogger("mas_async")
+
+
+class PeerDead(RuntimeError):
+    """A peer (or the router) stayed silent past the timeout."""
+
+
+class Actor:
+    """Base of every process: owns the event loop's tasks, the ZMQ context and the shutdown path."""
+
+    role: str = "actor"
+
+    def __init__(self, peer_id: str) -> None:
+        self.peer_id = peer_id
+        self.ctx: zmq.asyncio.Context | None = None
+        self.stopping = asyncio.Event()
+        self.malformed = 0
+        """Messages dropped because they could not be decoded (a logged counter, never a crash)."""
+        self._tasks: list[asyncio.Task] = []
+        self._parent_pid = os.getppid()
+
+    # -- to implement ------------------------------------------------------------------------------
+
+    async def setup(self) -> None:
+        """Create sockets and connect; runs before any task starts."""
+
+    async def main(self) -> None:
+        """The actor's work; the process stops when it returns."""
+        await self.stopping.wait()
+
+    async def cleanup(self) -> None:
+        """Release resources other than sockets (those close with the context)."""
+
+    # -- runtime -----------------------------------------------------------------------------------
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task:
+        """Start a supervised task: if it raises, the whole actor stops with that error."""
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.append(task)
+        return task
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    async def _watch_parent(self) -> None:
+        # If the launcher dies (even by SIGKILL) our parent changes: never outlive the deployment.
+        while True:
+            await asyncio.sleep(1.0)
+            if os.getppid() != self._parent_pid:
+                log.warning("parent process %d is gone; shutting down", self._parent_pid)
+                self.stop()
+                return
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop)
+        self.ctx = zmq.asyncio.Context()
+        try:
+            await self.setup()
+            self.spawn(self._watch_parent(), "watch-parent")
+            main = self.spawn(self.main(), "main")
+            stop = loop.create_task(self.stopping.wait())
+            while True:
+                done, _ = await asyncio.wait([*self._tasks, stop], return_when=asyncio.FIRST_COMPLETED)
+                failed = [t for t in done if t is not stop and not t.cancelled() and t.exception()]
+                if failed:
+                    raise failed[0].exception()  # type: ignore[misc]
+                if main in done or stop in done:
+                    break
+                self._tasks = [t for t in self._tasks if not t.done()]
+            stop.cancel()
+        finally:
+            await self._teardown()
+
+    async def _teardown(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.gather(*self._tasks, return_exceptions=True), timeout=5.0)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.cleanup(), timeout=10.0)
+        if self.ctx is not None:
+            # linger bounds how long unsent messages may delay exit; term() must run before exit.
+            self.ctx.destroy(linger=500)
+
+    def run(self) -> None:
+        """Process entry: run the actor to completion on uvloop."""
+        uvloop.run(self._run())
+
+
+def make_socket(ctx: zmq.asyncio.Context, kind: int, identity: str | None = None) -> zmq.asyncio.Socket:
+    """A socket with the project's common options: frames above MAX_FRAME_BYTES are refused by ZMQ
+    itself, high-water marks are generous (10k messages: the barrier bounds what is in flight, so a
+    full queue means a stuck peer and blocks the sender rather than dropping), and linger is short."""
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+    sock.setsockopt(zmq.SNDHWM, 10_000)
+    sock.setsockopt(zmq.RCVHWM, 10_000)
+    sock.setsockopt(zmq.LINGER, 500)
+    if identity is not None:
+        sock.setsockopt(zmq.IDENTITY, identity.encode())
+    return sock
+
+
+class Peer(Actor):
+    """An actor connected to the router by one DEALER socket (env worker, inference server, trainer).
+
+    Socket: DEALER, identity = peer_id, connected to the router's ROUTER socket. Messages to the router
+    are never dropped by ZMQ (DEALER blocks at the high-water mark). The ready barrier against slow
+    joiners is the Hello/Welcome exchange: nothing but Hello is sent before Welcome arrives.
+    """
+
+    def __init__(
+        self,
+        peer_id: str,
+        router_endpoint: str,
+        *,
+        policy: str = "",
+        capacity: int = 0,
+        heartbeat_s: float = 1.0,
+        peer_timeout_s: float = 30.0,
+        startup_timeout_s: float = 300.0,
+    ) -> None:
+        super().__init__(peer_id)
+        self.router_endpoint = router_endpoint
+        self.policy = policy
+        self.capacity = capacity
+        self.heartbeat_s = heartbeat_s
+        self.peer_timeout_s = peer_timeout_s
+        self.startup_timeout_s = startup_timeout_s
+        self._outbox: asyncio.Queue[list[bytes]] = asyncio.Queue()
+        self._router_seen = time.monotonic()
+        self.sock: zmq.asyncio.Socket | None = None
+
+    async def setup(self) -> None:
+        assert self.ctx is not None
+        self.sock = make_socket(self.ctx, zmq.DEALER, self.peer_id)
+        self.sock.connect(self.router_endpoint)
+        await self.sock.send_multipart(
+            encode(Hello(self.role, self.peer_id, self.policy, self.capacity, PROTOCOL_VERSION, os.getpid()))
+        )
+        if not await self.sock.poll(timeout=self.startup_timeout_s * 1000):
+            raise PeerDead(f"no Welcome from the router at {self.router_endpoint} in {self.startup_timeout_s}s")
+        reply = decode(await self.sock.recv_multipart())
+        if not isinstance(reply, Welcome):
+            raise RuntimeError(f"expected Welcome from the router, got {type(reply).__name__}")
+        self._router_seen = time.monotonic()
+        self.spawn(self._receive_loop(), "receive")
+        self.spawn(self._send_loop(), "send")
+        self.spawn(self._heartbeat_loop(), "heartbeat")
+        log.info("connected to router at %s", self.router_endpoint)
+
+    def send(self, msg: Message) -> None:
+        """Queue a message for the router (never blocks the caller)."""
+        self._outbox.put_nowait(encode(msg))
+
+    async def _send_loop(self) -> None:
+        assert self.sock is not None
+        while True:
+            frames = await self._outbox.get()
+            await self.sock.send_multipart(frames, copy=False)
+
+    async def _receive_loop(self) -> None:
+        assert self.sock is not None
+        while True:
+            frames = await self.sock.recv_multipart(copy=False)
+            self._router_seen = time.monotonic()
+            try:
+                msg = decode([f.buffer for f in frames])
+            except CodecError as e:
+                self.malformed += 1
+                log.warning("dropped a malformed message (%d so far): %s", self.malformed, e)
+                continue
+            if isinstance(msg, Heartbeat):
+                continue
+            if isinstance(msg, Shutdown):
+                log.info("shutdown requested by the router: %s", msg.reason)
+                self.stop()
+                continue
+            await self.on_message(msg)
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            self.send(Heartbeat(time.time()))
+            await asyncio.sleep(self.heartbeat_s)
+            silent = time.monotonic() - self._router_seen
+            if silent > self.peer_timeout_s:
+                raise PeerDead(f"the router has been silent for {silent:.0f}s")
+
+    async def on_message(self, msg: Message) -> None:
+        """Handle one decoded message from the router; must not block (spawn tasks for long work)."""
+        raise NotImplementedError(f"{type(self).__name__} does not handle {type(msg).__name__}")

@@ -1,1 +1,0 @@
-"""The trainer side of mas-async: advantages, the PPO/GRPO loss and the per-policy trainer process."""

@@ -1,0 +1,81 @@
+"""Flat parameter buffers and parameter adoption: the zero-copy path of the weight sync.
+
+Sender side (the trainer): `flatten_parameters` makes every parameter of a model a view into one
+contiguous buffer per (device, dtype), in `named_parameters()` order, which is the order in which
+`WeightSender` packs its buckets. A bucket is then one region of that buffer, and the sender
+broadcasts the region itself instead of first copying the tensors into a bucket buffer.
+
+Receiver side (an inference engine): `adopt_parameters` points each parameter at a received tensor
+(a view of the receiver's bucket buffers) instead of copying it in. `ThreadedBackend` receives each
+version into the one of two buffer sets the model is not using, so the next broadcast never writes
+into the weights being served and a failed broadcast leaves them untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from mas_async.weights.group import dtype_name
+
+
+def flatten_parameters(named_parameters: Iterable[tuple[str, nn.Parameter]]) -> list[torch.Tensor]:
+    """Move the parameters into one contiguous buffer per (device, dtype), in the given order, and make
+    each parameter a view of its buffer (values unchanged). Returns the buffers.
+
+    The parameter objects stay the same (an optimiser's state stays valid); tied parameters move once.
+    """
+    params: list[nn.Parameter] = []
+    seen: set[int] = set()
+    for _name, p in named_parameters:
+        if id(p) not in seen:
+            seen.add(id(p))
+            params.append(p)
+    groups: dict[tuple[torch.device, torch.dtype], list[nn.Parameter]] = {}
+    for p in params:
+        groups.setdefault((p.device, p.dtype), []).append(p)
+    buffers = []
+    for (device, dtype), members in groups.items():
+        flat = torch.empty(sum(p.numel() for p in members), dtype=dtype, device=device)
+        offset = 0
+        with torch.no_grad():
+            for p in members:
+                view = flat[offset : offset + p.numel()].view(p.shape)
+                view.copy_(p.data)
+                p.data = view
+                offset += p.numel()
+        buffers.append(flat)
+    return buffers
+
+
+def check_named_tensors(params: dict[str, nn.Parameter], named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+    """Raise a ValueError naming the first parameter that is unknown, repeated, missing, or of another
+    shape or dtype. Nothing is touched before this passes."""
+    seen: set[str] = set()
+    for name, tensor in named_tensors:
+        if name not in params:
+            raise ValueError(f"load_weights: unknown parameter {name!r}")
+        if name in seen:
+            raise ValueError(f"load_weights: parameter {name!r} given twice")
+        seen.add(name)
+        expected = params[name]
+        if tuple(tensor.shape) != tuple(expected.shape) or tensor.dtype != expected.dtype:
+            raise ValueError(
+                f"load_weights: parameter {name!r} is {dtype_name(tensor.dtype)}{list(tensor.shape)}, "
+                f"the model has {dtype_name(expected.dtype)}{list(expected.shape)}"
+            )
+    missing = [name for name in params if name not in seen]
+    if missing:
+        raise ValueError(f"load_weights: {len(missing)} parameters missing, first {missing[0]!r}")
+
+
+def adopt_parameters(params: dict[str, nn.Parameter], named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+    """Make each parameter a view of its received tensor (no copy), after checking every name, shape
+    and dtype. A tensor on another device than its parameter is copied over instead."""
+    check_named_tensors(params, named_tensors)
+    with torch.no_grad():
+        for name, tensor in named_tensors:
+            param = params[name]
+            param.data = tensor if tensor.device == param.device else tensor.to(param.device)

@@ -1,0 +1,156 @@
+"""A policy's weight-broadcast group: rank 0 is the trainer's rank 0, ranks 1..R its inference servers.
+
+The group is built without `init_process_group`: rank 0 hosts a TCPStore on (host, port), every rank
+wraps it in `PrefixStore("weights/<policy>")` and constructs a ProcessGroupGloo (CPU) or
+ProcessGroupNCCL (GPU) object directly. Inside a vLLM worker vLLM owns the default process group, so
+this is the only way the same code can run there too. `WeightGroupSpec.of(config, deployment, policy)`
+computes every rank's arguments once, from the deployment. The wire protocol of one send is described in
+`mas_async.weights.sender`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from mas_async.config import Config
+    from mas_async.deployment import Deployment
+
+WEIGHT_BACKENDS = ("gloo", "nccl")
+_LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+class ManifestMismatch(ValueError):
+    """The received weights do not have the names, shapes or dtypes the receiver expects."""
+
+
+@dataclass
+class WeightGroup:
+    """One rank's handle on a policy's weight-broadcast group. Rank 0 (the trainer) also holds the
+    TCPStore server, which must stay alive as long as the group is used."""
+
+    policy: str
+    backend: str
+    rank: int
+    world_size: int
+    device: torch.device
+    pg: dist.ProcessGroup
+    store: dist.Store
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        """Broadcast `tensor` in place from rank 0 and wait for it."""
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        self.pg.broadcast([tensor], opts).wait()
+
+    def close(self) -> None:
+        """Release the communicator (the store server stops when the object is collected)."""
+        shutdown = getattr(self.pg, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+
+
+def open_weight_group(
+    *,
+    policy: str,
+    backend: str,
+    host: str,
+    port: int,
+    rank: int,
+    world_size: int,
+    timeout_s: float = 300,
+) -> WeightGroup:
+    """Join the weight group of `policy`; blocks until all `world_size` ranks have joined.
+
+    Rank 0 listens on (host, port); the others connect to it, retrying until `timeout_s`.
+    """
+    if backend not in WEIGHT_BACKENDS:
+        raise ValueError(f"unknown weight-sync backend {backend!r}; known: {list(WEIGHT_BACKENDS)}")
+    if world_size < 2 or not 0 <= rank < world_size:
+        raise ValueError(f"need world_size >= 2 and 0 <= rank < world_size, got rank {rank} of {world_size}")
+    timeout = timedelta(seconds=timeout_s)
+    tcp_store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout, wait_for_workers=False)
+    store = dist.PrefixStore(f"weights/{policy}", tcp_store)
+    if backend == "gloo":
+        options = dist.ProcessGroupGloo._Options()
+        options._timeout = timeout
+        # On one machine, pin gloo to loopback rather than whatever the hostname resolves to.
+        if host in _LOOPBACK_HOSTS:
+            options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+        else:
+            options._devices = [dist.ProcessGroupGloo.create_default_device()]
+        pg = dist.ProcessGroupGloo(store, rank, world_size, options)
+        device = torch.device("cpu")
+    else:
+        if not dist.is_nccl_available():
+            raise ValueError("weight-sync backend 'nccl' needs a torch build with NCCL (use 'gloo' on CPU)")
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        pg = dist.ProcessGroupNCCL(store, rank, world_size, options)
+        device = torch.device("cuda", torch.cuda.current_device())
+    # Keep the TCPStore (rank 0 hosts its server) alive alongside the group.
+    return WeightGroup(policy, backend, rank, world_size, device, pg, tcp_store)
+
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+"""The weight dtypes a policy may be configured with (`policies.<p>.dtype`)."""
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a configured dtype name; a ValueError names the known ones."""
+    if name not in TORCH_DTYPES:
+        raise ValueError(f"unknown weights dtype {name!r}; known: {sorted(TORCH_DTYPES)}")
+    return TORCH_DTYPES[name]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The manifest spelling of a dtype: "float32", "bfloat16", ..."""
+    return str(dtype).removeprefix("torch.")
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ManifestMismatch(f"unknown dtype {name!r} in the weight manifest")
+    return dtype
+
+
+@dataclass(frozen=True)
+class WeightGroupSpec:
+    """Where and how big a policy's weight group is: the same for the trainer and every replica."""
+
+    policy: str
+    backend: str
+    """torch.distributed backend: gloo (CPU) or nccl (GPU)."""
+    host: str
+    port: int
+    world_size: int
+    """1 trainer rank + the policy's inference replicas."""
+
+    @classmethod
+    def of(cls, config: Config, deployment: Deployment, policy: str) -> WeightGroupSpec:
+        from mas_async.deployment import weight_backend
+
+        return cls(
+            policy=policy,
+            backend=weight_backend(config),
+            host=deployment.host,
+            port=deployment.weight_ports[policy],
+            world_size=1 + config.policies[policy].replicas,
+        )
+
+    def join_args(self, rank: int) -> dict[str, Any]:
+        """Keyword arguments of `open_weight_group` (and of a backend's `join_weight_group`) for `rank`."""
+        return {
+            "policy": self.policy, "backend": self.backend, "host": self.host, "port": self.port,
+            "rank": rank, "world_size": self.world_size,
+        }  # fmt: skip
+
+    def open(self, rank: int) -> WeightGroup:
+        """Join the group as `rank` (blocking until every rank has joined)."""
+        return open_weight_group(**self.join_args(rank))

@@ -1,0 +1,327 @@
+"""Every wire message of mas-async, in one module.
+
+Each message is a small dataclass whose first `HEADER` fields form the header frame and the rest the
+payload frame: `[kind (1 byte)] [header (msgpack list)] [payload (msgpack list)]`. The router dispatches
+on the kind byte and reads only the header, through a named view (`peek` returns e.g.
+`GroupsHeader(policy, iteration, episode_id, attempt, n_samples)`), never by position; payloads (token
+ids, samples) are forwarded as opaque bytes.
+Kinds are small ints, fields are only ever appended (a peer with another `PROTOCOL_VERSION` is refused
+at Hello). Arrays are numpy arrays packed as binary ext values by `codec`.
+
+Shapes: P = prompt tokens, T = completion tokens.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import typing
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any, ClassVar
+
+import numpy as np
+
+from mas_async.wire.codec import MAX_HEADER_BYTES, CodecError, pack, unpack
+from mas_async.wire.samples import Completion, Sample
+
+PROTOCOL_VERSION = 2
+
+
+class Kind(IntEnum):
+    HELLO = 1
+    WELCOME = 2
+    HEARTBEAT = 3
+    SHUTDOWN = 4
+    RUN_EPISODE = 10
+    EPISODE_DONE = 11
+    GROUPS = 12
+    GENERATE = 20
+    GENERATE_RESULT = 21
+    TRAIN_STEP = 30
+    TRAINED = 31
+    UPDATE_WEIGHTS = 32
+    WEIGHTS_LOADED = 33
+
+
+@dataclass(slots=True)
+class Message:
+    KIND: ClassVar[Kind]
+    HEADER: ClassVar[int]
+    """Number of leading fields that form the header frame."""
+
+
+# ---- control ------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Hello(Message):
+    """peer -> router, first message of every peer: who it is and what it can take."""
+
+    KIND = Kind.HELLO
+    HEADER = 6
+    role: str  # "env_worker" | "inference" | "trainer"
+    peer_id: str  # the socket identity, e.g. "inference/vertical/0"
+    policy: str  # "" for roles that serve no single policy
+    capacity: int  # concurrent episodes (env worker) or sequences per batch (inference)
+    protocol: int
+    pid: int
+
+
+@dataclass(slots=True)
+class Welcome(Message):
+    """router -> peer: the Hello was accepted."""
+
+    KIND = Kind.WELCOME
+    HEADER = 1
+    protocol: int
+
+
+@dataclass(slots=True)
+class Heartbeat(Message):
+    """peer <-> router, every cluster.heartbeat_s; silence past peer_timeout_s means death."""
+
+    KIND = Kind.HEARTBEAT
+    HEADER = 1
+    sent_at: float
+
+
+@dataclass(slots=True)
+class Shutdown(Message):
+    """router -> peers: stop now (run finished, or failed with `reason`)."""
+
+    KIND = Kind.SHUTDOWN
+    HEADER = 2
+    reason: str
+    failed: bool
+
+
+# ---- rollout ------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class RunEpisode(Message):
+    """router -> env worker: run one episode of `problem` at weight version `version`."""
+
+    KIND = Kind.RUN_EPISODE
+    HEADER = 4
+    episode_id: str  # unique per (iteration, problem): "<mode><iteration>-<index>"
+    iteration: int
+    mode: str  # "train" (tree sampling, samples recorded) | "eval" (one greedy sample, none recorded)
+    attempt: int  # 0, then 1, 2, ... when the episode is dispatched again (its worker was lost)
+    problem_id: str
+    problem: dict
+    seed: int
+    version: int
+
+
+@dataclass(slots=True)
+class EpisodeDone(Message):
+    """env worker -> router: an episode ended (its Groups were sent before this message)."""
+
+    KIND = Kind.EPISODE_DONE
+    HEADER = 5
+    episode_id: str
+    iteration: int
+    mode: str
+    attempt: int  # the RunEpisode's; a result of an abandoned attempt is dropped and counted
+    error: str  # "" when the episode ran; else why it failed (it is counted as dropped)
+    summary: dict  # success, reward/<agent>, turns, tokens
+    samples: dict  # policy -> number of samples sent in Groups for this episode
+
+
+@dataclass(slots=True)
+class Groups(Message):
+    """env worker -> router -> trainer of `policy`: the recorded groups of one episode. The router holds
+    them until the episode's EpisodeDone (same attempt) arrives, then forwards them; groups of a failed
+    or abandoned attempt never reach a trainer."""
+
+    KIND = Kind.GROUPS
+    HEADER = 5
+    policy: str
+    iteration: int
+    episode_id: str
+    attempt: int
+    n_samples: int
+    samples: list  # [sample_to_wire(s), ...]
+
+
+@dataclass(slots=True)
+class Generate(Message):
+    """env worker -> router -> an inference server of `policy`: sample n completions of a prompt."""
+
+    KIND = Kind.GENERATE
+    HEADER = 4
+    request_id: int  # unique per origin
+    policy: str
+    origin: str  # identity of the requesting env worker; the reply is routed back to it
+    deadline: float  # unix time after which the result is useless
+    prompt_ids: np.ndarray  # int32[P]
+    n: int
+    max_tokens: int
+    temperature: float
+    top_p: float
+    greedy: bool
+    stop_token_ids: list
+
+
+@dataclass(slots=True)
+class GenerateResult(Message):
+    """inference server -> router -> env worker `origin`: the n completions of request `request_id`."""
+
+    KIND = Kind.GENERATE_RESULT
+    HEADER = 3
+    request_id: int
+    origin: str
+    error: str  # "" on success
+    completions: list  # [completion_to_wire(c), ...] (n entries)
+
+
+# ---- training and weight sync -------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class TrainStep(Message):
+    """router -> trainer: every episode of `iteration` is in; step from `version` to `version + 1`."""
+
+    KIND = Kind.TRAIN_STEP
+    HEADER = 4
+    policy: str
+    iteration: int
+    version: int
+    expected_samples: int  # samples the router forwarded; the trainer checks it got exactly these
+
+
+@dataclass(slots=True)
+class Trained(Message):
+    """trainer -> router: the step is done and weights `version` were broadcast."""
+
+    KIND = Kind.TRAINED
+    HEADER = 3
+    policy: str
+    version: int
+    error: str
+    metrics: dict  # version_mismatch, logprob_abs_diff, loss, ..., time/train_s, time/weight_sync_s
+
+
+@dataclass(slots=True)
+class UpdateWeights(Message):
+    """trainer -> router -> every inference server of `policy`: join the broadcast of `version` now."""
+
+    KIND = Kind.UPDATE_WEIGHTS
+    HEADER = 2
+    policy: str
+    version: int
+
+
+@dataclass(slots=True)
+class WeightsLoaded(Message):
+    """inference server -> router: weights `version` are loaded (or `error` says why not)."""
+
+    KIND = Kind.WEIGHTS_LOADED
+    HEADER = 4
+    policy: str
+    version: int
+    replica: str
+    error: str
+
+
+MESSAGES: dict[int, type[Message]] = {
+    cls.KIND: cls
+    for cls in (
+        Hello, Welcome, Heartbeat, Shutdown, RunEpisode, EpisodeDone, Groups,
+        Generate, GenerateResult, TrainStep, Trained, UpdateWeights, WeightsLoaded,
+    )
+}  # fmt: skip
+
+
+# ---- encoding -----------------------------------------------------------------------------------
+
+HEADERS: dict[int, type[tuple]] = {
+    kind: collections.namedtuple(f"{cls.__name__}Header", [f.name for f in dataclasses.fields(cls)[: cls.HEADER]])
+    for kind, cls in MESSAGES.items()
+}
+"""kind -> named view of its header fields (what `peek` returns)."""
+
+_SIMPLE_TYPES = {"str": str, "int": int, "float": (int, float), "bool": bool, "dict": dict, "list": list}
+
+
+@typing.no_type_check
+def _field_checks(cls: type[Message]) -> list[tuple[str, tuple[type, ...] | type]]:
+    checks = []
+    for f in dataclasses.fields(cls):
+        if f.type == "np.ndarray":
+            checks.append((f.name, np.ndarray))
+        else:
+            checks.append((f.name, _SIMPLE_TYPES[f.type]))
+    return checks
+
+
+_CHECKS = {kind: _field_checks(cls) for kind, cls in MESSAGES.items()}
+
+
+def encode(msg: Message) -> list[bytes]:
+    """Message -> frames [kind, header, payload]."""
+    values = [getattr(msg, f.name) for f in dataclasses.fields(msg)]
+    return [bytes([msg.KIND]), pack(values[: msg.HEADER]), pack(values[msg.HEADER :])]
+
+
+def peek(frames: list) -> tuple[type[Message], Any]:
+    """Read the kind and header only (the router's hot path): the message class and a named view of
+    its header fields; raises CodecError if malformed."""
+    if len(frames) != 3:
+        raise CodecError(f"a message has 3 frames, got {len(frames)}")
+    kind = bytes(frames[0])
+    if len(kind) != 1 or kind[0] not in MESSAGES:
+        raise CodecError(f"unknown message kind {kind!r}")
+    cls = MESSAGES[kind[0]]
+    header = unpack(frames[1], MAX_HEADER_BYTES)
+    if not isinstance(header, list) or len(header) != cls.HEADER:
+        raise CodecError(f"{cls.__name__}: header must be a list of {cls.HEADER} values")
+    return cls, HEADERS[cls.KIND](*header)
+
+
+def decode(frames: list) -> Message:
+    """Frames -> a typed message; raises CodecError on anything malformed (never crashes the caller)."""
+    cls, header = peek(frames)
+    payload = unpack(frames[2])
+    checks = _CHECKS[cls.KIND]
+    if not isinstance(payload, list) or len(header) + len(payload) != len(checks):
+        raise CodecError(f"{cls.__name__}: payload must be a list of {len(checks) - cls.HEADER} values")
+    values = [*header, *payload]
+    for (name, expected), value in zip(checks, values, strict=True):
+        if not isinstance(value, expected):
+            raise CodecError(f"{cls.__name__}.{name}: expected {expected}, got {type(value).__name__}")
+    return cls(*values)
+
+
+# ---- composite values ---------------------------------------------------------------------------
+
+_SAMPLE_FIELDS = [f.name for f in dataclasses.fields(Sample)]
+
+
+def sample_to_wire(sample: Sample) -> list[Any]:
+    return [getattr(sample, name) for name in _SAMPLE_FIELDS]
+
+
+def sample_from_wire(values: Any) -> Sample:
+    if not isinstance(values, list) or len(values) != len(_SAMPLE_FIELDS):
+        raise CodecError("malformed sample")
+    sample = Sample(*values)
+    for name in ("prompt_ids", "completion_ids", "logprobs"):
+        if not isinstance(getattr(sample, name), np.ndarray):
+            raise CodecError(f"sample.{name} must be a packed array")
+    return sample
+
+
+def completion_to_wire(c: Completion) -> list[Any]:
+    return [c.token_ids, c.logprobs, c.version, c.finish_reason]
+
+
+def completion_from_wire(values: Any) -> Completion:
+    if not isinstance(values, list) or len(values) != 4:
+        raise CodecError("malformed completion")
+    token_ids, logprobs, version, finish_reason = values
+    if not isinstance(token_ids, np.ndarray) or not isinstance(logprobs, np.ndarray):
+        raise CodecError("completion arrays must be packed arrays")
+    return Completion(token_ids, logprobs, int(version), str(finish_reason))

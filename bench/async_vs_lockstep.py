@@ -137,44 +137,25 @@ class ScriptedInferenceServer(InferenceServer):
         (bench_dir(self.run_dir) / "engine.json").write_text(json.dumps(stats))
 
 
-def actor_main(argv: list[str]) -> int:
-    """`python bench/async_vs_lockstep.py actor ROLE RUN_DIR ...`: one process of the mas-async side."""
-    import logging
+def _router(config: Config, deployment: Any, run_dir: Path, *, index: int, policy: str, warmup: int) -> Any:
+    return EpisodeRouter(config, deployment, run_dir, warmup)
 
-    from mas_async.deployment import Deployment
-    from mas_async.launch.process import setup_logging
 
-    p = argparse.ArgumentParser(prog="async_vs_lockstep.py actor")
-    p.add_argument("role", choices=["router", "env_worker", "inference"])
-    p.add_argument("run_dir", type=Path)
-    p.add_argument("--index", type=int, default=0)
-    p.add_argument("--policy", default="")
-    p.add_argument("--warmup", type=int, default=1)
-    args = p.parse_args(argv)
-    name = "router" if args.role == "router" else "/".join(str(x) for x in (args.role, args.policy, args.index) if x)
-    setup_logging(name)
-    config = load_config(args.run_dir / "config.yaml")
-    deployment = Deployment.load(args.run_dir / "deployment.json")
-    try:
-        if args.role == "router":
-            actor: Any = EpisodeRouter(config, deployment, args.run_dir, args.warmup)
-        elif args.role == "env_worker":
-            actor = StepTimingEnvWorker(config, deployment, args.index, args.run_dir)
-        else:
-            actor = ScriptedInferenceServer(config, deployment, args.policy, args.index, args.run_dir)
-        actor.run()
-    except KeyboardInterrupt:
-        return 130
-    except Exception as e:  # the process boundary: logged with its traceback, exit status 1
-        logging.getLogger("mas_async.bench").exception("%s failed: %s", name, e)
-        return 1
-    return 0
+def _env_worker(config: Config, deployment: Any, run_dir: Path, *, index: int, policy: str, warmup: int) -> Any:
+    return StepTimingEnvWorker(config, deployment, index, run_dir)
+
+
+def _inference(config: Config, deployment: Any, run_dir: Path, *, index: int, policy: str, warmup: int) -> Any:
+    return ScriptedInferenceServer(config, deployment, policy, index, run_dir)
+
+
+ROLES = {"router": _router, "env_worker": _env_worker, "inference": _inference}
+"""The mas-async side's roles, started by the launcher (`bench.support.run_rollout`)."""
 
 
 def run_framework(config: Config, warmup: int, timeout_s: float) -> dict[str, Any]:
     """Run the rollout-only deployment (this script's actors) to the end; return what was recorded."""
-    command = [sys.executable, __file__, "actor"]
-    run_dir, deployment = run_rollout(config, warmup=warmup, timeout_s=timeout_s, actor_command=command)
+    run_dir, deployment = run_rollout(config, warmup=warmup, timeout_s=timeout_s, roles="bench.async_vs_lockstep:ROLES")
     out = run_dir / BENCH_DIR
     phases = json.loads((out / "phases.json").read_text())["phases"]
     engine = json.loads((out / "engine.json").read_text())
@@ -327,10 +308,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     from mas_async.inference.backends.mock import MockSpeed
 
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["actor"]:
-        return actor_main(argv[1:])
-    args = parse_args(argv)
+    args = parse_args(sys.argv[1:] if argv is None else argv)
     os.environ.update(MockSpeed(args.mock_step_ms / 1000, args.mock_token_ms / 1000).to_env())  # both sides
     with tempfile.TemporaryDirectory(prefix="mas-async-bench-") as tmp:
         config = build_config(args, args.run_dir or Path(tmp) / "framework")

@@ -12,26 +12,22 @@ add only what the benchmark reads afterwards, each written to RUN_DIR/bench/ whe
   standalone baseline can replay exactly the same prompts (requests-<worker>.msgpack);
 - `TimedInferenceServer`: the window and size of every batch it generated (batches-<replica>.json).
 
-`start_rollout(config, run_dir)` starts the processes (`python -m bench.support ROLE RUN_DIR`)
-with the launcher's conventions: one log per process, own session, teardown by pid with the launcher's
-`stop_children`.
+`start_rollout(config, run_dir)` starts the processes through the launcher (`start_children` with this
+module's role map `ROLLOUT_ROLES`): one log per process, own session, teardown by pid.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mas_async.inference.server import InferenceServer
-from mas_async.launch.launcher import Child, process_specs, stop_children
+from mas_async.launch.launcher import Child, start_children, stop_children
+from mas_async.launch.roles import seed_torch
 from mas_async.rollout.env_worker import EnvWorker
 from mas_async.router.hub import Router
 from mas_async.runtime.actor import PeerDead
@@ -165,37 +161,22 @@ def prepare_rollout(config: Config) -> tuple[Path, Deployment]:
     return run_dir, prepare_deployment(config, run_dir, training=False)
 
 
-def start_rollout(config: Config, run_dir: Path, *, warmup: int, actor_command: list[str] | None = None) -> list[Child]:
-    """Start a rollout-only deployment (router first); the caller stops it with `stop_children`.
-    Each process runs `actor_command ROLE RUN_DIR --warmup N ...` (default: this module's actors)."""
-    children = []
-    environ = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(config.cluster.torch_threads))
-    actor_command = actor_command or [sys.executable, "-m", "bench.support"]
-    for name, args in process_specs(config, training=False):
-        log_path = run_dir / "logs" / f"{name.replace('/', '-')}.log"
-        command = [*actor_command, args[0], str(run_dir), "--warmup", str(warmup), *args[1:]]
-        with log_path.open("ab") as log_file:
-            proc = subprocess.Popen(
-                command,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                env=environ,
-            )
-        children.append(Child(name, proc, log_path))
-    (run_dir / "pids.json").write_text(json.dumps({c.name: c.proc.pid for c in children}, indent=2))
-    return children
+def start_rollout(
+    config: Config, run_dir: Path, *, warmup: int, roles: str = "bench.support:ROLLOUT_ROLES"
+) -> list[Child]:
+    """Start a rollout-only deployment (router first) through the launcher, with the actors of the
+    role map `roles`; the caller stops it with `stop_children`."""
+    return start_children(config, run_dir, training=False, roles=roles, options={"warmup": warmup})
 
 
 def run_rollout(
-    config: Config, *, warmup: int, timeout_s: float, actor_command: list[str] | None = None
+    config: Config, *, warmup: int, timeout_s: float, roles: str = "bench.support:ROLLOUT_ROLES"
 ) -> tuple[Path, Deployment]:
     """Run a rollout-only deployment to the end (the router finishes, the peers write their records
     as they exit); raise naming the process that failed, with its log tail, or the timeout. Every
     process is stopped by pid before this returns."""
     run_dir, deployment = prepare_rollout(config)
-    children = start_rollout(config, run_dir, warmup=warmup, actor_command=actor_command)
+    children = start_rollout(config, run_dir, warmup=warmup, roles=roles)
     router = children[0]
     try:
         deadline = time.monotonic() + timeout_s
@@ -216,46 +197,18 @@ def run_rollout(
     return run_dir, deployment
 
 
-def build_actor(role: str, run_dir: Path, index: int, policy: str, warmup: int) -> Any:
-    import torch
+def _router(config: Config, deployment: Deployment, run_dir: Path, *, index: int, policy: str, warmup: int) -> Any:
+    return RolloutRouter(config, deployment, run_dir, warmup)
 
-    from mas_async.config import load_config
-    from mas_async.deployment import Deployment
 
-    config = load_config(run_dir / "config.yaml")
-    deployment = Deployment.load(run_dir / "deployment.json")
-    torch.set_num_threads(config.cluster.torch_threads)
-    torch.manual_seed(config.run.seed)
-    if role == "router":
-        return RolloutRouter(config, deployment, run_dir, warmup)
-    if role == "env_worker":
-        return RecordingEnvWorker(config, deployment, index, run_dir)
+def _env_worker(config: Config, deployment: Deployment, run_dir: Path, *, index: int, policy: str, warmup: int) -> Any:
+    return RecordingEnvWorker(config, deployment, index, run_dir)
+
+
+def _inference(config: Config, deployment: Deployment, run_dir: Path, *, index: int, policy: str, warmup: int) -> Any:
+    seed_torch(config)
     return TimedInferenceServer(config, deployment, policy, index, run_dir)
 
 
-def main(argv: list[str] | None = None) -> int:
-    from mas_async.launch.process import setup_logging
-
-    parser = argparse.ArgumentParser(prog="python -m bench.support")
-    parser.add_argument("role", choices=["router", "env_worker", "inference"])
-    parser.add_argument("run_dir", type=Path)
-    parser.add_argument("--index", type=int, default=0)
-    parser.add_argument("--policy", default="")
-    parser.add_argument("--warmup", type=int, default=1)
-    args = parser.parse_args(argv)
-    name = (
-        "router" if args.role == "router" else "/".join(str(p) for p in (args.role, args.policy, args.index) if p != "")
-    )
-    setup_logging(name)
-    try:
-        build_actor(args.role, args.run_dir, args.index, args.policy, args.warmup).run()
-    except KeyboardInterrupt:
-        return 130
-    except Exception as e:  # the process boundary: logged with its traceback, exit status 1
-        log.exception("%s failed: %s", name, e)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+ROLLOUT_ROLES = {"router": _router, "env_worker": _env_worker, "inference": _inference}
+"""The rollout-only deployment's roles (no trainers), for `mas_async.launch.launcher.start_children`."""

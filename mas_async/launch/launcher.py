@@ -3,7 +3,8 @@
 `launch(config)` prepares the run directory (resolved config, deployment.json with endpoints and model
 folders, one log file per process), materialises built-in models once, then starts the router, one
 trainer and `replicas` inference servers per policy, and `cluster.env_workers` env workers, each as
-`python -m mas_async.launch.process ...` in its own session. It shows live progress from metrics.jsonl. If any
+`python -m mas_async.launch.process ROLE ...` in its own session (the actor comes from a role -> factory
+map, `mas_async.launch.roles.ROLES`; benchmarks start their own actors through the same function). It shows live progress from metrics.jsonl. If any
 process fails (or exits before the router finished the run), every other process is stopped and the
 failed role is named with the tail of its log; the exit status is non-zero. Ctrl-C (or SIGTERM) stops
 everything within seconds: SIGTERM to each child's process group by pid, SIGKILL after a grace period.
@@ -20,11 +21,13 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from mas_async.checkpoint import latest_complete, policy_checkpoint
 from mas_async.config import Config, ConfigError, dump_config, load_config
 from mas_async.deployment import Deployment, free_ports
 from mas_async.launch.progress import Progress
+from mas_async.launch.roles import DEFAULT_ROLES
 
 CLEAN_EXIT_GRACE_S = 10.0
 
@@ -128,14 +131,25 @@ def process_specs(config: Config, training: bool = True) -> list[tuple[str, list
     return specs
 
 
-def start_children(config: Config, run_dir: Path, training: bool = True) -> list[Child]:
+def start_children(
+    config: Config,
+    run_dir: Path,
+    training: bool = True,
+    *,
+    roles: str = DEFAULT_ROLES,
+    options: dict[str, Any] | None = None,
+) -> list[Child]:
+    """Start every process of the deployment, router first, each as `python -m mas_async.launch.process`
+    building its actor from the role map `roles` ("module:ATTR"; a benchmark passes its own) with the
+    keyword `options`; one log per process, each in its own session (torn down by pid)."""
     children = []
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(config.cluster.torch_threads))
+    extra = ["--roles", roles, "--options", json.dumps(options or {})]
     for name, args in process_specs(config, training):
         log_path = run_dir / "logs" / f"{name.replace('/', '-')}.log"
         with log_path.open("ab") as log_file:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "mas_async.launch.process", args[0], str(run_dir), *args[1:]],
+                [sys.executable, "-m", "mas_async.launch.process", args[0], str(run_dir), *args[1:], *extra],
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

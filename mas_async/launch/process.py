@@ -1,18 +1,24 @@
-"""Entry point of one process of a deployment: `python -m mas_async.launch.process ROLE RUN_DIR [options]`.
+"""Entry point of one process of a deployment:
+`python -m mas_async.launch.process ROLE RUN_DIR [--index I] [--policy P] [--roles MODULE:ATTR] [--options JSON]`.
 
 The launcher starts one of these per role instance. It reads the resolved config and deployment.json
-from the run directory, sets up logging (every line carries the role and id), builds the actor and runs
-it. An exception is caught here, at the process boundary: it is logged with its traceback and the
+from the run directory, sets up logging (every line carries the role and id), builds the actor with the
+role's factory from the role map (`mas_async.launch.roles.ROLES` unless `--roles` names another) and
+runs it. An exception is caught here, at the process boundary: it is logged with its traceback and the
 process exits with status 1, which the launcher reports with the tail of this process's log.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import json
 import logging
 import os
 import sys
 from pathlib import Path
+
+from mas_async.launch.roles import DEFAULT_ROLES
 
 
 def setup_logging(name: str) -> None:
@@ -28,54 +34,51 @@ def setup_logging(name: str) -> None:
     )
 
 
-def build_actor(role: str, run_dir: Path, index: int, policy: str):
-    from mas_async.config import load_config
-    from mas_async.deployment import Deployment
-
-    config = load_config(run_dir / "config.yaml")
-    deployment = Deployment.load(run_dir / "deployment.json")
-    if role in ("inference", "trainer"):  # the router and env workers never need torch: start faster
-        import torch
-
-        torch.set_num_threads(config.cluster.torch_threads)
-        torch.manual_seed(config.run.seed)
+def process_name(role: str, index: int, policy: str) -> str:
+    """The peer id of a role instance: router, env_worker/I, inference/P/I, trainer/P."""
     if role == "router":
-        from mas_async.router.hub import Router
-
-        return Router(config, deployment, run_dir)
-    if role == "env_worker":
-        from mas_async.rollout.env_worker import EnvWorker
-
-        return EnvWorker(config, deployment, index)
-    if role == "inference":
-        from mas_async.inference.server import InferenceServer
-
-        return InferenceServer(config, deployment, policy, index)
+        return "router"
     if role == "trainer":
-        from mas_async.training.trainer import Trainer
+        return f"trainer/{policy}"
+    return "/".join(str(p) for p in (role, policy, index) if p != "")
 
-        return Trainer(config, deployment, policy, run_dir)
-    raise SystemExit(f"unknown role {role!r}")
+
+def load_roles(path: str) -> dict:
+    module_name, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mas_async.launch.process")
-    parser.add_argument("role", choices=["router", "env_worker", "inference", "trainer"])
+    parser.add_argument("role")
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--index", type=int, default=0)
     parser.add_argument("--policy", default="")
+    parser.add_argument("--roles", default=DEFAULT_ROLES, help="role -> factory map, as MODULE:ATTR")
+    parser.add_argument("--options", default="{}", help="JSON keyword arguments for the role's factory")
     args = parser.parse_args(argv)
-    name = "/".join(str(p) for p in (args.role, args.policy, args.index) if p != "")
-    if args.role in ("router", "trainer"):
-        name = args.role if args.role == "router" else f"trainer/{args.policy}"
+    name = process_name(args.role, args.index, args.policy)
     setup_logging(name)
     log = logging.getLogger("mas_async")
     try:
-        actor = build_actor(args.role, args.run_dir, args.index, args.policy)
+        from mas_async.config import load_config
+        from mas_async.deployment import Deployment
+
+        roles = load_roles(args.roles)
+        if args.role not in roles:
+            raise SystemExit(f"unknown role {args.role!r} in {args.roles} (known: {', '.join(roles)})")
+        config = load_config(args.run_dir / "config.yaml")
+        deployment = Deployment.load(args.run_dir / "deployment.json")
+        factory = roles[args.role]
+        actor = factory(
+            config, deployment, args.run_dir, index=args.index, policy=args.policy, **json.loads(args.options)
+        )
         actor.run()
     except BaseException as e:
         if isinstance(e, KeyboardInterrupt):
             return 130
+        if isinstance(e, SystemExit):
+            raise
         log.exception("%s failed: %s", name, e)
         return 1
     log.info("%s exited cleanly", name)

@@ -11,7 +11,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import ROOT
+
+__all__ = ["FAST", "ROOT", "alive", "child_pids", "cleanup", "start_train", "wait_for_rows"]
 
 # Small and fast: 2 env workers, tiny batches; every role still runs as its own process.
 FAST = ["rollout.batch_size=4", "eval.every=1", "eval.size=4", "algorithm.k=4"]

@@ -11,7 +11,7 @@ import zmq
 
 from mas_async.deployment import free_ports
 from mas_async.wire.messages import PROTOCOL_VERSION, Heartbeat, Hello, Shutdown, Welcome, decode, encode
-from tests.integration.launch import ROOT
+from tests.support.paths import ROOT
 
 
 def _start_peer(endpoint: str, peer_timeout_s: float) -> subprocess.Popen:

@@ -42,6 +42,7 @@ from mas_async.training.logprobs import completion_logprobs
 from mas_async.weights.group import open_weight_group
 from mas_async.weights.sender import WeightSender
 from mas_async.wire.messages import Generate, GenerateResult, UpdateWeights, WeightsLoaded
+from tests.support.paths import ROOT
 
 pytestmark = [
     pytest.mark.vllm,
@@ -50,7 +51,6 @@ pytestmark = [
     ),
 ]
 
-ROOT = Path(__file__).resolve().parents[2]
 MODEL = "builtin:small-char"
 POLICY = "vertical"
 TOLERANCE = 1e-4  # mean |vLLM - trainer| log-prob in fp32 (measured: ~1e-7)

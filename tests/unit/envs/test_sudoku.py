@@ -10,7 +10,7 @@ import pytest
 from envs.sudoku import BOX, SudokuEnv, count_solutions, solved_grid
 from mas_async.api import ParseError
 from nodes.sudoku import CellChooser, ChatCellChooser, ChatDigitPlacer, DigitPlacer, SudokuWorkflow
-from tests.unit.test_sokoban import ALLOWED, episode
+from tests.unit.envs.test_sokoban import ALLOWED, episode
 
 SOLUTION = ["1234", "3412", "2143", "4321"]
 # ABC4      the empty cells are labelled A, B, C, D in reading order. A may be 1 or 3 as far as its row,

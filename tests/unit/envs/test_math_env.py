@@ -15,7 +15,7 @@ from envs.math_data import equivalent, last_boxed, load_jsonl, load_split
 from mas_async.api import ParseError
 from nodes.math import MathWorkflow, Reasoner, ToolUser
 from nodes.routed import RoutedWorkflow, Solver, Verifier
-from tests.unit.chat_fakes import ScriptedGenerate, make_episode
+from tests.support.chat_fakes import ScriptedGenerate, make_episode
 
 HALF = {"id": "t/0", "problem": "What is $1 - \\frac{1}{2}$?", "answer": "\\frac{1}{2}"}
 

@@ -4,7 +4,6 @@ adapter's turns, rewards, invalid actions and truncation on hand-built cases."""
 from __future__ import annotations
 
 import warnings
-from pathlib import Path
 
 import pytest
 from pettingzoo.test import api_test
@@ -13,9 +12,8 @@ from envs import ENVS
 from envs.pettingzoo_adapter import PettingZooEnv, TextObservation, aec_env, from_config
 from envs.sokoban import SokobanEnv
 from nodes.sokoban import HorizontalPusher, VerticalPusher
-from tests.unit.test_sokoban import CORRIDOR
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import ROOT
+from tests.unit.envs.test_sokoban import CORRIDOR
 
 
 @pytest.fixture(autouse=True)

@@ -19,7 +19,7 @@ from envs.code_exec import run_tests
 from mas_async.api import ParseError
 from nodes import code as code_nodes  # a test module may not hold a class named "Test*"
 from nodes.code import Coder, CodeWorkflow
-from tests.unit.chat_fakes import ScriptedGenerate, make_episode
+from tests.support.chat_fakes import ScriptedGenerate, make_episode
 
 FULL = "```python\ndef sum_of_squares(n):\n    return sum(i * i for i in range(1, n + 1))\n```"
 # Passes 3 of the 4 hidden tests (n = 3, 0, -2; not n = 10).

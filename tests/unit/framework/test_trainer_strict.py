@@ -15,7 +15,7 @@ from mas_async.training.learner import PolicyLearner
 from mas_async.training.trainer import Trainer
 from mas_async.wire.messages import Groups, TrainStep, sample_to_wire
 from mas_async.wire.samples import Sample
-from tests.integration.launch import ROOT
+from tests.support.paths import ROOT
 
 
 @pytest.fixture(scope="module")

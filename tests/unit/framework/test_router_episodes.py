@@ -9,7 +9,7 @@ from collections import Counter
 from mas_async.config import load_config
 from mas_async.deployment import Deployment
 from mas_async.router.hub import Router
-from tests.integration.launch import ROOT
+from tests.support.paths import ROOT
 
 
 def _router(tmp_path, *overrides):

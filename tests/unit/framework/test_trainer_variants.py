@@ -14,7 +14,7 @@ from mas_async.tiny_model import materialise
 from mas_async.training.learner import PolicyLearner, lr_lambda
 from mas_async.training.logprobs import completion_logprobs
 from mas_async.wire.samples import Sample
-from tests.integration.launch import ROOT
+from tests.support.paths import ROOT
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ import psutil
 import pytest
 
 from envs.sandbox import Limits, SandboxResult, isolation_available, run_python, run_python_sync
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 needs_isolation = pytest.mark.skipif(not isolation_available(), reason="isolated mode needs root and unshare")
 
 

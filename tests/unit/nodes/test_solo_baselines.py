@@ -30,11 +30,11 @@ from nodes.solo import (
     SoloReasoner,
     SudokuSoloWorkflow,
 )
-from tests.unit.chat_fakes import ScriptedGenerate, make_episode
-from tests.unit.test_code_env import FULL, PARTIAL
-from tests.unit.test_math_env import HALF
-from tests.unit.test_sokoban import CORNER, CORRIDOR
-from tests.unit.test_sudoku import PUZZLE
+from tests.support.chat_fakes import ScriptedGenerate, make_episode
+from tests.unit.envs.test_code_env import FULL, PARTIAL
+from tests.unit.envs.test_math_env import HALF
+from tests.unit.envs.test_sokoban import CORNER, CORRIDOR
+from tests.unit.envs.test_sudoku import PUZZLE
 
 
 def _reset(env_cls: type, problem: dict) -> Any:

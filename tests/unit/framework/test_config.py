@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from mas_async.config import ConfigError, dump_config, load_config
+from tests.support.paths import ROOT
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = ROOT / "configs"
 
 
 def test_shipped_configs_load():

@@ -1,0 +1,1 @@
+"""Helpers shared by the tests: paths, scripted fakes. Not tests themselves."""

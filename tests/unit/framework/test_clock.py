@@ -1,0 +1,67 @@
+"""The version clock (strict on-policy): which samples a trainer accepts, when a step is due, and that
+a trainer or replica reporting another version is a named error."""
+
+from __future__ import annotations
+
+import pytest
+
+from mas_async.router.clock import ClockError, VersionClock
+
+
+def _clock(start: int = 0) -> VersionClock:
+    return VersionClock(["a", "b"], ["inference/a/0", "inference/b/0", "inference/b/1"], start)
+
+
+def test_strict_accepts_only_samples_of_the_held_version():
+    clock = _clock()
+    assert clock.accepts(4, holding=4)
+    assert not clock.accepts(3, holding=4)  # older: stale
+    assert not clock.accepts(5, holding=4)  # newer: not yet held
+
+
+def test_a_step_is_due_only_when_every_episode_is_in():
+    clock = _clock()
+    assert not clock.step_due(in_flight=1, queued=0)
+    assert not clock.step_due(in_flight=0, queued=2)
+    assert clock.step_due(in_flight=0, queued=0)
+    clock.begin_step()
+    assert not clock.step_due(in_flight=0, queued=0) and not clock.may_dispatch()
+
+
+def test_samples_are_counted_per_policy_and_version():
+    clock = _clock(3)
+    clock.forwarded("a", 3, 8)
+    clock.forwarded("a", 3, 4)
+    clock.forwarded("b", 3, 2)
+    clock.forwarded("a", 2, 99)  # another version's count never mixes in
+    assert clock.expected_samples("a", 3) == 12 and clock.expected_samples("b", 3) == 2
+    assert clock.expected_samples("b", 4) == 0
+
+
+def test_the_step_completes_when_every_trainer_stepped_and_every_replica_loaded():
+    clock = _clock(3)
+    assert clock.begin_step() == 3
+    clock.trained("a", 4, {"loss": 1.0})
+    clock.loaded("inference/a/0", 4)
+    clock.trained("b", 4, {})
+    clock.loaded("inference/b/0", 4)
+    assert not clock.step_complete()  # inference/b/1 has not loaded v4
+    clock.loaded("inference/b/1", 4)
+    assert clock.step_complete()
+    assert clock.advance() == {"a": {"loss": 1.0}, "b": {}}
+    assert clock.version == 4 and clock.may_dispatch() and not clock.step_complete()
+
+
+def test_a_wrong_version_or_a_report_outside_a_step_is_a_named_error():
+    clock = _clock(3)
+    with pytest.raises(ClockError, match="no step in progress"):
+        clock.trained("a", 4, {})
+    clock.begin_step()
+    with pytest.raises(ClockError, match="reports version 5, expected 4"):
+        clock.loaded("inference/a/0", 5)
+    with pytest.raises(ClockError, match="unknown policy"):
+        clock.trained("zzz", 4, {})
+    with pytest.raises(ClockError, match="not complete"):
+        clock.advance()
+    with pytest.raises(ClockError, match="already in progress"):
+        clock.begin_step()

@@ -1,0 +1,162 @@
+"""The router's barrier and episode book without processes: a fake socket records what the router
+sends, and the test plays the peers. Groups reach a trainer only once their episode is done; a result
+of an abandoned attempt (a worker declared dead, then late) is dropped and counted, never forwarded
+twice; a timed-out or failed eval episode counts as a failure; TrainStep carries the exact count; the
+next iteration waits for every Trained and WeightsLoaded."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from mas_async.config import load_config
+from mas_async.deployment import Deployment
+from mas_async.router.hub import Router
+from mas_async.wire.messages import (
+    HEADERS,
+    PROTOCOL_VERSION,
+    EpisodeDone,
+    Groups,
+    Hello,
+    RunEpisode,
+    Trained,
+    TrainStep,
+    WeightsLoaded,
+    decode,
+    encode,
+)
+from tests.support.paths import ROOT
+
+WORKERS = (b"env_worker/0", b"env_worker/1")
+TRAINERS = (b"trainer/vertical", b"trainer/horizontal")
+REPLICAS = (b"inference/vertical/0", b"inference/horizontal/0")
+
+
+class _Sent:
+    """Stands in for the router's socket: records (identity, message) of everything sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[bytes, object]] = []
+
+    def send(self, frames: list) -> None:
+        self.sent.append((frames[0], decode([bytes(f) for f in frames[1:]])))
+
+    def of(self, cls: type) -> list[tuple[bytes, object]]:
+        return [(who, msg) for who, msg in self.sent if isinstance(msg, cls)]
+
+
+def _router(tmp_path, *overrides: str) -> Router:
+    config = load_config(
+        ROOT / "configs/plan_path_tiny.yaml",
+        ["env.train_size=16", "env.test_size=4", "rollout.batch_size=2", "eval.size=2", "cluster.env_workers=2",
+         "rollout.episodes_per_worker=1", *overrides],
+    )  # fmt: skip
+    deployment = Deployment("tcp://127.0.0.1:1", {"vertical": 1, "horizontal": 2}, {"vertical": "", "horizontal": ""})
+    router = Router(config, deployment, tmp_path)
+    router.io = _Sent()
+    for ident in (*WORKERS, *TRAINERS, *REPLICAS):
+        role = ident.decode().split("/")[0]
+        policy = ident.decode().split("/")[1] if role != "env_worker" else ""
+        router._on_hello(ident, Hello(role, ident.decode(), policy, 1, PROTOCOL_VERSION, 1))
+    router.io.sent.clear()  # the Welcomes
+    return router
+
+
+def _groups(router: Router, run: RunEpisode, policy: str, n: int, attempt: int | None = None) -> None:
+    attempt = run.attempt if attempt is None else attempt
+    msg = Groups(policy, run.iteration, run.episode_id, attempt, n, [])
+    frames = encode(msg)
+    router._hold_groups(HEADERS[msg.KIND](*[getattr(msg, f) for f in HEADERS[msg.KIND]._fields]), frames)
+
+
+def _done(router: Router, worker: bytes, run: RunEpisode, *, success: bool = True, error: str = "", attempt=None):
+    attempt = run.attempt if attempt is None else attempt
+    summary = {} if error else {"success": success, "tokens": 3, "turns": 1}
+    router._handle(worker, EpisodeDone(run.episode_id, run.iteration, run.mode, attempt, error, summary, {}))
+
+
+def _finish_step(router: Router, version: int) -> None:
+    for trainer in TRAINERS:
+        policy = trainer.decode().split("/")[1]
+        router._handle(trainer, Trained(policy, version, "", {"time/train_s": 0.1, "time/weight_sync_s": 0.0}))
+    for replica in REPLICAS:
+        router._handle(replica, WeightsLoaded(replica.decode().split("/")[1], version, replica.decode(), ""))
+
+
+def test_groups_wait_for_their_episode_and_a_late_attempt_is_never_forwarded(tmp_path):
+    async def scenario() -> dict:
+        router = _router(tmp_path)
+        iteration = asyncio.create_task(router._iteration(0, evaluate=False, train=True))
+        await asyncio.sleep(0)
+        runs = router.io.of(RunEpisode)
+        assert sorted(w for w, _ in runs) == sorted(WORKERS)  # one episode per worker (capacity 1)
+        (w0, run0), (w1, run1) = runs
+        _groups(router, run0, "vertical", 4)
+        _groups(router, run0, "horizontal", 4)
+        assert not [w for w, _ in router.io.sent if w.startswith(b"trainer/")]  # held until done
+        # Worker 1 is declared dead: its episode runs again as attempt 1 (on worker 0, once it is free).
+        router.peers[w1].last_seen = time.monotonic() - 10 * router.cfg.cluster.peer_timeout_s
+        router._peer_died(w1, router.peers[w1])
+        _done(router, w0, run0)
+        rerun = router.io.of(RunEpisode)[-1][1]
+        assert rerun.episode_id == run1.episode_id and rerun.attempt == 1
+        # The "dead" worker was only slow: its groups and result of attempt 0 arrive late.
+        _groups(router, run1, "vertical", 4)
+        _done(router, w1, run1)
+        _groups(router, rerun, "vertical", 4)
+        _groups(router, rerun, "horizontal", 4)
+        _done(router, w0, rerun)
+        await asyncio.sleep(0)
+        steps = {w: m for w, m in router.io.of(TrainStep)}
+        assert steps[b"trainer/vertical"].expected_samples == 8  # not 12: attempt 0 of run1 is dropped
+        assert steps[b"trainer/horizontal"].expected_samples == 8
+        forwarded = [w for w, _ in router.io.sent if w.startswith(b"trainer/")]
+        assert forwarded.count(b"trainer/vertical") == 2 + 1  # two episodes' groups, one TrainStep
+        assert not iteration.done()  # the barrier waits for every Trained and WeightsLoaded
+        _finish_step(router, 1)
+        row = await asyncio.wait_for(iteration, 5)
+        assert router.clock.version == 1
+        return row
+
+    row = asyncio.run(scenario())
+    assert row["router/late_groups"] == 2 and row["rollout/episodes"] == 2 and row["rollout/dropped"] == 0
+
+
+def test_failed_and_timed_out_eval_episodes_count_as_failures(tmp_path):
+    async def scenario() -> dict:
+        router = _router(tmp_path, "rollout.episodes_per_worker=2")
+        iteration = asyncio.create_task(router._iteration(0, evaluate=True, train=False))
+        await asyncio.sleep(0)
+        (w0, run0), (w1, run1) = router.io.of(RunEpisode)
+        _done(router, w0, run0, success=True)
+        for task in router.book.in_flight.values():  # run1 passes its deadline
+            task.deadline = 0.0
+        for task in router.book.overdue(time.monotonic()):
+            m = task.msg
+            router._on_episode_done(EpisodeDone(m.episode_id, m.iteration, m.mode, m.attempt, "timed out", {}, {}))
+        _done(router, w1, run1, success=True)  # too late: dropped, not counted as a success
+        return await asyncio.wait_for(iteration, 5)
+
+    row = asyncio.run(scenario())
+    assert row["eval/team_success_rate"] == 0.5 and row["eval/dropped"] == 1 and row["eval/episodes"] == 1
+    assert row["eval/pass@1"] == 0.5 and row["router/late_groups"] == 1
+
+
+def test_a_failed_training_episode_sends_no_samples_and_counts_as_a_failure(tmp_path):
+    async def scenario() -> dict:
+        router = _router(tmp_path)
+        iteration = asyncio.create_task(router._iteration(0, evaluate=False, train=True))
+        await asyncio.sleep(0)
+        (w0, run0), (w1, run1) = router.io.of(RunEpisode)
+        _groups(router, run0, "vertical", 4)
+        _done(router, w0, run0, error="ValueError: boom")
+        _groups(router, run1, "vertical", 2)
+        _done(router, w1, run1, success=True)
+        await asyncio.sleep(0)
+        steps = {w: m for w, m in router.io.of(TrainStep)}
+        assert steps[b"trainer/vertical"].expected_samples == 2
+        _finish_step(router, 1)
+        return await asyncio.wait_for(iteration, 5)
+
+    row = asyncio.run(scenario())
+    assert row["team/success_rate"] == 0.5 and row["rollout/dropped"] == 1

@@ -105,21 +105,24 @@ def test_rewards_hand_computed(problem: dict) -> None:
 def test_parallel_episode_scores_every_candidate_and_joins_the_turn(problem: dict) -> None:
     env = CodeEnv()
     env.reset(options={"problem": problem})
+    # The best candidate is the last one on both sides, so a workflow that commits candidate 0 (or any
+    # fixed index) fails this test.
     generate = ScriptedGenerate(
-        {"coder": [[FULL, "I cannot code", PARTIAL]], "tester": [[GOOD_TESTS, "no tests", MIXED_TESTS]]}
+        {"coder": [[PARTIAL, "I cannot code", FULL]], "tester": [[MIXED_TESTS, "no tests", GOOD_TESTS]]}
     )
     episode = make_episode(env, ("coder", "tester"), generate, k=3)
     workflow = CodeWorkflow({"coder": Coder(), "tester": code_nodes.Tester()}, max_turns=3)
     asyncio.run(workflow.run(episode))
     assert generate.calls == [("coder", 3), ("tester", 3)]  # one request per agent, then solved
     rewards = {(s.agent, s.info["index"]): s.reward for s in episode.samples}
-    assert rewards[("coder", 0)] == 2.0 and rewards[("coder", 1)] == -1.0 and rewards[("coder", 2)] == 1.5
-    assert rewards[("tester", 0)] == 1.0 and rewards[("tester", 1)] == -1.0
-    assert rewards[("tester", 2)] == pytest.approx(1 / 3)  # team reward 0: no code on the tester's clone
+    assert rewards[("coder", 0)] == 1.5 and rewards[("coder", 1)] == -1.0 and rewards[("coder", 2)] == 2.0
+    assert rewards[("tester", 2)] == 1.0 and rewards[("tester", 1)] == -1.0
+    assert rewards[("tester", 0)] == pytest.approx(1 / 3)  # team reward 0: no code on the tester's clone
     assert [s.valid for s in episode.samples] == [True, False, True, True, False, True]
     assert {s.group for s in episode.samples} == {"e0/coder/0", "e0/tester/0"}
-    assert episode.env.code is not None and episode.env.tests is not None and episode.env.done
-    assert episode.finish()["success"] is True
+    assert [(c.agent, c.index) for c in episode.committed] == [("coder", 2), ("tester", 2)]  # the best of each
+    assert episode.env.code == Coder().parse(FULL) and episode.env.tests == code_nodes.Tester().parse(GOOD_TESTS)
+    assert episode.env.done and episode.finish()["success"] is True
 
 
 def test_candidates_run_in_the_sandbox_concurrently(problem: dict) -> None:

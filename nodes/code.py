@@ -4,10 +4,12 @@
   Its local reward is the fraction of hidden ground-truth tests its program passes.
 - `Tester`: answers with unit tests: assert statements in one ```python block for a function task
   (each top-level assert is one test; other top-level statements, such as imports, are kept in front of
-  every test), or ```input / ```output block pairs for a stdin task. Its local reward is the fraction
-  of its tests that the reference solution passes (and that call the function).
+  every test), or ```input / ```output block pairs for a stdin task. Its local reward is
+  `CodeEnv.tester_reward()`: credit for valid tests (the reference solution passes them) that fail a
+  program known to be wrong (the coder's current program when it fails a hidden test, or a stub), a
+  penalty for tests the reference fails, nothing for tests every program passes.
 - `CodeWorkflow`: the parallel workflow (`nodes/parallel.py`) over ("coder", "tester"), default 4 turns;
-  the env ends the episode once the code passes the tester's tests.
+  the env ends the episode once the code passes the hidden tests (not when it passes the tester's).
 
 An answer without the expected block, or whose code does not parse, is a ParseError: the candidate is
 kept with the penalty (`invalid_penalty`, -1.0), never dropped.
@@ -85,7 +87,7 @@ class Tester(Node):
         return pairs[:MAX_TESTS]
 
     def local_reward(self, before: CodeEnv, action: Any, after: CodeEnv) -> float:
-        return after.test_agreement()
+        return after.tester_reward()
 
 
 def assert_tests(code: str, who: str) -> list[dict[str, str]]:

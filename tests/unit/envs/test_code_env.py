@@ -96,30 +96,41 @@ def test_rewards_hand_computed(problem: dict) -> None:
     assert env.test_agreement() == pytest.approx(1 / 3)  # right, wrong, and a test that never calls it
     assert env.on_tests == [True, False, True] and not env.done
     assert "passes 2 of 3 tests" in env.observe("coder") and "sum_of_squares(2) == 4" in env.observe("tester")
+    tester_before = env.clone()
     env.step("tester", code_nodes.Tester().parse(GOOD_TESTS))
-    assert env.test_agreement() == 1.0 and env.done  # the code passes the generated tests: the end
-    assert env.team_reward() == 0.75 and not env.success()  # though the hidden tests still fail one
+    assert env.test_agreement() == 1.0 and env.on_tests == [True, True]
+    # Valid tests that fail the stub (1 of 2 known-wrong programs) but not the coder's wrong program.
+    assert code_nodes.Tester().local_reward(tester_before, None, env) == env.tester_reward() == 0.5
+    assert not env.done  # the code passes the generated tests, but the hidden tests still fail one
+    assert env.team_reward() == 0.75 and not env.success()
     assert "hidden" not in env.observe("coder") and "385" not in env.observe("coder")  # ground truth stays hidden
+    env.step("coder", Coder().parse(FULL))
+    assert env.team_reward() == 1.0 and env.done and env.success()  # the hidden tests pass: the end
 
 
 def test_parallel_episode_scores_every_candidate_and_joins_the_turn(problem: dict) -> None:
     env = CodeEnv()
     env.reset(options={"problem": problem})
+    # The best candidate is the last one on both sides, so a workflow that commits candidate 0 (or any
+    # fixed index) fails this test.
     generate = ScriptedGenerate(
-        {"coder": [[FULL, "I cannot code", PARTIAL]], "tester": [[GOOD_TESTS, "no tests", MIXED_TESTS]]}
+        {"coder": [[PARTIAL, "I cannot code", FULL]], "tester": [[MIXED_TESTS, "no tests", GOOD_TESTS]]}
     )
     episode = make_episode(env, ("coder", "tester"), generate, k=3)
     workflow = CodeWorkflow({"coder": Coder(), "tester": code_nodes.Tester()}, max_turns=3)
     asyncio.run(workflow.run(episode))
     assert generate.calls == [("coder", 3), ("tester", 3)]  # one request per agent, then solved
     rewards = {(s.agent, s.info["index"]): s.reward for s in episode.samples}
-    assert rewards[("coder", 0)] == 2.0 and rewards[("coder", 1)] == -1.0 and rewards[("coder", 2)] == 1.5
-    assert rewards[("tester", 0)] == 1.0 and rewards[("tester", 1)] == -1.0
-    assert rewards[("tester", 2)] == pytest.approx(1 / 3)  # team reward 0: no code on the tester's clone
+    assert rewards[("coder", 0)] == 1.5 and rewards[("coder", 1)] == -1.0 and rewards[("coder", 2)] == 2.0
+    assert rewards[("tester", 2)] == 1.0 and rewards[("tester", 1)] == -1.0
+    # No code on the tester's clone (team reward 0): its valid tests fail the stub (1.0), 1 test of 3 is
+    # wrong (-1/3).
+    assert rewards[("tester", 0)] == pytest.approx(2 / 3)
     assert [s.valid for s in episode.samples] == [True, False, True, True, False, True]
     assert {s.group for s in episode.samples} == {"e0/coder/0", "e0/tester/0"}
-    assert episode.env.code is not None and episode.env.tests is not None and episode.env.done
-    assert episode.finish()["success"] is True
+    assert [(c.agent, c.index) for c in episode.committed] == [("coder", 2), ("tester", 2)]  # the best of each
+    assert episode.env.code == Coder().parse(FULL) and episode.env.tests == code_nodes.Tester().parse(GOOD_TESTS)
+    assert episode.env.done and episode.finish()["success"] is True
 
 
 def test_candidates_run_in_the_sandbox_concurrently(problem: dict) -> None:

@@ -145,13 +145,15 @@ class ScriptedEngine(MockEngine):
 
 class TimedCodeEnv(CodeEnv):
     """The code env; every `astep` (the sandbox runs of one step) appends its seconds to
-    `TimedCodeEnv.step_seconds` (one list per process)."""
+    `TimedCodeEnv.step_seconds` (one list per process). Episodes never end early: the workload is a
+    fixed number of turns on both sides (a scripted coder that passes the hidden tests would end one)."""
 
     step_seconds: ClassVar[list[float]] = []
 
     async def astep(self, agent: str, action: Any) -> None:
         start = time.perf_counter()
         await super().astep(agent, action)
+        self.terminations = dict.fromkeys(self.terminations, False)
         TimedCodeEnv.step_seconds.append(time.perf_counter() - start)
 
 

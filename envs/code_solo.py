@@ -3,8 +3,7 @@
 The same problems, datasets and sandbox as `envs.code`, but one agent, "solo", writes the program and
 nobody writes tests: its action is the coder's (a program, str), run on the problem's hidden
 ground-truth tests. `pass_ratio()` (the fraction of those tests passed) is the team reward, and the
-episode ends once the program passes all of them (the team's episode ends when the code passes the
-tester's tests; with no tester, the hidden tests are the only judge). The observation is the coder's:
+episode ends once the program passes all of them, as the team's does. The observation is the coder's:
 the task, the problem and the current program, never the ground-truth results.
 """
 

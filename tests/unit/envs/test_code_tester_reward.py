@@ -14,8 +14,8 @@ from envs.code_data import load_own
 from envs.code_exec import run_tests
 from nodes import code as code_nodes  # a test module may not hold a class named "Test*"
 from nodes.code import Coder, CodeWorkflow
-from tests.unit.chat_fakes import ScriptedGenerate, make_episode
-from tests.unit.test_code_env import FULL, GOOD_TESTS, PARTIAL  # PARTIAL fails only n = 10
+from tests.support.chat_fakes import ScriptedGenerate, make_episode
+from tests.unit.envs.test_code_env import FULL, GOOD_TESTS, PARTIAL  # PARTIAL fails only n = 10
 
 TAUTOLOGY = "```python\nassert sum_of_squares(1) == sum_of_squares(1)\n```"
 EXPOSES_BUG = "```python\nassert sum_of_squares(10) == 385\n```"  # PARTIAL returns 0 for n = 10

@@ -4,12 +4,14 @@ Rows (each over several seeds; success = mean held-out `eval/team_success_rate` 
 - single agent + GRPO            (one agent makes every move; parallel sampling, trajectory groups)
 - multi-agent + GRPO             (two role-specialised agents; parallel sampling, trajectory groups)
 - multi-agent + AT-GRPO          (tree sampling, agent- and turn-wise groups)
-- multi-agent + AT-GRPO + Dr.MAS (tree sampling, per-agent normalisation: grouping=agent)
+- multi-agent + AT-GRPO + per-agent std (Dr. MAS's per-agent scale on AT-GRPO's groups: tree sampling,
+  grouping=agent_turn, std_scope=agent; A = (r - group mean) / agent k's own std)
 plus the role-swap probe: the AT-GRPO run's two trained policies evaluated with their roles swapped.
 
     python bench/ablation.py                      # 3 seeds x 200 iterations (about 40 min on 2 cores)
     python bench/ablation.py --seeds 0 --iterations 20 --out /tmp/ablation   # a quick look
     python bench/ablation.py --smoke              # 2 iterations per row: checks the plumbing only
+    python bench/ablation.py --variants at-grpo-agent-std --iterations 100   # one row (ids: --help)
 
 Prints a markdown table (mean and spread over seeds) and writes OUT/ablation.json and OUT/ablation.png.
 """
@@ -25,6 +27,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# name (the table row; the run directories are named after it) -> (config, overrides); VARIANT_IDS names
+# them on the command line.
 VARIANTS: dict[str, tuple[str, list[str]]] = {
     "single agent + GRPO": (
         "configs/plan_path_tiny_single.yaml",
@@ -35,8 +39,14 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
         ["algorithm.sampling=parallel", "algorithm.grouping=trajectory"],
     ),
     "multi-agent + AT-GRPO": ("configs/plan_path_tiny.yaml", []),
-    "multi-agent + AT-GRPO + per-agent norm": ("configs/plan_path_tiny.yaml", ["algorithm.grouping=agent"]),
+    # grouping=agent would pool each agent's candidates of all turns of the one tree-sampled episode into
+    # one baseline (refused by the config); Dr. MAS's per-agent scale composes with AT-GRPO's groups.
+    "multi-agent + AT-GRPO + per-agent std": (
+        "configs/plan_path_tiny.yaml",
+        ["algorithm.grouping=agent_turn", "algorithm.std_scope=agent"],
+    ),
 }
+VARIANT_IDS = dict(zip(["single-grpo", "multi-grpo", "at-grpo", "at-grpo-agent-std"], VARIANTS, strict=True))
 AT_GRPO = "multi-agent + AT-GRPO"
 
 
@@ -77,16 +87,24 @@ def main() -> None:
     parser.add_argument("--eval-size", type=int, default=64)
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "ablation")
     parser.add_argument("--smoke", action="store_true", help="2 iterations, 1 seed, tiny batches")
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        choices=list(VARIANT_IDS),
+        default=list(VARIANT_IDS),
+        help="rows to run (default: all): " + "; ".join(f"{key} = {name}" for key, name in VARIANT_IDS.items()),
+    )
     args = parser.parse_args()
+    selected = {VARIANT_IDS[key]: VARIANTS[VARIANT_IDS[key]] for key in args.variants}
     if args.smoke:
         args.seeds, args.iterations, args.eval_size = [0], 2, 4
     args.out.mkdir(parents=True, exist_ok=True)
     extra = ["rollout.batch_size=4", "algorithm.k=4"] if args.smoke else []
 
-    results: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    results: dict[str, list[float]] = {name: [] for name in selected}
     swapped: list[float] = []
     for seed in args.seeds:
-        for name, (config, overrides) in VARIANTS.items():
+        for name, (config, overrides) in selected.items():
             run_dir = args.out / f"{name.replace(' ', '_').replace('+', 'p')}-seed{seed}"
             if (
                 not (run_dir / "metrics.jsonl").exists()
@@ -105,7 +123,7 @@ def main() -> None:
                 swapped.append(role_swap(run_dir, args.out, args.iterations, args.eval_size))
                 print(f"seed {seed}  {'  role-swapped policies':<42} success {swapped[-1]:.3f}", flush=True)
 
-    table = dict(results, **{"AT-GRPO policies with roles swapped": swapped})
+    table = dict(results, **({"AT-GRPO policies with roles swapped": swapped} if swapped else {}))
     print(f"\nPlan-Path, tiny model, {args.iterations} iterations, seeds {args.seeds}; held-out success:\n")
     print("| variant | success (mean) | spread (min-max) | per seed |")
     print("|---|---|---|---|")

@@ -88,16 +88,29 @@ class EnvConfig(_Section):
 class AlgorithmConfig(_Section):
     sampling: Literal["tree", "parallel"] = "tree"
     """tree: K candidates per agent per turn from one request (n=K), each scored on its own env clone,
-    the best committed (AT-GRPO). parallel: K independent episodes per problem, one sample per call
-    (pair it with grouping agent or trajectory: agent_turn groups then hold one sample each)."""
+    the best committed (AT-GRPO); one episode per problem, so it needs grouping agent_turn. parallel: K
+    independent episodes per problem, one sample per call (pair it with grouping agent or trajectory:
+    agent_turn groups then hold one sample each)."""
     k: int = Field(4, ge=1)
-    """Candidates per agent per turn (the group size)."""
+    """Candidates per agent per turn (tree) or episodes per problem (parallel): the group size, so at
+    least 2 (with 1 every advantage is 0)."""
     alpha: float = 1.0
     """Weight of the team reward: r = alpha * team_reward + local_reward."""
     grouping: Literal["agent_turn", "agent", "trajectory"] = "agent_turn"
-    """Advantage groups: agent_turn (AT-GRPO), agent (Dr. MAS), trajectory (vanilla GRPO)."""
+    """Advantage groups (maths in mas_async/trainer/advantages.py). agent_turn (AT-GRPO, tree sampling):
+    the K candidates of one agent at one turn of one episode, A = (r - mu_g) / (sigma_g + eps). agent
+    (Dr. MAS, parallel sampling only): all of agent k's samples of a problem, A = (r - mu_k) /
+    (sigma_k + eps); under tree sampling it would pool candidates from different turns and states, whose
+    baselines differ (use agent_turn with std_scope=agent). trajectory (vanilla GRPO, parallel sampling
+    only): the episode returns of a problem, one advantage per episode."""
+    std_scope: Literal["group", "agent"] = "group"
+    """Whose std divides an agent_turn advantage. group: the (episode, agent, turn) group's own sigma_g
+    (AT-GRPO). agent: agent k's own sigma_k, the std of agent k's centred rewards r - mu_g over its
+    samples of the problem, so A = (r - mu_g) / (sigma_k + eps): AT-GRPO's per-state baseline with
+    Dr. MAS's per-agent scale (each agent's advantages have unit root mean square, whatever its reward
+    scale). Only with grouping=agent_turn and normalize_std=true."""
     normalize_std: bool = True
-    """Divide group-relative advantages by the group's std (+eps)."""
+    """Divide group-relative advantages by a std (+eps): the group's, or the agent's (`std_scope`)."""
     eps: float = Field(1e-6, gt=0)
     """Added to the std in the advantage denominator."""
     clip_low: float = Field(0.2, ge=0)
@@ -126,7 +139,10 @@ class RolloutConfig(_Section):
     temperature: float = Field(1.0, gt=0)
     """Sampling temperature (the trainer uses the same one for its log-probs)."""
     top_p: float = Field(1.0, gt=0, le=1)
-    """Nucleus sampling threshold (1.0 samples from the full distribution)."""
+    """Nucleus sampling threshold; must be 1.0 (the full distribution). The log-probs that the inference
+    servers report and the trainer recomputes are those of the full distribution at `temperature`; they
+    ignore a nucleus cut, so with top_p < 1 the PPO ratio would compare a policy with one that did not
+    sample the data. Evaluation samples with this same top_p, so a value below 1 is refused for every run."""
     episodes_per_worker: int = Field(64, ge=1)
     """Most episodes one env worker runs concurrently."""
     episode_timeout_s: float = Field(300.0, gt=0)
@@ -223,14 +239,55 @@ class Config(_Section):
         unused = sorted(set(self.policies) - {a.policy for a in self.agents.values()})
         if unused:
             raise ValueError(f"policies {unused} serve no agent")
-        if self.algorithm.sampling == "parallel" and self.algorithm.grouping == "agent_turn":
+        self._algorithm_can_learn()
+        if self.rollout.top_p < 1.0:
             raise ValueError(
-                "algorithm.sampling=parallel takes one sample per call, so agent_turn groups would hold one "
-                "sample each (zero advantage); use algorithm.grouping=agent or trajectory"
+                f"rollout.top_p={self.rollout.top_p} is refused: the log-probs of the rollout and of the trainer's "
+                "recompute are those of the full distribution and ignore the nucleus cut, so the PPO ratio would "
+                "be off-policy, and evaluation uses the same rollout.top_p; keep rollout.top_p=1.0"
             )
         if self.eval.k > 1 and self.eval.greedy:
             raise ValueError("eval.k > 1 repeats identical greedy episodes; set eval.greedy=false")
         return self
+
+    def _algorithm_can_learn(self) -> None:
+        """Refuse the algorithm settings whose advantages are identically zero or mix baselines."""
+        algo = self.algorithm
+        if algo.k < 2:
+            where = "one candidate per turn" if algo.sampling == "tree" else "one episode per problem"
+            raise ValueError(
+                f"algorithm.k={algo.k} with algorithm.sampling={algo.sampling} gives {where}, so every group "
+                "holds one sample and every advantage is 0; use algorithm.k >= 2"
+            )
+        if algo.sampling == "parallel" and algo.grouping == "agent_turn":
+            raise ValueError(
+                "algorithm.sampling=parallel takes one sample per call, so agent_turn groups would hold one "
+                "sample each (zero advantage); use algorithm.grouping=agent or trajectory"
+            )
+        if algo.sampling == "tree" and algo.grouping == "trajectory":
+            raise ValueError(
+                "algorithm.sampling=tree runs one episode per problem, so algorithm.grouping=trajectory compares "
+                "that episode's return with itself and every advantage is 0; use algorithm.grouping=agent_turn, "
+                "or algorithm.sampling=parallel"
+            )
+        if algo.sampling == "tree" and algo.grouping == "agent":
+            raise ValueError(
+                "algorithm.grouping=agent with algorithm.sampling=tree pools an agent's K x T candidates of the "
+                "problem's one episode, from different turns and states, into one baseline (the team term of "
+                "other turns leaks into it); for per-agent normalisation with tree sampling use "
+                "algorithm.grouping=agent_turn with algorithm.std_scope=agent (or algorithm.sampling=parallel)"
+            )
+        if algo.std_scope == "agent" and algo.grouping != "agent_turn":
+            raise ValueError(
+                f"algorithm.std_scope=agent scales agent_turn groups by the agent's own std, but "
+                f"algorithm.grouping={algo.grouping}; grouping=agent already divides by the agent's std: use "
+                "algorithm.std_scope=group with it"
+            )
+        if algo.std_scope == "agent" and not algo.normalize_std:
+            raise ValueError(
+                "algorithm.std_scope=agent chooses which std divides the advantages, but "
+                "algorithm.normalize_std=false divides by none; drop one of the two"
+            )
 
     def policy_of(self) -> dict[str, str]:
         """agent -> policy name."""

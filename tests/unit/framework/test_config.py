@@ -75,3 +75,72 @@ def test_fields_are_documented():
     from mas_async.config import RolloutConfig
 
     assert "Problems" in (RolloutConfig.model_fields["batch_size"].description or "")
+
+
+def test_shipped_configs_load_including_examples():
+    # Every shipped config passes the validator (the learnability checks included), examples too.
+    paths = sorted(CONFIGS.glob("**/*.yaml"))
+    assert len(paths) > 20 and any(p.parent.name == "examples" for p in paths)
+    for path in paths:
+        load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        # Tree sampling runs one episode per problem: trajectory advantages compare it with itself.
+        (["algorithm.grouping=trajectory"], ["algorithm.sampling=tree", "algorithm.grouping=trajectory"]),
+        # One candidate per turn (tree) or one episode per problem (parallel): groups of one.
+        (["algorithm.k=1"], ["algorithm.k=1", "algorithm.sampling=tree", "every advantage is 0"]),
+        (
+            ["algorithm.k=1", "algorithm.sampling=parallel", "algorithm.grouping=agent"],
+            ["algorithm.k=1", "algorithm.sampling=parallel", "one episode per problem"],
+        ),
+        (
+            ["algorithm.k=1", "algorithm.sampling=parallel", "algorithm.grouping=trajectory"],
+            ["algorithm.k=1", "algorithm.sampling=parallel"],
+        ),
+        # Per-agent pooling under tree sampling mixes the turns' baselines: the sentence names the fix.
+        (
+            ["algorithm.grouping=agent"],
+            [
+                "algorithm.grouping=agent",
+                "algorithm.sampling=tree",
+                "algorithm.grouping=agent_turn with algorithm.std_scope=agent",
+            ],
+        ),  # fmt: skip
+        (
+            ["algorithm.sampling=parallel", "algorithm.grouping=agent", "algorithm.std_scope=agent"],
+            ["algorithm.std_scope=agent", "algorithm.grouping=agent"],
+        ),  # fmt: skip
+        (
+            ["algorithm.std_scope=agent", "algorithm.normalize_std=false"],
+            ["algorithm.std_scope=agent", "algorithm.normalize_std=false"],
+        ),  # fmt: skip
+        # The log-probs ignore the nucleus cut, and evaluation shares rollout.top_p.
+        (["rollout.top_p=0.9"], ["rollout.top_p=0.9", "nucleus", "evaluation", "rollout.top_p=1.0"]),
+    ],
+)
+def test_configs_that_cannot_learn_are_refused_with_a_sentence(overrides, named):
+    with pytest.raises(ConfigError) as e:
+        load_config(CONFIGS / "plan_path_tiny.yaml", overrides)
+    for part in named:
+        assert part in str(e.value)
+
+
+def test_learnable_algorithm_compositions_are_accepted():
+    for overrides in (
+        [],  # AT-GRPO
+        ["algorithm.std_scope=agent"],  # AT-GRPO groups with Dr. MAS's per-agent std
+        ["algorithm.sampling=parallel", "algorithm.grouping=agent"],  # Dr. MAS as published
+        ["algorithm.sampling=parallel", "algorithm.grouping=trajectory", "algorithm.k=2"],  # vanilla GRPO
+        ["algorithm.normalize_std=false"],
+        ["rollout.top_p=1.0"],
+    ):
+        load_config(CONFIGS / "plan_path_tiny.yaml", overrides)
+    routed = load_config(CONFIGS / "math_routed_tiny.yaml")
+    assert (routed.algorithm.sampling, routed.algorithm.grouping, routed.algorithm.std_scope) == (
+        "tree",
+        "agent_turn",
+        "agent",
+    )

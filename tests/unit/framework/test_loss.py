@@ -96,3 +96,60 @@ def test_shape_mismatch_is_reported() -> None:
         ppo_clip_loss(logprobs, old[:, :2], adv, mask)
     with pytest.raises(ValueError, match="advantages"):
         ppo_clip_loss(logprobs, old, adv[:1], mask)
+
+
+# Each clip case on its own token: (ratio, advantage, clipped?). clip_low = 0.2, clip_high = 0.3, so the
+# clip range is [0.8, 1.3]. PPO takes the pessimistic branch: min(ratio * A, clip(ratio) * A).
+CLIP_LOW, CLIP_HIGH = 0.2, 0.3
+CLIP_CASES = [
+    (1.5, 1.0, True),  # A > 0, ratio above 1 + clip_high: clipped at 1.3 * A, no gradient
+    (0.5, 1.0, False),  # A > 0, ratio below 1 - clip_low: unclipped 0.5 * A is the min, gradient flows
+    (0.5, -2.0, True),  # A < 0, ratio below 1 - clip_low: clipped at 0.8 * A, no gradient
+    (1.5, -2.0, False),  # A < 0, ratio above 1 + clip_high: unclipped 1.5 * A is the min, gradient flows
+    (1.1, 1.0, False),  # inside the range: unclipped either way
+    (1.1, -2.0, False),
+]
+
+
+def _clip_case_inputs() -> tuple[torch.Tensor, ...]:
+    ratios = torch.tensor([[r] for r, _, _ in CLIP_CASES], dtype=torch.float64)
+    old = torch.full_like(ratios, -0.7)  # old log-probs are not 0, so the ratio really is exp(new - old)
+    logprobs = (old + torch.log(ratios)).requires_grad_(True)
+    advantages = torch.tensor([a for _, a, _ in CLIP_CASES], dtype=torch.float64)
+    return logprobs, old, advantages, torch.ones_like(ratios)
+
+
+def test_clip_on_both_sides_loss_and_gradient_per_case() -> None:
+    logprobs, old, advantages, mask = _clip_case_inputs()
+    n = len(CLIP_CASES)
+    loss, metrics = ppo_clip_loss(logprobs, old, advantages, mask, clip_low=CLIP_LOW, clip_high=CLIP_HIGH)
+    expected_tokens = []
+    for ratio, adv, clipped in CLIP_CASES:
+        bound = min(max(ratio, 1 - CLIP_LOW), 1 + CLIP_HIGH)
+        expected_tokens.append(-(bound if clipped else ratio) * adv)
+    # By hand: -1.3, -0.5, -(0.8 * -2) = 1.6, -(1.5 * -2) = 3.0, -1.1, 2.2.
+    assert expected_tokens == pytest.approx([-1.3, -0.5, 1.6, 3.0, -1.1, 2.2])
+    assert loss.item() == pytest.approx(sum(expected_tokens) / n)
+    assert metrics["clip_fraction"] == pytest.approx(2 / n)
+    loss.backward()
+    grad = logprobs.grad[:, 0]
+    for i, (ratio, adv, clipped) in enumerate(CLIP_CASES):
+        # d/dlogp of -ratio * A / n is -ratio * A / n (ratio = exp(logp - old)); a clipped token has none.
+        expected = 0.0 if clipped else -ratio * adv / n
+        assert grad[i].item() == pytest.approx(expected, abs=1e-12), (ratio, adv)
+    # The unclipped far-side tokens carry the gradient that pulls the ratio back (it is not zero).
+    assert grad[1].item() < 0 and grad[3].item() > 0
+
+
+@pytest.mark.parametrize(("ratio", "adv", "clipped"), CLIP_CASES)
+def test_each_clip_case_alone_matches_the_pessimistic_bound(ratio: float, adv: float, clipped: bool) -> None:
+    old = torch.tensor([[0.3]], dtype=torch.float64)
+    logprobs = (old + math.log(ratio)).requires_grad_(True)
+    loss, metrics = ppo_clip_loss(
+        logprobs, old, torch.tensor([adv]), torch.ones(1, 1), clip_low=CLIP_LOW, clip_high=CLIP_HIGH
+    )
+    bound = min(max(ratio, 1 - CLIP_LOW), 1 + CLIP_HIGH)
+    assert loss.item() == pytest.approx(-min(ratio * adv, bound * adv))
+    assert metrics["clip_fraction"] == (1.0 if clipped else 0.0)
+    loss.backward()
+    assert logprobs.grad.item() == pytest.approx(0.0 if clipped else -ratio * adv, abs=1e-12)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
 import socket
 import tempfile
 import time
@@ -15,16 +16,18 @@ from pathlib import Path
 import psutil
 import pytest
 
-from envs.sandbox import Limits, SandboxResult, isolation_available, run_python, run_python_sync
+from envs.sandbox import CHILD, Limits, SandboxResult, isolation_available, run_python, run_python_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_isolation = pytest.mark.skipif(not isolation_available(), reason="isolated mode needs root and unshare")
 
 
 def _sandbox_processes() -> set[int]:
+    """Sandbox processes of this checkout (by the child script's full path: other checkouts on the
+    same machine may run their own sandboxes meanwhile)."""
     found = set()
     for proc in psutil.process_iter(["cmdline"]):
-        if any("sandbox_child.py" in part for part in proc.info["cmdline"] or []):
+        if any(str(CHILD) in part for part in proc.info["cmdline"] or []):
             found.add(proc.pid)
     return found
 
@@ -336,6 +339,8 @@ def test_program_cannot_read_the_home_dir(isolation: str) -> None:
 def test_program_cannot_read_a_run_dir(isolation: str, where: str) -> None:
     secret = f"run-secret-{uuid.uuid4().hex}".encode()
     parent = ROOT.parent if where == "next to the checkout" else Path(tempfile.gettempdir())
+    if not os.access(parent, os.W_OK):
+        pytest.skip(f"cannot create a run dir in {parent}")
     with tempfile.TemporaryDirectory(prefix=".mas-run-test-", dir=parent) as run_dir:
         path = Path(run_dir, "answers.jsonl")
         path.write_bytes(secret)

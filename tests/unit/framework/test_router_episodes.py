@@ -38,7 +38,17 @@ def test_eval_k_episodes_per_test_problem(tmp_path):
     router = _router(tmp_path, "eval.size=6", "eval.k=3", "eval.greedy=false")
     tasks = router._episodes(0, 0, train=False, evaluate=True)
     assert len(tasks) == 18 and set(Counter(t.msg.problem_id for t in tasks).values()) == {3}
-    assert all(t.msg.problem_id.startswith("test") for t in tasks)
+    test_split = _problems(router, "test")
+    train_split = _problems(router, "train")
+    assert [t.msg.problem for t in tasks[::3]] == test_split[:6]  # the test split's first eval.size problems
+    assert not any(t.msg.problem in train_split for t in tasks)
+
+
+def _problems(router, split):
+    from mas_async.api import ENVS, resolve
+
+    env_cls = resolve(router.cfg.env.name, ENVS, "env")
+    return env_cls.problems(split, getattr(router.cfg.env, f"{split}_size"), **router.cfg.env.options)
 
 
 def test_data_order_depends_on_seed_and_iteration_only(tmp_path):

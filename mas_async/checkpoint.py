@@ -5,6 +5,13 @@ Layout under RUN_DIR/checkpoints/:
   model folder) and `trainer_state.pt` (optimiser, scheduler, RNG states, version). Each policy has its
   own folder, so checkpoints of different policies never overwrite each other.
 - `router/v<version>.json`: the router's data position at that version (the next iteration).
+- `best.json`: the version with the best held-out success so far (`eval/team_success_rate`) and that
+  score; its checkpoint is kept when older ones are pruned.
+
+Checkpoints are written every `trainer.checkpoint_every` iterations and at the end; only the newest
+`trainer.keep_checkpoints` complete ones are kept (plus the best). When an evaluation beats the best so
+far, the trainers save the evaluated weights before they step, so the best is always a loadable
+checkpoint (`mas-async eval CONFIG checkpoint=RUN_DIR eval.pick=best`).
 
 Every checkpoint is written to a temporary name and renamed into place when complete, so a half-written
 checkpoint is never seen. The router writes its file only after every trainer has reported its own
@@ -26,6 +33,9 @@ if TYPE_CHECKING:
     from mas_async.config import Config
     from mas_async.training.learner import PolicyLearner
 
+
+STATE = "trainer_state.pt"
+"""The file that completes a policy's checkpoint folder (optimiser, scheduler, RNG states, version)."""
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
@@ -59,7 +69,7 @@ def save_policy(run_dir: Path, policy: str, version: int, learner: PolicyLearner
         "numpy_rng": json.dumps(learner.rng.bit_generator.state),
         "python_rng": json.dumps(random.getstate()),
     }
-    torch.save(state, tmp / "trainer_state.pt")
+    torch.save(state, tmp / STATE)
     shutil.rmtree(final, ignore_errors=True)  # a leftover of a run killed after this rename
     os.rename(tmp, final)
     return final
@@ -69,9 +79,7 @@ def load_policy_state(run_dir: Path, policy: str, version: int, learner: PolicyL
     """Restore optimiser, scheduler and RNG states (the weights come from the folder itself)."""
     import torch
 
-    state: dict[str, Any] = torch.load(
-        policy_checkpoint(run_dir, policy, version) / "trainer_state.pt", weights_only=True
-    )
+    state: dict[str, Any] = torch.load(policy_checkpoint(run_dir, policy, version) / STATE, weights_only=True)
     if state["version"] != version:
         raise ValueError(f"checkpoint of {policy} at v{version} holds version {state['version']}")
     learner.optimizer.load_state_dict(state["optimizer"])
@@ -92,11 +100,45 @@ def save_router(run_dir: Path, version: int, position: dict[str, Any]) -> None:
 
 def latest_complete(run_dir: Path, policies: list[str]) -> int | None:
     """The newest version checkpointed by the router and by every policy, or None."""
+    versions = complete_versions(run_dir, policies)
+    return versions[-1] if versions else None
+
+
+def complete_versions(run_dir: Path, policies: list[str]) -> list[int]:
+    """Every version checkpointed by the router and by every policy, oldest first."""
     folder = run_dir / "checkpoints" / "router"
-    versions = sorted(
-        (int(p.stem[1:]) for p in folder.glob("v*.json") if p.stem[1:].isdigit()), reverse=True
-    ) if folder.exists() else []  # fmt: skip
-    for version in versions:
-        if all((policy_checkpoint(run_dir, p, version) / "trainer_state.pt").exists() for p in policies):
-            return version
-    return None
+    if not folder.exists():
+        return []
+    versions = sorted(int(p.stem[1:]) for p in folder.glob("v*.json") if p.stem[1:].isdigit())
+    return [v for v in versions if all((policy_checkpoint(run_dir, p, v) / STATE).exists() for p in policies)]
+
+
+def load_best(run_dir: Path) -> dict[str, Any] | None:
+    """{"version": v, "score": s} of the best evaluated checkpoint so far, or None."""
+    path = run_dir / "checkpoints" / "best.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def save_best(run_dir: Path, version: int, score: float) -> None:
+    folder = run_dir / "checkpoints"
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / ".tmp-best.json"
+    tmp.write_text(json.dumps({"version": version, "score": score}))
+    os.replace(tmp, folder / "best.json")
+
+
+def prune_checkpoints(run_dir: Path, policies: list[str], keep: int) -> list[int]:
+    """Delete every complete checkpoint but the newest `keep` and the best; returns the deleted
+    versions. `keep` 0 keeps everything. The router file goes first, so a version being deleted is
+    never taken for complete."""
+    if keep <= 0:
+        return []
+    versions = complete_versions(run_dir, policies)
+    best = load_best(run_dir)
+    protected = set(versions[-keep:]) | ({best["version"]} if best else set())
+    deleted = [v for v in versions if v not in protected]
+    for version in deleted:
+        (run_dir / "checkpoints" / "router" / f"v{version:06d}.json").unlink(missing_ok=True)
+        for policy in policies:
+            shutil.rmtree(policy_checkpoint(run_dir, policy, version), ignore_errors=True)
+    return deleted

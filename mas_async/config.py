@@ -162,6 +162,9 @@ class EvalConfig(_Section):
     """Episodes per test problem: reports avg@k (mean success) and pass@k (any of the k succeeds)."""
     checkpoint: str | None = None
     """`mas-async eval`: a run directory whose last complete checkpoint supplies every policy's weights."""
+    pick: Literal["latest", "best"] = "latest"
+    """`mas-async eval`: which checkpoint of `checkpoint`: the latest complete one, or the best by held-out
+    success during training (checkpoints/best.json)."""
     weights: dict[str, str] = Field(default_factory=dict)
     """`mas-async eval`: policy -> checkpoint folder, overriding `checkpoint` (e.g. to swap two roles)."""
 
@@ -179,8 +182,14 @@ class TrainerConfig(_Section):
     """Optimiser steps of linear warm-up from lr / warmup_steps to lr."""
     min_lr_ratio: float = Field(0.1, ge=0, le=1)
     """Final learning rate of the cosine schedule, as a fraction of lr."""
-    checkpoint_every: int = Field(0, ge=0)
-    """Save a checkpoint every N iterations (0: only at the end of the run)."""
+    checkpoint_every: int = Field(25, ge=0)
+    """Save a checkpoint every N iterations, and always at the end (0: only at the end)."""
+    keep_checkpoints: int = Field(3, ge=0)
+    """Keep the newest N complete checkpoints (0 keeps all); the best one by held-out success is kept
+    besides them."""
+    keep_best: bool = True
+    """When an evaluation beats the best held-out success so far, checkpoint the evaluated weights and
+    record them in checkpoints/best.json."""
     bucket_mb: float = Field(64.0, gt=0)
     """Weight-sync bucket size in MiB (tensors are flattened into buckets of at most this size)."""
 

@@ -23,7 +23,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from mas_async.checkpoint import latest_complete, policy_checkpoint
+from mas_async.checkpoint import complete_versions, latest_complete, load_best, policy_checkpoint
 from mas_async.config import Config, ConfigError, dump_config, load_config
 from mas_async.deployment import Deployment, free_ports
 from mas_async.launch.progress import Progress
@@ -84,6 +84,11 @@ def eval_weights(config: Config) -> tuple[dict[str, str], int]:
         found = latest_complete(source, list(config.policies))
         if found is None:
             raise ConfigError(f"eval.checkpoint={source}: no complete checkpoint there")
+        if config.eval.pick == "best":
+            best = load_best(source)
+            if best is None or best["version"] not in complete_versions(source, list(config.policies)):
+                raise ConfigError(f"eval.checkpoint={source} eval.pick=best: the run recorded no best checkpoint")
+            found = best["version"]
         version = found
         weights = {p: str(policy_checkpoint(source, p, found)) for p in config.policies}
     for policy, path in config.eval.weights.items():

@@ -46,6 +46,12 @@ class EpisodeBook:
         """Groups or EpisodeDone messages of an attempt that is not current (dropped)."""
         self.done = asyncio.Event()
 
+    def success_rate(self, mode: str) -> float:
+        """Successes over every episode of `mode` that was dispatched: a failed or timed-out one counts
+        as a failure, never left out of the denominator."""
+        ran = self.stats[mode].episodes + self.dropped[mode]
+        return self.stats[mode].sums.get("success", 0.0) / max(1, ran)
+
     def current(self, episode_id: str, iteration: int, attempt: int) -> EpisodeTask | None:
         task = self.in_flight.get(episode_id)
         if iteration != self.iteration or task is None or task.msg.attempt != attempt:

@@ -30,7 +30,7 @@ from typing import Any
 import zmq
 
 from mas_async.api.registry import ENVS, resolve
-from mas_async.checkpoint import checkpoint_due, save_router
+from mas_async.checkpoint import checkpoint_due, load_best, prune_checkpoints, save_best, save_router
 from mas_async.config import Config
 from mas_async.deployment import Deployment
 from mas_async.metrics import MetricsWriter, keep_rows_before
@@ -101,6 +101,8 @@ class Router(Actor):
         self.metrics = MetricsWriter(run_dir / "metrics.jsonl")
         self.started = time.monotonic()
         self._step_done = asyncio.Event()
+        self.best = load_best(run_dir) if deployment.training else None
+        """{"version", "score"} of the best held-out evaluation so far (its checkpoint is kept)."""
 
     @property
     def peers(self) -> dict[bytes, PeerInfo]:
@@ -318,14 +320,16 @@ class Router(Actor):
         await book.done.wait()
         return book
 
-    async def step(self, iteration: int) -> dict[str, dict[str, Any]]:
+    async def step(self, iteration: int, checkpoint_first: bool = False) -> dict[str, dict[str, Any]]:
         """The barrier's step: TrainStep(v) to every trainer, then wait until every trainer stepped and
-        every replica loaded v+1; returns each trainer's metrics."""
+        every replica loaded v+1; returns each trainer's metrics. `checkpoint_first`: the trainers save
+        the weights of v before they step."""
         version = self.clock.begin_step()
         self._step_done.clear()
         for policy in self.policies:
             expected = self.clock.expected_samples(policy, version)
-            self.send_to(f"trainer/{policy}".encode(), TrainStep(policy, iteration, version, expected))
+            msg = TrainStep(policy, iteration, version, expected, checkpoint_first)
+            self.send_to(f"trainer/{policy}".encode(), msg)
         await self._step_done.wait()
         return self.clock.advance()
 
@@ -336,18 +340,33 @@ class Router(Actor):
         if train and book.stats["train"].episodes == 0:
             raise RuntimeError(f"iteration {iteration}: every training episode failed; first error: {book.first_error}")
         step_s, trained = 0.0, {}
+        new_best = self._new_best(book) if evaluate and self.deployment.training else None
         if train:
             t1 = time.monotonic()
-            trained = await self.step(iteration)
+            trained = await self.step(iteration, checkpoint_first=new_best is not None)
             step_s = time.monotonic() - t1
+            if new_best is not None:  # the trainers saved the evaluated weights (version v) first
+                save_router(self.run_dir, book.version, {"iteration": iteration})
             if checkpoint_due(self.cfg, self.clock.version):
                 save_router(self.run_dir, self.clock.version, {"iteration": iteration + 1})
+        if new_best is not None:  # after a final evaluation, v is the final checkpoint itself
+            save_best(self.run_dir, book.version, new_best)
+            self.best = {"version": book.version, "score": new_best}
+        if self.deployment.training:
+            prune_checkpoints(self.run_dir, self.policies, self.cfg.trainer.keep_checkpoints)
         row = iteration_row(
             book, eval_k=self.cfg.eval.k, train=train, trained=trained, version=book.version, rollout_s=rollout_s,
             step_s=step_s, malformed=self.malformed, elapsed_s=time.monotonic() - self.started,
         )  # fmt: skip
         self.metrics.write(row)
         return row
+
+    def _new_best(self, book: EpisodeBook) -> float | None:
+        """The eval success of this iteration's weights if it beats the best so far (and is kept)."""
+        if not self.cfg.trainer.keep_best or book.stats["eval"].episodes + book.dropped["eval"] == 0:
+            return None
+        score = book.success_rate("eval")
+        return score if self.best is None or score > self.best["score"] else None
 
     async def cleanup(self) -> None:
         self.metrics.close()

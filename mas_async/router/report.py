@@ -29,8 +29,7 @@ def iteration_row(
     train_stats, eval_stats = book.stats["train"], book.stats["eval"]
     if train:
         means = train_stats.means()
-        ran = train_stats.episodes + book.dropped["train"]
-        row[Keys.TRAIN_SUCCESS] = train_stats.sums.get("success", 0.0) / max(1, ran)
+        row[Keys.TRAIN_SUCCESS] = book.success_rate("train")
         for key, value in means.items():
             if key.startswith("reward/"):
                 row[key] = value
@@ -40,7 +39,7 @@ def iteration_row(
     if eval_stats.episodes or book.dropped["eval"]:
         means = eval_stats.means()
         ran = eval_stats.episodes + book.dropped["eval"]
-        success = eval_stats.sums.get("success", 0.0) / max(1, ran)
+        success = book.success_rate("eval")
         row[Keys.EVAL_SUCCESS] = success
         row[f"eval/avg@{eval_k}"] = success
         solved = book.eval_solved.values()

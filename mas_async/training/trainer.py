@@ -21,7 +21,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from mas_async.checkpoint import checkpoint_due, load_policy_state, save_policy
+from mas_async.checkpoint import STATE, checkpoint_due, load_policy_state, policy_checkpoint, save_policy
 from mas_async.config import Config
 from mas_async.deployment import Deployment
 from mas_async.router.clock import VersionClock
@@ -131,6 +131,8 @@ class Trainer(Peer):
                 )  # fmt: skip
             await self._group_ready.wait()
             assert self.sender is not None
+            if msg.checkpoint_first and not (policy_checkpoint(self.run_dir, self.policy, version) / STATE).exists():
+                await asyncio.to_thread(save_policy, self.run_dir, self.policy, version, self.learner)
             t0 = time.monotonic()
             metrics = await asyncio.to_thread(self.learner.step, batch)
             train_s = time.monotonic() - t0

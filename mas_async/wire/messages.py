@@ -190,6 +190,7 @@ class TrainStep(Message):
     iteration: int
     version: int
     expected_samples: int  # samples the router forwarded; the trainer checks it got exactly these
+    checkpoint_first: bool = False  # save the weights of `version` before stepping (a new best evaluation)
 
 
 @dataclass(slots=True)

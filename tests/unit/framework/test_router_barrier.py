@@ -160,3 +160,34 @@ def test_a_failed_training_episode_sends_no_samples_and_counts_as_a_failure(tmp_
 
     row = asyncio.run(scenario())
     assert row["team/success_rate"] == 0.5 and row["rollout/dropped"] == 1
+
+
+def test_a_better_evaluation_checkpoints_the_evaluated_weights_and_records_the_best(tmp_path):
+    from mas_async.checkpoint import load_best
+
+    async def iteration(router: Router, number: int, successes: tuple[bool, bool]) -> TrainStep:
+        task = asyncio.create_task(router._iteration(number, evaluate=True, train=True))
+        await asyncio.sleep(0)
+        for _ in range(2):  # the two eval episodes, then the two training episodes
+            for (worker, run), success in zip(router.io.of(RunEpisode)[-2:], successes, strict=True):
+                if run.episode_id in router.book.in_flight:
+                    _done(router, worker, run, success=success)
+            await asyncio.sleep(0)
+        step = router.io.of(TrainStep)[-1][1]
+        _finish_step(router, number + 1)
+        await asyncio.wait_for(task, 5)
+        return step
+
+    async def scenario() -> list[bool]:
+        router = _router(tmp_path, "rollout.episodes_per_worker=1", "trainer.checkpoint_every=0")
+        flags = []
+        for number, successes in enumerate([(True, False), (False, False), (True, True)]):
+            flags.append((await iteration(router, number, successes)).checkpoint_first)
+            router.io.sent.clear()
+        return flags
+
+    flags = asyncio.run(scenario())
+    assert flags == [True, False, True]  # 0.5 is a new best, 0.0 is not, 1.0 is
+    assert load_best(tmp_path) == {"version": 2, "score": 1.0}
+    assert sorted(p.name for p in (tmp_path / "checkpoints" / "router").glob("v*.json")) == [
+        "v000000.json", "v000002.json"]  # fmt: skip

@@ -1,18 +1,16 @@
-"""Rollout throughput of the framework against the standalone engine on the same prompts.
+"""Rollout throughput of the framework against the standalone engine on the same prompts: a fixed
+workload (Plan-Path, one shared policy) over `mas-async bench`'s measurement (`mas_async.throughput`).
 
-1. Framework: a rollout-only deployment (`bench.support`: the real router, env workers and
-   inference servers as separate processes, no trainers) runs `--warmup` + `--iterations` rollout
-   phases of Plan-Path training episodes (tree sampling, K candidates per agent per turn) with one
-   policy. It records every phase's window, every generate request and every inference batch.
-2. Standalone: the same engine (`make_backend`, same model, dtype, seed, batching limit) in this
-   process, with no framework around it, generates exactly the prompts the framework's episodes sent,
-   with the same sampling settings, in lockstep: the j-th request of every episode of a phase go to the
-   engine as one batch (the most a framework could batch, given that an episode's next prompt depends
-   on its last answer). Only the engine's generate calls are timed.
+1. Framework: a rollout-only deployment (the real router, env workers and inference servers as separate
+   processes, no trainers) runs `--warmup` + `--iterations` rollout phases of Plan-Path training
+   episodes (tree sampling, K candidates per agent per turn) with one policy, recording every phase's
+   window, every generate request and every inference batch.
+2. Standalone: the same engine, in this process with no framework around it, generates exactly the
+   prompts the framework's episodes sent, in lockstep waves (`mas_async.throughput.figures.baseline`).
 
-It prints rollout tokens/s, episodes/s, env steps/s (one per candidate: each steps its own env clone),
-generation latency p50/p99 (request to reply, seen by the env worker), the inference servers' busy
-fraction and the overhead ratio = framework tokens/s / standalone tokens/s (target >= 0.90).
+It prints rollout tokens/s, episodes/s, env steps/s, generation latency p50/p99, the inference servers'
+busy fraction and the overhead ratio = framework tokens/s / standalone tokens/s (target >= 0.90). For any
+other config, use `mas-async bench CONFIG --baseline`.
 
     python bench/rollout_throughput.py --backend mock --mock-step-ms 10    # a ~1.7B model on a GPU
     python bench/rollout_throughput.py --backend hf --model builtin:small-char
@@ -22,22 +20,18 @@ fraction and the overhead ratio = framework tokens/s / standalone tokens/s (targ
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys
 import tempfile
-import time
-from collections import defaultdict
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench.support import BENCH_DIR, run_rollout
 from mas_async.config import Config, load_config
-from mas_async.wire.codec import unpack
+from mas_async.throughput.command import measure
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,132 +58,26 @@ def build_config(args: argparse.Namespace, run_dir: Path) -> Config:
     return load_config(CONFIG, overrides)
 
 
-# -- the framework ---------------------------------------------------------------------------------
+# -- the measurement -------------------------------------------------------------------------------
 
 
-def run_framework(config: Config, warmup: int, timeout_s: float) -> dict[str, Any]:
-    """Run the rollout-only deployment to the end; return what its processes recorded."""
-    run_dir, deployment = run_rollout(config, warmup=warmup, timeout_s=timeout_s)
-    out = run_dir / BENCH_DIR
-    requests = []
-    for path in sorted(out.glob("requests-*.msgpack")):
-        requests += unpack(path.read_bytes())
-    batches = {path.stem: json.loads(path.read_text()) for path in sorted(out.glob("batches-*.json"))}
-    phases = json.loads((out / "phases.json").read_text())["phases"]
-    return {"phases": phases, "requests": requests, "batches": batches, "model_path": deployment.model_paths[POLICY]}
-
-
-def framework_figures(record: dict[str, Any]) -> dict[str, Any]:
-    phases = [p for p in record["phases"] if not p["warmup"]]
-    measured = {p["iteration"] for p in phases}
-    wall = sum(p["end"] - p["start"] for p in phases)
-    requests = [r for r in record["requests"] if _iteration(r[0]) in measured]
-    latencies = np.array([r[6] - r[5] for r in requests]) * 1000
-    busy = []
-    for batches in record["batches"].values():
-        # The union of the batch intervals: a continuous-batching engine (vLLM) runs several at once.
-        seconds = sum(_overlap(start, end, p["start"], p["end"]) for start, end in _union(batches) for p in phases)
-        busy.append(seconds / wall)
-    return {
-        "seconds": wall,
-        "tokens": float(sum(p["tokens"] for p in phases)),
-        "tokens_per_s": sum(p["tokens"] for p in phases) / wall,
-        "phase_tokens_per_s": [p["tokens"] / (p["end"] - p["start"]) for p in phases],
-        "episodes_per_s": sum(p["episodes"] for p in phases) / wall,
-        "env_steps_per_s": sum(r[3] for r in requests) / wall,
-        "latency_p50_ms": float(np.percentile(latencies, 50)),
-        "latency_p99_ms": float(np.percentile(latencies, 99)),
-        "busy_fraction": float(np.mean(busy)),
-        "dropped": float(sum(p["dropped"] for p in phases)),
+def run(config: Config, warmup: int, timeout_s: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The framework's figures and the standalone engine's, in the shape this script reports."""
+    result = measure(config, warmup=warmup, with_baseline=True, timeout_s=timeout_s)
+    total = result["total"]
+    framework = {
+        "seconds": total["seconds"],
+        "tokens": total["tokens"],
+        "tokens_per_s": total["tokens_per_s"],
+        "phase_tokens_per_s": total["phase_tokens_per_s"],
+        "episodes_per_s": total["episodes_per_s"],
+        "env_steps_per_s": total["env_steps_per_s"],
+        "latency_p50_ms": total["latency_ms"]["p50"],
+        "latency_p99_ms": total["latency_ms"]["p99"],
+        "busy_fraction": float(np.mean([r["busy_fraction"] for r in result["replicas"].values()])),
+        "dropped": total["dropped"],
     }
-
-
-def _iteration(episode_id: str) -> int:
-    """'train3-12' -> 3."""
-    return int(episode_id.removeprefix("train").split("-")[0])
-
-
-def _union(batches: list[list[float]]) -> list[tuple[float, float]]:
-    """Disjoint (start, end) intervals covering the (start, end, sequences) batches."""
-    merged: list[tuple[float, float]] = []
-    for start, end, _ in sorted(batches):
-        if merged and start <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-        else:
-            merged.append((start, end))
-    return merged
-
-
-def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
-    return max(0.0, min(a1, b1) - max(a0, b0))
-
-
-# -- the standalone engine -------------------------------------------------------------------------
-
-
-def lockstep_waves(requests: list[list[Any]], iteration: int) -> list[list[list[Any]]]:
-    """The requests of one phase as batches: the j-th request of every episode form batch j."""
-    by_episode: dict[str, list[list[Any]]] = defaultdict(list)
-    for request in requests:
-        if _iteration(request[0]) == iteration:
-            by_episode[request[0]].append(request)
-    ordered = [sorted(rs, key=lambda r: r[5]) for rs in by_episode.values()]
-    depth = max((len(rs) for rs in ordered), default=0)
-    return [[rs[j] for rs in ordered if j < len(rs)] for j in range(depth)]
-
-
-def run_standalone(config: Config, record: dict[str, Any]) -> dict[str, Any]:
-    """Replay the framework's prompts on the bare engine, phase by phase, in lockstep batches."""
-    import torch
-
-    from mas_async.inference.backends.base import make_backend
-    from mas_async.inference.request import GenerationRequest
-    from mas_async.rollout.env_worker import load_tokenizer, stop_token_ids
-
-    torch.set_num_threads(config.cluster.torch_threads)
-    spec, rollout = config.policies[POLICY], config.rollout
-    model_path = record["model_path"]
-    backend = make_backend(
-        spec.backend,
-        model_path,
-        dtype=spec.dtype,
-        max_batch_sequences=spec.max_batch_sequences,
-        seed=config.run.seed * 1000,
-    )
-    stops = stop_token_ids(load_tokenizer(model_path))
-
-    def request(r: list[Any]) -> GenerationRequest:
-        return GenerationRequest(
-            prompt_ids=np.asarray(r[2]),
-            n=r[3],
-            max_tokens=rollout.max_tokens,
-            temperature=rollout.temperature,
-            top_p=rollout.top_p,
-            greedy=r[4],
-            stop_token_ids=stops,
-        )
-
-    async def replay() -> dict[str, Any]:
-        per_phase: list[tuple[float, float]] = []  # (seconds, tokens) of each measured phase
-        for phase in record["phases"]:
-            seconds = tokens = 0.0
-            for wave in lockstep_waves(record["requests"], phase["iteration"]):
-                batch = [request(r) for r in wave]
-                start = time.perf_counter()
-                results = await backend.generate(batch)
-                seconds += time.perf_counter() - start
-                tokens += sum(len(c.token_ids) for group in results for c in group)
-            if not phase["warmup"]:
-                per_phase.append((seconds, tokens))
-        seconds, tokens = sum(s for s, _ in per_phase), sum(t for _, t in per_phase)
-        return {
-            "seconds": seconds,
-            "tokens": tokens,
-            "tokens_per_s": tokens / seconds,
-            "phase_tokens_per_s": [t / s for s, t in per_phase],
-        }
-
-    return asyncio.run(replay())
+    return framework, result["baseline"][POLICY]
 
 
 # -- report ----------------------------------------------------------------------------------------
@@ -279,9 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="mas-async-bench-") as tmp:
         run_dir = args.run_dir or Path(tmp) / "framework"
         config = build_config(args, run_dir)
-        record = run_framework(config, args.warmup, args.timeout)
-        framework = framework_figures(record)
-        standalone = run_standalone(config, record)
+        framework, standalone = run(config, args.warmup, args.timeout)
     result = report(args, framework, standalone)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1, default=str))

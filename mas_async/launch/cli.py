@@ -2,6 +2,8 @@
 
     mas-async train CONFIG [section.key=value ...]   run a training job (every process on this machine)
     mas-async eval CONFIG [checkpoint=RUN_DIR ...]   evaluate policies on the test split (avg@k, pass@k)
+    mas-async bench CONFIG [overrides] [--phases N --warmup W --baseline --sweep KEY=V1,V2]
+                                                     rollout throughput of the config's deployment
     mas-async plot RUN_DIR [--out DIR]               PNG plots of a run's metrics (into RUN_DIR/plots/)
 
 Thin by design: it parses arguments, loads and validates the config (a mistake is one sentence naming
@@ -28,6 +30,16 @@ def main(argv: list[str] | None = None) -> int:
     evaluate.add_argument(
         "overrides", nargs="*", help="checkpoint=RUN_DIR (its last checkpoint), eval.k=8, eval.greedy=false, ..."
     )
+    bench = sub.add_parser("bench", help="rollout throughput of a config's deployment (no trainers)")
+    bench.add_argument("config", help="YAML run config whose deployment to measure")
+    bench.add_argument("overrides", nargs="*", help="dotted overrides, checkpoint=RUN_DIR for trained weights")
+    bench.add_argument("--phases", type=int, default=3, help="measured rollout phases (default 3)")
+    bench.add_argument("--warmup", type=int, default=1, help="rollout phases run first, not measured (default 1)")
+    bench.add_argument("--baseline", action="store_true", help="replay the prompts on each policy's engine alone")
+    bench.add_argument(
+        "--sweep", action="append", default=[], metavar="KEY=V1,V2", help="measure each value (one or two keys)"
+    )
+    bench.add_argument("--timeout", type=float, default=600.0, help="seconds one measurement may take")
     plot = sub.add_parser("plot", help="write PNG plots of a run's metrics.jsonl (into RUN_DIR/plots/)")
     plot.add_argument("run_dir", help="a run directory of `mas-async train`")
     plot.add_argument("--out", help="write the PNGs here instead of RUN_DIR/plots/")
@@ -43,6 +55,19 @@ def main(argv: list[str] | None = None) -> int:
         except (ConfigError, RegistryError) as e:
             print(f"mas-async: {e}", file=sys.stderr)
             return 2
+    if args.command == "bench":
+        from mas_async.throughput.command import run_bench
+
+        overrides = [f"eval.{o}" if o.startswith("checkpoint=") else o for o in args.overrides]
+        try:
+            run_bench(
+                args.config, overrides, phases=args.phases, warmup=args.warmup, with_baseline=args.baseline,
+                sweep_specs=args.sweep, timeout_s=args.timeout,
+            )  # fmt: skip
+        except (ConfigError, RegistryError) as e:
+            print(f"mas-async: {e}", file=sys.stderr)
+            return 2
+        return 0
     if args.command == "plot":
         from mas_async.launch.plot import PlotError, plot_run
 

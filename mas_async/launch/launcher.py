@@ -76,11 +76,31 @@ def prepare_resume(config: Config) -> tuple[Config, Path, int]:
     return saved, run_dir, version
 
 
+def check_checkpoint_matches(config: Config, source: Path) -> None:
+    """A checkpoint's run must have the config's policies with the same models; else a sentence."""
+    saved_path = source / "config.yaml"
+    if not saved_path.is_file():
+        return  # a bare checkpoint folder: its files are checked when they are looked for
+    saved = load_config(saved_path)
+    if set(saved.policies) != set(config.policies):
+        raise ConfigError(
+            f"checkpoint={source} does not match the config: its policies are {sorted(saved.policies)}, "
+            f"the config's {sorted(config.policies)}"
+        )
+    for name, spec in config.policies.items():
+        if saved.policies[name].model != spec.model:
+            raise ConfigError(
+                f"checkpoint={source} does not match the config: policy {name!r} was trained from "
+                f"{saved.policies[name].model!r}, the config names {spec.model!r}"
+            )
+
+
 def eval_weights(config: Config) -> tuple[dict[str, str], int]:
     """policy -> weights folder for `mas-async eval`, and the version they hold (0 for the base models)."""
     weights, version = {}, 0
     if config.eval.checkpoint:
         source = Path(config.eval.checkpoint)
+        check_checkpoint_matches(config, source)
         found = latest_complete(source, list(config.policies))
         if found is None:
             raise ConfigError(f"eval.checkpoint={source}: no complete checkpoint there")

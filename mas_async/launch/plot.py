@@ -144,12 +144,19 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
 
     run_dir = Path(run_dir)
     metrics = run_dir / "metrics.jsonl"
+    out = Path(out_dir) if out_dir is not None else run_dir / PLOTS_DIR
+    bench_file = run_dir / "bench.json"
+    if bench_file.is_file():  # a `mas-async bench` run: its throughput figures
+        from mas_async.throughput.plot import plot_bench
+
+        return plot_bench(bench_file, out)
     if not metrics.is_file():
-        raise PlotError(f"{run_dir} has no metrics.jsonl: is it a run directory of `mas-async train`?")
+        raise PlotError(
+            f"{run_dir} has no metrics.jsonl nor bench.json: is it a run directory of `mas-async train` or `mas-async bench`?"
+        )
     rows = read_metrics(metrics)
     if not rows:
         raise PlotError(f"{metrics} holds no complete row yet")
-    out = Path(out_dir) if out_dir is not None else run_dir / PLOTS_DIR
     out.mkdir(parents=True, exist_ok=True)
     all_views = views(rows)
     paths = []

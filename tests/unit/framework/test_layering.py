@@ -56,3 +56,23 @@ def test_the_walker_sees_imports_inside_functions_and_type_checking_blocks(tmp_p
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import envs.x\ndef f():\n    from nodes import y\n"
     )
     assert {"envs.x", "nodes"} <= set(_imports(module))
+
+
+def test_every_framework_module_imports():
+    """A moved module whose importers were not updated fails here, not in a process at run time."""
+    import importlib
+    import importlib.util
+    import pkgutil
+
+    import mas_async
+
+    has_vllm = importlib.util.find_spec("vllm") is not None
+    failed = []
+    for module in pkgutil.walk_packages(mas_async.__path__, "mas_async."):
+        if module.name.endswith("__main__") or (".vllm" in module.name and not has_vllm):
+            continue
+        try:
+            importlib.import_module(module.name)
+        except Exception as e:  # collected, so one run names every broken module
+            failed.append(f"{module.name}: {type(e).__name__}: {e}")
+    assert failed == []

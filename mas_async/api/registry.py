@@ -42,6 +42,10 @@ ENVS: dict[str, str] = {
     # games and planning
     "sokoban": "envs.sokoban:SokobanEnv",
     "sudoku": "envs.sudoku:SudokuEnv",
+    # the tool + plan team (Stronger-MAS): agents "tool" and "plan"
+    "plan_path_toolplan": "envs.tool_plan:PlanPathToolPlanEnv",
+    "sokoban_toolplan": "envs.tool_plan:SokobanToolPlanEnv",
+    "sudoku_toolplan": "envs.tool_plan:SudokuToolPlanEnv",
     # code and math
     "code": "envs.code:CodeEnv",
     "math": "envs.math:MathEnv",

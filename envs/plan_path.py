@@ -1,8 +1,10 @@
 """Plan-Path: two agents steer one shared token through a grid to a goal.
 
 The "vertical" agent moves the token up or down ("U", "D") and the "horizontal" agent left or right
-("L", "R"); either may stay ("S"), though the shipped workflow's movers must move (nodes/plan_path.py). Neither can solve a problem alone: generated problems put the start
-and the goal in different rows and different columns. A move into a wall or off the grid leaves the
+("L", "R"); either may stay ("S"), though the shipped workflow's movers must move (nodes/plan_path.py).
+Neither can solve a problem alone: generated problems put the start and the goal in different rows and
+different columns. A list of moves is a macro action (`play`): applied in order, stopping at the goal or
+at the first blocked move (the tool + plan team of `envs/tool_plan.py` plays whole paths that way). A move into a wall or off the grid leaves the
 token where it was and is recorded as blocked in `infos[agent]["blocked"]`. The episode terminates when
 the token reaches the goal; `team_reward()` is then 1.0 (0.0 before), and `distance()` (the BFS
 shortest-path length to the goal) gives nodes a dense local reward.
@@ -173,16 +175,29 @@ class PlanPathEnv(Env):
         lines.append(f"A={ar},{ac} G={gr},{gc}")
         return "\n".join(lines)
 
-    def step(self, agent: str, action: str) -> None:
-        """Move the token by `agent`'s action; a move into a wall or off the grid is blocked."""
+    def moves_of(self, agent: str) -> dict[str, Cell]:
+        """The moves `agent` may play, by letter (a subclass with other agents overrides this)."""
         moves = MOVES.get(agent)
         if moves is None:
             raise ValueError(f"plan_path: unknown agent {agent!r}: agents are {', '.join(self.possible_agents)}")
+        return moves
+
+    def step(self, agent: str, action: str | list[str]) -> None:
+        """Move the token by `agent`'s action; a move into a wall or off the grid is blocked. A list of
+        moves is a macro action (`play`)."""
+        if isinstance(action, list | tuple):
+            self.play(agent, list(action))
+            return
+        moves = self.moves_of(agent)
         if action not in moves:
             raise ValueError(f"plan_path: agent {agent!r} cannot play {action!r}: allowed are {', '.join(moves)}")
         if self.done:
             raise ValueError("plan_path: the episode is over (the token is on the goal); reset first")
-        dr, dc = moves[action]
+        self._move(agent, moves[action])
+
+    def _move(self, agent: str, delta: Cell) -> None:
+        # One checked move; `play` calls it directly so that a subclass's `step` is not re-entered.
+        dr, dc = delta
         target = (self.position[0] + dr, self.position[1] + dc)
         blocked = not (0 <= target[0] < self.rows and 0 <= target[1] < self.cols) or target in self.walls
         if not blocked:
@@ -190,6 +205,28 @@ class PlanPathEnv(Env):
         self.infos[agent] = {"blocked": blocked}
         if self.position == self.goal:
             self.terminations = {a: True for a in self.possible_agents}
+
+    def play(self, agent: str, moves: list[str]) -> None:
+        """A macro action: `agent`'s moves applied in order, stopping at the goal or at the first blocked
+        move (which leaves the token where it was). `infos[agent]` is {"blocked", "moves"}: whether a move
+        was blocked, and how many moves were applied before the stop. Every move is checked first, so an
+        unknown letter raises ValueError without changing anything."""
+        allowed = self.moves_of(agent)
+        bad = [move for move in moves if not isinstance(move, str) or move not in allowed]
+        if bad:
+            raise ValueError(f"plan_path: agent {agent!r} cannot play {bad[0]!r}: allowed are {', '.join(allowed)}")
+        if self.done:
+            raise ValueError("plan_path: the episode is over (the token is on the goal); reset first")
+        applied, blocked = 0, False
+        for move in moves:
+            if self.done:
+                break
+            self._move(agent, allowed[move])
+            if self.infos[agent]["blocked"]:
+                blocked = True
+                break
+            applied += 1
+        self.infos[agent] = {"blocked": blocked, "moves": applied}
 
     def team_reward(self) -> float:
         return 1.0 if self.position == self.goal else 0.0

@@ -3,7 +3,9 @@
 Like Plan-Path (envs/plan_path.py), the "vertical" agent moves the keeper up or down ("U", "D") and the
 "horizontal" agent left or right ("L", "R"); the movers alternate, vertical first, and there is no
 "stay". Walking into a box pushes it one cell if the cell beyond is free; a move into a wall, or into a
-box that cannot move, is blocked: the keeper stays and `infos[agent]["blocked"]` is True.
+box that cannot move, is blocked: the keeper stays and `infos[agent]["blocked"]` is True. A list of
+moves is a macro action (`play`): applied in order, stopping when the level is solved or deadlocked, or
+at the first blocked move.
 
 `team_reward()` is the fraction of boxes on targets (1.0 when solved, which terminates the episode).
 `distance(agent)` is the fewest moves that solve the level from here when `agent` moves next and the
@@ -249,13 +251,21 @@ class SokobanEnv(Env):
         lines.append(" ".join(coords))
         return "\n".join(lines)
 
-    def step(self, agent: str, action: str) -> None:
-        """Move the keeper by `agent`'s action, pushing a box if it can; blocked moves leave it."""
+    def step(self, agent: str, action: str | list[str]) -> None:
+        """Move the keeper by `agent`'s action, pushing a box if it can; blocked moves leave it. A list
+        of moves is a macro action (`play`)."""
+        if isinstance(action, list | tuple):
+            self.play(agent, list(action))
+            return
         _check_agent(agent)
         if action not in MOVES[agent]:
             raise ValueError(f"sokoban: agent {agent!r} cannot play {action!r}: allowed are {', '.join(MOVES[agent])}")
         if self.done:
             raise ValueError("sokoban: the episode is over (solved or deadlocked); reset first")
+        self._move(agent, action)
+
+    def _move(self, agent: str, action: str) -> None:
+        # One checked move; `play` calls it directly so that a subclass's `step` is not re-entered.
         self.state, blocked = move(self.board, self.state, MOVES[agent][action])
         other = AGENTS[1 - AGENTS.index(agent)]
         solved = self.board.solved(self.state)
@@ -263,6 +273,29 @@ class SokobanEnv(Env):
         self.infos[agent] = {"blocked": blocked, "deadlock": deadlock}
         if solved or deadlock:
             self.terminations = {a: True for a in self.possible_agents}
+
+    def play(self, agent: str, moves: list[str]) -> None:
+        """A macro action: `agent`'s moves applied in order, stopping when the level is solved or
+        deadlocked, or at the first blocked move (a bump or an immovable box: the keeper stays).
+        `infos[agent]` gains "moves", the number applied before the stop. Every move is checked first,
+        so an unknown letter raises ValueError without changing anything."""
+        _check_agent(agent)
+        bad = [move for move in moves if not isinstance(move, str) or move not in MOVES[agent]]
+        if bad:
+            raise ValueError(f"sokoban: agent {agent!r} cannot play {bad[0]!r}: allowed are {', '.join(MOVES[agent])}")
+        if self.done:
+            raise ValueError("sokoban: the episode is over (solved or deadlocked); reset first")
+        applied = 0
+        info = {"blocked": False, "deadlock": False}
+        for move_letter in moves:
+            if self.done:
+                break
+            self._move(agent, move_letter)
+            info = dict(self.infos[agent])
+            if info["blocked"]:
+                break
+            applied += 1
+        self.infos[agent] = {**info, "moves": applied}
 
     def team_reward(self) -> float:
         """The fraction of boxes on targets."""

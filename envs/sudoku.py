@@ -7,7 +7,9 @@ then the placer naming a digit for it ("4"). A digit is written only when it is 
 ("checked mode": the board never holds a wrong digit, so it is always solvable); either way the
 selection is cleared and the next turn starts with the chooser. A chooser naming a filled cell or a
 letter that labels no cell, or a placer without a selected cell, changes nothing; `infos[agent]` says
-what happened ({"invalid": bool} for the chooser, {"correct": bool} for the placer). `team_reward()` is
+what happened ({"invalid": bool} for the chooser, {"correct": bool} for the placer). A complete grid
+is a macro action (`fill_grid`, played by the tool + plan team of `envs/tool_plan.py`): written at once
+if it is the solution, else nothing changes. `team_reward()` is
 1.0 once the grid is full (which terminates the episode), else 0.0; `candidates(cell)` (the digits not
 yet in the cell's row, column and box) gives nodes a dense local reward (nodes/sudoku.py).
 
@@ -195,6 +197,25 @@ class SudokuEnv(Env):
         self.infos["placer"] = {"correct": correct}
         if self.filled():
             self.terminations = {a: True for a in self.possible_agents}
+
+    def fill_grid(self, grid: list[list[int]]) -> bool:
+        """A macro action: a complete grid, written at once if it is the solution (checked mode: the board
+        never holds a wrong digit, so any other grid, of any shape, changes nothing). Returns whether it
+        was written; the episode then terminates. Raises ValueError (changing nothing) when `grid` is not a
+        list of lists of integers, or the episode is over."""
+        if not isinstance(grid, list | tuple) or not all(
+            isinstance(row, list | tuple) and all(isinstance(d, int) and not isinstance(d, bool) for d in row)
+            for row in grid
+        ):
+            raise ValueError(f"sudoku: a grid is a list of rows of integers, got {grid!r:.80}")
+        if self.done:
+            raise ValueError("sudoku: the episode is over (the grid is full); reset first")
+        correct = [list(row) for row in grid] == self.solution
+        if correct:
+            self.grid = [row[:] for row in self.solution]
+            self.selected = None
+            self.terminations = {a: True for a in self.possible_agents}
+        return correct
 
     def filled(self) -> bool:
         return all(all(row) for row in self.grid)

@@ -42,6 +42,10 @@ ENVS: dict[str, str] = {
     # games and planning
     "sokoban": "envs.sokoban:SokobanEnv",
     "sudoku": "envs.sudoku:SudokuEnv",
+    # the tool + plan team (Stronger-MAS): agents "tool" and "plan"
+    "plan_path_toolplan": "envs.tool_plan:PlanPathToolPlanEnv",
+    "sokoban_toolplan": "envs.tool_plan:SokobanToolPlanEnv",
+    "sudoku_toolplan": "envs.tool_plan:SudokuToolPlanEnv",
     # code and math
     "code": "envs.code:CodeEnv",
     "math": "envs.math:MathEnv",
@@ -69,6 +73,13 @@ NODES: dict[str, str] = {
     "sokoban_horizontal_chat": "nodes.sokoban:ChatHorizontalPusher",
     "sudoku_chooser_chat": "nodes.sudoku:ChatCellChooser",
     "sudoku_placer_chat": "nodes.sudoku:ChatDigitPlacer",
+    # the tool + plan team (Stronger-MAS)
+    "plan_path_tool": "nodes.tool_plan:PlanPathTool",
+    "plan_path_plan": "nodes.tool_plan:PlanPathPlan",
+    "sokoban_tool": "nodes.tool_plan:SokobanTool",
+    "sokoban_plan": "nodes.tool_plan:SokobanPlan",
+    "sudoku_tool": "nodes.tool_plan:SudokuTool",
+    "sudoku_plan": "nodes.tool_plan:SudokuPlan",
     # code and math
     "code_coder": "nodes.code:Coder",
     "code_tester": "nodes.code:Tester",
@@ -89,6 +100,7 @@ WORKFLOWS: dict[str, str] = {
     # games and planning
     "sokoban": "nodes.sokoban:SokobanWorkflow",
     "sudoku": "nodes.sudoku:SudokuWorkflow",
+    "tool_plan": "nodes.tool_plan:ToolPlanWorkflow",
     # code and math
     "code": "nodes.code:CodeWorkflow",
     "math": "nodes.math:MathWorkflow",

@@ -1,0 +1,376 @@
+"""The tool + plan team's envs (Stronger-MAS): Plan-Path, Sokoban and Sudoku played by "tool" and "plan".
+
+The paper's team for games and planning (the reference is PettingLLMs, `multi_agent_env/stateful/`):
+each turn a tool agent writes a Python program that prints an action list, then a plan agent, shown the
+program, its output and the actions it printed, answers with the action list the env applies. The same
+problems, grids and rules as `envs.plan_path`, `envs.sokoban` and `envs.sudoku`; what differs is the
+agents and their actions:
+
+- "tool": {"code": str}. `astep` runs the program in the sandbox (`envs.sandbox.run_python`, never in
+  this process) and reads the action list it printed after `**Actions List**:` (else the last line that
+  is a list literal). The state does not move: the program and what it printed are recorded for the
+  plan agent, and `achieves(actions)` says whether they would solve the problem (applied on a clone).
+  `infos["tool"]` = {"status": the sandbox status, "parsed": whether an action list was read}.
+- "plan": a macro action. Plan-Path and Sokoban: a list of moves "U", "D", "L", "R", applied in order,
+  stopping at the goal (solved level) or at the first blocked move; Sudoku: a complete grid, written if it
+  is the solution (checked mode), else nothing changes. `infos["plan"]` = {"solved", ...}.
+
+The reference's rewards are binary, and so is `team_reward()` here (1.0 when solved). Unlike the
+reference, a macro action stops at a blocked move (the reference skips it and goes on) and Sokoban has
+no step limit or deadlock end: the workflow's turn limit ends the episode.
+
+The observation is the task (the current grid as text), the previous turns' history (each turn's code,
+first and last 250 characters, its output, first and last 150, the tool's and the plan's actions, as
+the reference formats it) and, for the plan agent, the current turn's code, output and printed actions.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+from typing import Any
+
+from envs.plan_path import PlanPathEnv
+from envs.sandbox import Limits, RunCache, run_python, run_sync
+from envs.sokoban import SokobanEnv, move
+from envs.sudoku import BOX, SudokuEnv
+from mas_async.api import Env
+
+AGENTS = ("tool", "plan")
+MARKER = "**Actions List**:"
+FOUR_MOVES: dict[str, tuple[int, int]] = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
+# The reference runs the tool's program with a 20 s timeout (agents/tool_agent.py).
+TOOL_LIMITS = Limits(timeout_s=20.0, cpu_s=20)
+HISTORY_CODE_CHARS, HISTORY_OUTPUT_CHARS = 500, 300  # the reference's truncation of past turns
+SHOWN_CODE_CHARS, SHOWN_OUTPUT_CHARS = 4000, 2000  # bounds on the current turn's code and output
+
+
+def truncate(text: str, length: int) -> str:
+    """`text`, or its first and last `length // 2` characters around a "...(truncated)..." mark."""
+    return text if len(text) <= length else text[: length // 2] + "...(truncated)..." + text[-(length // 2) :]
+
+
+def literal_list(text: str) -> list | None:
+    """The list literal that `text` starts with (after spaces), read with `ast.literal_eval` (never
+    `eval`: the text is model-written); None if there is none."""
+    stripped = text.lstrip()
+    if not stripped.startswith("["):
+        return None
+    depth = 0
+    for end, ch in enumerate(stripped):
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if depth == 0:
+            try:
+                value = ast.literal_eval(stripped[: end + 1])
+            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+                return None
+            return value if isinstance(value, list) else None
+    return None
+
+
+def printed_list(stdout: str) -> list | None:
+    """The action list a tool program printed: after the last `**Actions List**:`, else the last line
+    that is a list literal (the reference's fallback); None when it printed none."""
+    at = stdout.rfind(MARKER)
+    if at >= 0:
+        return literal_list(stdout[at + len(MARKER) :])
+    for line in reversed(stdout.splitlines()):
+        value = literal_list(line)
+        if value is not None:
+            return value
+    return None
+
+
+def as_moves(value: Any) -> list[str] | None:
+    """`value` as a list of moves "U", "D", "L", "R" (case and spaces ignored), or None."""
+    if not isinstance(value, list) or not all(isinstance(m, str) for m in value):
+        return None
+    moves = [m.strip().upper() for m in value]
+    return moves if all(m in FOUR_MOVES for m in moves) else None
+
+
+def as_grid(value: Any) -> list[list[int]] | None:
+    """`value` as a non-empty square grid of integers (a Sudoku answer of any size), or None."""
+    if not isinstance(value, list) or not value:
+        return None
+    if not all(isinstance(row, list) and len(row) == len(value) for row in value):
+        return None
+    if not all(isinstance(d, int) and not isinstance(d, bool) for row in value for d in row):
+        return None
+    return [list(row) for row in value]
+
+
+class ToolPlanEnv(Env):
+    """What the three tool + plan envs share (a mixin: `class X(ToolPlanEnv, GameEnv)`): the agents,
+    the tool's sandbox runs, the history and the observations. A subclass gives `task`, `read_actions`,
+    `apply` and `answer`."""
+
+    possible_agents = list(AGENTS)
+    tool_limits: Limits = TOOL_LIMITS
+
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
+        super().reset(seed=seed, options=options)
+        # One dict per turn {"code", "output", "tool", "plan"}; replaced, never mutated, so clones share it.
+        self.turns: tuple[dict[str, Any], ...] = ()
+        self._runs = RunCache()  # shared by clones on purpose: K equal programs run once
+        self.infos = {"tool": {"status": None, "parsed": False}, "plan": {"solved": False}}
+
+    # -- what a subclass gives --------------------------------------------------------------------
+
+    def task(self) -> str:
+        """The problem in its current state, as text for both agents."""
+        raise NotImplementedError
+
+    def read_actions(self, value: list | None) -> Any:
+        """The macro action in a list the tool printed, or None when it is not one."""
+        raise NotImplementedError
+
+    def apply(self, action: Any) -> dict[str, Any]:
+        """Apply the plan's macro action; return `infos["plan"]` (with "solved"). Raises ValueError,
+        changing nothing, for an action of the wrong type."""
+        raise NotImplementedError
+
+    def answer(self) -> Any:
+        """A macro action that solves the problem from here (for `action_examples`)."""
+        raise NotImplementedError
+
+    # -- the env API ------------------------------------------------------------------------------
+
+    def observe(self, agent: str) -> str:
+        """The task, the history of previous turns, and for the plan agent the tool's current turn."""
+        _check_agent(agent)
+        current = self.turns[-1] if self.turns and self.turns[-1]["plan"] is None else None
+        past = self.turns[:-1] if current is not None else self.turns
+        parts = [self.task()]
+        if past:
+            parts.append(_history(past))
+        if agent == "plan" and current is not None:
+            parts.append(
+                f"Here is the tool agent's code:\n```python\n{truncate(current['code'], SHOWN_CODE_CHARS)}\n```"
+            )
+            parts.append(f"Here is its execution output:\n{truncate(current['output'], SHOWN_OUTPUT_CHARS)}")
+            parts.append(f"Here are the actions it printed: {current['tool']}")
+        return "\n\n".join(parts)
+
+    async def astep(self, agent: str, action: Any) -> None:
+        """Run the tool's program in the sandbox (awaited, so K programs overlap), or apply the plan."""
+        _check_agent(agent)
+        if agent == "plan":
+            self.step(agent, action)
+            return
+        if not isinstance(action, dict) or not isinstance(action.get("code"), str):
+            raise TypeError(f"{type(self).__name__}: the tool's action is {{'code': str}}, got {action!r:.80}")
+        if self.done:
+            raise ValueError(f"{type(self).__name__}: the episode is over; reset first")
+        code = action["code"]
+        key = hashlib.sha256(code.encode()).hexdigest()
+        result = await self._runs.get(key, lambda: run_python(code, limits=self.tool_limits))
+        actions = self.read_actions(printed_list(result.stdout)) if result.ok else None
+        output = result.stdout if result.ok else f"{result.stdout}\n{result.stderr}\n[{result.status}: {result.detail}]"
+        self.turns = (*self.turns, {"code": code, "output": output.strip(), "tool": actions, "plan": None})
+        self.infos["tool"] = {"status": result.status, "parsed": actions is not None}
+
+    def step(self, agent: str, action: Any) -> None:
+        """The plan's macro action; the tool's program runs through `astep` (synchronously here)."""
+        _check_agent(agent)
+        if agent == "tool":
+            run_sync(lambda: self.astep(agent, action))
+            return
+        if self.done:
+            raise ValueError(f"{type(self).__name__}: the episode is over; reset first")
+        info = self.apply(action)
+        if self.turns and self.turns[-1]["plan"] is None:
+            self.turns = (*self.turns[:-1], {**self.turns[-1], "plan": action})
+        else:
+            self.turns = (*self.turns, {"code": None, "output": "", "tool": None, "plan": action})
+        self.infos["plan"] = info
+
+    @property
+    def tool_actions(self) -> Any:
+        """The action list the tool printed this turn (None: it printed none, or has not acted yet)."""
+        return self.turns[-1]["tool"] if self.turns and self.turns[-1]["plan"] is None else None
+
+    def achieves(self, action: Any) -> bool:
+        """Whether the macro action would solve the problem from here (applied on a clone)."""
+        if self.done:
+            return self.success()
+        trial = self.clone()
+        trial.apply(action)
+        return trial.success()
+
+    def action_examples(self, agent: str) -> list[Any]:
+        """For `envs.check.check_env`: a program printing the solution; for the plan, the solution and
+        its first move alone (Sudoku: the solution and an empty grid)."""
+        _check_agent(agent)
+        if self.done:
+            return []
+        answer = self.answer()
+        if agent == "tool":
+            return [{"code": f"print({MARKER!r}, {answer!r})"}]
+        return [answer, self.wrong_example()]
+
+    def wrong_example(self) -> Any:
+        return self.answer()[:1]
+
+
+class PlanPathToolPlanEnv(ToolPlanEnv, PlanPathEnv):
+    """Plan-Path for the tool + plan team: the plan moves the walker in all four directions."""
+
+    def moves_of(self, agent: str) -> dict[str, tuple[int, int]]:
+        _check_agent(agent)
+        return FOUR_MOVES
+
+    def task(self) -> str:
+        rows = []
+        for r in range(self.rows):
+            row = ""
+            for c in range(self.cols):
+                cell = (r, c)
+                row += (
+                    "A" if cell == self.position else "G" if cell == self.goal else "#" if cell in self.walls else "."
+                )
+            rows.append(row)
+        grid = "\n".join(rows)
+        return (
+            f"Grid ('.' free, '#' blocked, 'A' the walker, 'G' the goal; {self.rows} rows, {self.cols} columns):\n"
+            f"```\n{grid}\n```\n"
+            f"Position: {self.position},  Goal: {self.goal} (row, column; row 0 at the top, column 0 at the left)\n"
+            "Rules: moves are U (row - 1), D (row + 1), L (column - 1), R (column + 1); stay within bounds; "
+            "do not cross '#'."
+        )
+
+    def read_actions(self, value: list | None) -> list[str] | None:
+        return as_moves(value)
+
+    def apply(self, action: Any) -> dict[str, Any]:
+        if not isinstance(action, list):
+            raise ValueError(f"plan_path: the plan's action is a list of moves, got {action!r:.80}")
+        self.play("plan", action)
+        return {**self.infos["plan"], "solved": self.success()}
+
+    def answer(self) -> list[str]:
+        # Walk down the BFS distance map (shared with the env) to the goal.
+        path, cell = [], self.position
+        while cell != self.goal:
+            for letter, (dr, dc) in FOUR_MOVES.items():
+                nxt = (cell[0] + dr, cell[1] + dc)
+                if self.dist.get(nxt, -1) == self.dist[cell] - 1:
+                    path.append(letter)
+                    cell = nxt
+                    break
+        return path
+
+
+class SokobanToolPlanEnv(ToolPlanEnv, SokobanEnv):
+    """Sokoban for the tool + plan team: the plan moves the keeper in all four directions."""
+
+    def task(self) -> str:
+        keeper, boxes = self.state
+        board, rows = self.board, []
+        for r in range(board.rows):
+            row = ""
+            for c in range(board.cols):
+                cell, target = (r, c), (r, c) in board.targets
+                if cell == keeper:
+                    row += "Y" if target else "A"
+                elif cell in boxes:
+                    row += "X" if target else "B"
+                else:
+                    row += "#" if cell in board.walls else "T" if target else "."
+            rows.append(row)
+        on_target = sum(box in board.targets for box in boxes)
+        grid = "\n".join(rows)
+        return (
+            "Sokoban: push every box onto a target.\n"
+            "Legend: '#' wall, '.' floor, 'A' the keeper, 'B' a box, 'T' a target, 'X' a box on a target, "
+            "'Y' the keeper on a target.\n"
+            "Moves: U (row - 1), D (row + 1), L (column - 1), R (column + 1); the keeper cannot walk through "
+            "walls; walking into a box pushes it one cell if the cell beyond is free.\n"
+            f"Boxes on targets: {on_target}/{len(boxes)}\n"
+            f"Keeper: {keeper}, boxes: {list(boxes)}, targets: {sorted(board.targets)} (row, column from 0)\n"
+            f"Current state:\n```\n{grid}\n```"
+        )
+
+    def read_actions(self, value: list | None) -> list[str] | None:
+        return as_moves(value)
+
+    def apply(self, action: Any) -> dict[str, Any]:
+        if not isinstance(action, list) or any(not isinstance(m, str) or m not in FOUR_MOVES for m in action):
+            raise ValueError(f"sokoban: the plan's action is a list of moves U, D, L, R, got {action!r:.80}")
+        applied, blocked = 0, False
+        for letter in action:
+            if self.board.solved(self.state):
+                break
+            state, blocked = move(self.board, self.state, FOUR_MOVES[letter])
+            if blocked:
+                break
+            self.state = state
+            applied += 1
+        solved = self.board.solved(self.state)
+        if solved:
+            self.terminations = {a: True for a in self.possible_agents}
+        return {"blocked": blocked, "moves": applied, "solved": solved}
+
+    def answer(self) -> list[str]:
+        # Breadth-first over (keeper, boxes) with free moves; generated levels are small (one box).
+        start = self.state
+        parent: dict[Any, tuple[Any, str] | None] = {start: None}
+        frontier = [start]
+        while frontier:
+            nxt_frontier = []
+            for state in frontier:
+                if self.board.solved(state):
+                    path = []
+                    while parent[state] is not None:
+                        state, letter = parent[state]
+                        path.append(letter)
+                    return path[::-1]
+                for letter, delta in FOUR_MOVES.items():
+                    child, blocked = move(self.board, state, delta)
+                    if not blocked and child not in parent:
+                        parent[child] = (state, letter)
+                        nxt_frontier.append(child)
+            frontier = nxt_frontier
+        return []
+
+
+class SudokuToolPlanEnv(ToolPlanEnv, SudokuEnv):
+    """Sudoku for the tool + plan team: the plan answers with the complete grid."""
+
+    def task(self) -> str:
+        n, b = self.size, BOX[self.size]
+        rows = "\n".join(" ".join(str(d) if d else "." for d in row) for row in self.grid)
+        return (
+            f"Solve the {n}x{n} Sudoku. Fill digits 1..{n}; every row, column and {b}x{b} box must hold each "
+            f"digit once. Empty cells are '.'.\nCurrent puzzle:\n```\n{rows}\n```"
+        )
+
+    def read_actions(self, value: list | None) -> list[list[int]] | None:
+        return as_grid(value)
+
+    def apply(self, action: Any) -> dict[str, Any]:
+        return {"solved": self.fill_grid(action)}
+
+    def answer(self) -> list[list[int]]:
+        return [row[:] for row in self.solution]
+
+    def wrong_example(self) -> Any:
+        return [[0] * self.size for _ in range(self.size)]
+
+
+def _check_agent(agent: str) -> None:
+    if agent not in AGENTS:
+        raise ValueError(f"tool_plan: unknown agent {agent!r}: agents are {', '.join(AGENTS)}")
+
+
+def _history(turns: tuple[dict[str, Any], ...]) -> str:
+    lines = ["=== HISTORY FROM PREVIOUS TURNS ==="]
+    for number, turn in enumerate(turns, 1):
+        lines.append(f"--- Turn {number} ---")
+        if turn["code"] is not None:
+            lines.append(f"Tool Agent's Code:\n{truncate(turn['code'], HISTORY_CODE_CHARS)}")
+            lines.append(f"Execution Output:\n{truncate(turn['output'], HISTORY_OUTPUT_CHARS)}")
+            lines.append(f"Tool Agent's Action: {turn['tool']}")
+        lines.append(f"Plan Agent's Action: {turn['plan']}")
+    lines.append("=== END OF HISTORY ===")
+    return "\n".join(lines)

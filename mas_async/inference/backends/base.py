@@ -102,13 +102,21 @@ class ThreadedBackend:
         self.engine.version = version
 
 
-def make_backend(name: str, model_path: str, *, dtype: str, max_batch_sequences: int, seed: int) -> InferenceBackend:
+def make_backend(
+    name: str, model_path: str, *, dtype: str, max_batch_sequences: int, seed: int, device: str = "cpu"
+) -> InferenceBackend:
     """The backend named in the policy's config (`policies.<name>.backend`): a key of
     `mas_async.api.BACKENDS` or a "module:Class" path. The class is built with `(model_path, dtype=...,
-    max_batch_sequences=..., seed=...)`; a synchronous engine (a `generate` that is not a coroutine
+    max_batch_sequences=..., seed=...)`, plus `device=...` when the policy is not on the CPU (a backend
+    without that parameter is then refused); a synchronous engine (a `generate` that is not a coroutine
     function) runs behind `ThreadedBackend`, one batch at a time in a thread."""
     cls = resolve(name, BACKENDS, "inference backend")
-    engine = cls(model_path, dtype=dtype, max_batch_sequences=max_batch_sequences, seed=seed)
+    kwargs: dict[str, str] = {}
+    if device != "cpu":  # only then, so that backends written before the key existed keep working
+        if "device" not in inspect.signature(cls).parameters:
+            raise ValueError(f"inference backend {name!r} takes no device argument, so it cannot run on {device!r}")
+        kwargs["device"] = device
+    engine = cls(model_path, dtype=dtype, max_batch_sequences=max_batch_sequences, seed=seed, **kwargs)
     if inspect.iscoroutinefunction(getattr(engine, "generate", None)):
         return engine
     return ThreadedBackend(engine)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from mas_async.inference import vllm_compat
+from mas_async.inference.backends import vllm_compat
 from mas_async.wire.samples import Completion
 
 if TYPE_CHECKING:

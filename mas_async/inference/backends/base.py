@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     import torch
 
     from mas_async.inference.request import GenerationRequest
+    from mas_async.weights.cuda_ipc import CudaIpcReceiver
     from mas_async.wire.samples import Completion
 
 
@@ -63,7 +64,7 @@ class ThreadedBackend:
 
     def __init__(self, engine: SyncEngine) -> None:
         self.engine = engine
-        self.receiver: WeightReceiver | None = None
+        self.receiver: WeightReceiver | CudaIpcReceiver | None = None
         self._live_set = 1
         """The receiver's buffer set the engine's parameters are views of (after an adopt)."""
 
@@ -79,6 +80,14 @@ class ThreadedBackend:
         return await asyncio.to_thread(self.engine.generate, requests)
 
     def join_weight_group(self, *, policy: str, backend: str, host: str, port: int, rank: int, world_size: int) -> None:
+        """Join the policy's weight sync: a torch.distributed group (gloo, nccl), or, with "cuda_ipc", the
+        control channel of the trainer's shared buffers on this same GPU (`mas_async.weights.cuda_ipc`)."""
+        if backend == "cuda_ipc":
+            from mas_async.weights.cuda_ipc import CudaIpcReceiver, open_ipc_channel
+
+            channel = open_ipc_channel(policy=policy, host=host, port=port, rank=rank, world_size=world_size)
+            self.receiver = CudaIpcReceiver(channel, rank)
+            return
         group = open_weight_group(
             policy=policy, backend=backend, host=host, port=port, rank=rank, world_size=world_size
         )

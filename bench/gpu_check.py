@@ -1,73 +1,129 @@
-"""GPU check of the vLLM backend: NCCL weight sync into vLLM, log-prob match, broadcast cost.
+"""GPU check without vLLM: the hf backend and a trainer on one offline GPU, weight sync, log-prob match.
 
-One command, a few minutes on one H100/H200 (no network: the model is built in place):
+The one command for a lent GPU machine (docs/gpu.md gives it with the device kit's install):
 
-    python bench/gpu_check.py                    # float32 Qwen3 of Qwen3-0.6B's shape (~0.44B params)
-    python bench/gpu_check.py --dtype bfloat16   # the dtype of real runs
-    python bench/gpu_check.py --smoke            # builtin:small-char, seconds once vLLM is up
+    python bench/gpu_check.py            # one GPU: fp32 and bf16 passes of builtin:100m-char, ~3 minutes
+    python bench/gpu_check.py --smoke    # the CPU rehearsal: builtin:tiny-char, fp32, gloo, ~30 s
 
-What it does and prints, in order:
-1. Builds the model (random weights, the built-in character tokenizer) into a temporary folder; this
-   process keeps it as the trainer's model, with an Adam optimiser, on GPU 0.
-2. Raw baseline: a plain process on the inference GPU joins a weight group with this one, and the
-   trainer broadcasts one flat buffer of exactly the model's bytes `--rounds` times (median time).
-3. Starts the vLLM backend (`VLLMBackend`, the InferenceServer's), joins its worker to the weight
-   group, and generates (`--prompts` prompts x n=`--n`, `--max-tokens` tokens): tokens/s.
-4. One trainer step, then the weights go to vLLM as version 1 through the real protocol
-   (`WeightSender` -> the worker extension -> reload -> prefix-cache reset); generates again and
-   compares vLLM's log-probs of the sampled tokens with the trainer's recompute
-   (`completion_logprobs`): mean and max |diff|, every output must carry version 1.
-5. `--rounds` more updates: broadcast time (trainer side) and full update time (broadcast, reload,
-   prefix-cache reset) against the raw broadcast of the same bytes.
+What it does, per dtype (float32, then bfloat16; --smoke: float32 on the CPU):
+1. Materialises the built-in model (~104M parameters; --smoke: tiny-char) and builds the trainer's
+   `PolicyLearner` and the server's `HFBackend` (behind `ThreadedBackend`) on the device.
+2. Joins them in a gloo weight group (NCCL refuses two ranks on one GPU), in this process.
+3. Rollout: `--prompts` prompts x n=`--n`, `--max-tokens` tokens each: tokens/s (after a warm-up).
+4. A trainer step on those samples (random rewards): seconds and completion tokens/s.
+5. The versioned update: the trainer's `WeightSender` sends v1, the server's `update_weights(1)` loads
+   it; a second rollout must carry version 1 and its log-probs must match the trainer's recompute:
+   mean |diff| < 1e-4 in fp32; < 5e-2 in bf16 (8 mantissa bits: the server's cached, incremental decode
+   and the trainer's one full forward round differently at every layer). The step must have moved the
+   log-probs by 10x more than that difference, or the match proves nothing.
+6. Weight-sync time (median of `--rounds`) against a raw copy of the same bytes over the same path:
+   device -> host copy, one gloo broadcast, host -> device copy, of one preallocated buffer.
+7. CUDA IPC (GPU only; `mas_async.weights.cuda_ipc`): a server in a child process on the same GPU maps
+   the trainer's shared buffer sets; per version the trainer copies its weights into the free set and
+   announces it. Checks the version and the log-probs as in 5; times the send against a
+   device-to-device copy of the same bytes. Skipped by --smoke, with a line saying so.
+A second trainer step is timed too (the first one also allocates the optimiser state).
 
-NCCL cannot join two ranks on the same GPU, so the trainer and vLLM need a GPU each for an NCCL
-group: with 2+ GPUs the trainer uses GPU 0 and vLLM GPU 1; with one GPU the weight group falls back
-to gloo through host memory (printed; `--weight-backend nccl` forces it and fails on one GPU).
-Exit status 0 when every check passes.
+vLLM is detected first and never imported here: its checks are bench/gpu_check_vllm.py. Every wait is
+bounded (`--timeout`, 60 s), an error in a helper thread is re-raised in the main one, and the results go
+to `$OUT/gpu_check.json` (`OUT` defaults to a new temp folder; `--json FILE` overrides). Exit status 0
+when every check passes.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
+import json
 import multiprocessing as mp
 import os
+import platform
+import queue
 import socket
 import statistics
 import sys
 import tempfile
 import threading
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's mas_async, also where none is installed (the GPU machine)
 
-# Tolerances of the mean |vLLM - trainer| log-prob: fp32 on GPU goes through Triton attention, whose
-# fp32 dots may use TF32; bf16 rounds every activation.
-TOLERANCE = {"float32": 1e-3, "bfloat16": 5e-2}
+# Mean |server - trainer| log-prob after an update, per dtype (see the module docstring for why).
+TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2}
+# The versions this project was run with; others may work: a mismatch warns, never fails.
+TESTED = {"torch": ("2.11", "2.13"), "transformers": ("5.17", "5.19")}
+CONFIG = ROOT / "configs" / "plan_path_tiny.yaml"
+POLICY = "vertical"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--dtype", choices=sorted(TOLERANCE), default="float32")
-    p.add_argument("--model", default="", help="a local model folder instead of the built-in Qwen3 shape")
-    p.add_argument("--smoke", action="store_true", help="builtin:small-char and a small workload")
-    p.add_argument("--weight-backend", choices=["auto", "nccl", "gloo"], default="auto")
+    p.add_argument("--smoke", action="store_true", help="CPU rehearsal: tiny-char, fp32, gloo, a small workload")
+    p.add_argument("--model", default="builtin:100m-char", help="a built-in preset or a local model folder")
+    p.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated passes")
     p.add_argument("--prompts", type=int, default=64)
-    p.add_argument("--n", type=int, default=8, help="samples per prompt (one request with n)")
+    p.add_argument("--n", type=int, default=4, help="samples per prompt (one request with n)")
     p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--rounds", type=int, default=3, help="timed broadcasts / updates")
+    p.add_argument("--rounds", type=int, default=5, help="timed weight syncs per path")
     p.add_argument("--lr", type=float, default=1e-3, help="the trainer step's Adam learning rate")
-    p.add_argument(
-        "--engine-arg", action="append", default=[], metavar="KEY=VALUE",
-        help="extra vLLM engine argument, e.g. enforce_eager=false or attention_backend=FLEX_ATTENTION",
-    )  # fmt: skip
+    p.add_argument("--timeout", type=float, default=60.0, help="bound of every wait, in seconds")
+    p.add_argument("--json", type=Path, default=None, help="results file (default $OUT/gpu_check.json)")
     args = p.parse_args(argv)
     if args.smoke:
-        args.model = args.model or "builtin:small-char"
-        args.prompts, args.n, args.max_tokens, args.rounds = 8, 4, 16, 2
+        args.model, args.dtypes = "builtin:tiny-char", "float32"
+        args.prompts, args.n, args.max_tokens, args.rounds = 4, 2, 8, 2
     return args
+
+
+def _minor(version: str) -> tuple[int, int]:
+    major, minor, *_ = (version.split("+")[0] + ".0").split(".")
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def environment() -> dict[str, Any]:
+    """Versions and device; warns (never fails) when a package is outside the tested range."""
+    import torch
+    import transformers
+
+    env: dict[str, Any] = {
+        "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+        "cuda": torch.version.cuda, "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+    }  # fmt: skip
+    if env["gpus"]:
+        env["gpu"] = torch.cuda.get_device_name(0)
+    for name, (low, high) in TESTED.items():
+        if not _minor(low) <= _minor(env[name]) <= _minor(high):
+            print(f"warning: {name} {env[name]} is outside the tested {low}..{high}; carrying on")
+    return env
+
+
+class Worker:
+    """A function in a daemon thread whose result (or exception, re-raised) is collected with a bound."""
+
+    def __init__(self, name: str, fn: Callable[[], Any]) -> None:
+        self.name, self._box = name, {}
+        self._thread = threading.Thread(target=self._run, args=(fn,), name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[[], Any]) -> None:
+        try:
+            self._box["result"] = fn()
+        except BaseException as e:  # handed to the owner, which re-raises it
+            self._box["error"] = e
+
+    def result(self, timeout: float) -> Any:
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"{self.name}: not done within {timeout:g} s")
+        if "error" in self._box:
+            raise self._box["error"]
+        return self._box.get("result")
 
 
 def _free_port() -> int:
@@ -76,99 +132,32 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _engine_args(pairs: list[str]) -> dict[str, Any]:
-    import yaml
-
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise SystemExit(f"--engine-arg needs KEY=VALUE, got {pair!r}")
-        out[key] = yaml.safe_load(value)
-    return out
-
-
-def build_model(args: argparse.Namespace, folder: Path) -> tuple[Any, Path]:
-    """The trainer's model on cuda:0 and the folder vLLM loads (same weights)."""
-    import torch
-    from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
-
-    from mas_async.tiny_model import EOS_ID, VOCAB, build_tokenizer, materialise
-
-    dtype = getattr(torch, args.dtype)
-    if args.model:
-        path = materialise(args.model, folder) if args.model.startswith("builtin:") else Path(args.model)
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).cuda()
-        return model, path
-    config = Qwen3Config(
-        vocab_size=len(VOCAB), hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
-        num_key_value_heads=8, head_dim=128, intermediate_size=3072, max_position_embeddings=4096,
-        tie_word_embeddings=True, bos_token_id=None, eos_token_id=EOS_ID, pad_token_id=EOS_ID,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = Qwen3ForCausalLM(config).to(dtype)
-    path = folder / "qwen3-0.6b-shape"
-    model.save_pretrained(str(path))  # writes architectures, config and safetensors
-    build_tokenizer().save_pretrained(str(path))
-    return model, path
-
-
-def _raw_receiver(port: int, backend: str, nbytes: int, rounds: int, visible: str) -> None:
-    os.environ["CUDA_VISIBLE_DEVICES"] = visible  # before this process touches CUDA
+def _sync(device: Any) -> None:
     import torch
 
-    from mas_async.weights.group import open_weight_group
-
-    if backend == "nccl":
-        torch.cuda.set_device(0)
-    group = open_weight_group(policy="raw", backend=backend, host="127.0.0.1", port=port, rank=1, world_size=2)
-    buffer = torch.empty(nbytes, dtype=torch.uint8, device=group.device)
-    for _ in range(rounds + 1):
-        group.broadcast(buffer)
-    if backend == "nccl":
-        torch.cuda.synchronize()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
-def raw_broadcast_s(backend: str, nbytes: int, rounds: int, visible: str) -> float:
-    """Median seconds of one broadcast of `nbytes` from here to a plain process on `visible`."""
-    import torch
+def make_prompts(count: int, seed: int = 0) -> list[Any]:
+    import numpy as np
 
-    from mas_async.weights.group import open_weight_group
-
-    port = _free_port()
-    child = mp.get_context("spawn").Process(target=_raw_receiver, args=(port, backend, nbytes, rounds, visible))
-    child.start()
-    try:
-        group = open_weight_group(policy="raw", backend=backend, host="127.0.0.1", port=port, rank=0, world_size=2)
-        buffer = torch.zeros(nbytes, dtype=torch.uint8, device=group.device)
-        times = []
-        for i in range(rounds + 1):  # the first one also sets the communicator up: not timed
-            t0 = time.perf_counter()
-            group.broadcast(buffer)
-            if backend == "nccl":
-                torch.cuda.synchronize()
-            if i:
-                times.append(time.perf_counter() - t0)
-        child.join(timeout=120)
-        group.close()
-        return statistics.median(times)
-    finally:
-        if child.is_alive():
-            child.kill()
-            child.join(timeout=10)
+    rng = np.random.default_rng(seed)  # ids 7..50: the character tokens of the built-in vocabulary
+    return [rng.integers(7, 51, size=int(rng.integers(24, 64))).astype(np.int32) for _ in range(count)]
 
 
-def generate(backend: Any, prompts: list[Any], args: argparse.Namespace) -> tuple[list[list[Any]], float]:
+def generate(backend: Any, prompts: list[Any], n: int, max_tokens: int, timeout: float) -> tuple[list, float]:
+    """(completions per prompt, seconds) of one batched generate call."""
     from mas_async.inference.request import GenerationRequest
 
-    requests = [GenerationRequest(p, n=args.n, max_tokens=args.max_tokens, temperature=1.0) for p in prompts]
-    t0 = time.perf_counter()
-    results = asyncio.run(backend.generate(requests))
-    return results, time.perf_counter() - t0
+    requests = [GenerationRequest(p, n=n, max_tokens=max_tokens, temperature=1.0) for p in prompts]
+    start = time.perf_counter()
+    results = Worker("generate", lambda: asyncio.run(backend.generate(requests))).result(timeout)
+    return results, time.perf_counter() - start
 
 
 def logprob_diff(model: Any, prompts: list[Any], results: list[list[Any]]) -> tuple[float, float]:
+    """Mean and max |server - trainer| log-prob over every sampled token."""
     import numpy as np
     import torch
 
@@ -185,130 +174,291 @@ def logprob_diff(model: Any, prompts: list[Any], results: list[list[Any]]) -> tu
     return float(flat.mean()), float(flat.max())
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def make_samples(prompts: list[Any], results: list[list[Any]], seed: int) -> list[Any]:
+    """One group per prompt (its n completions) with random rewards, so every advantage is non-zero."""
+    import numpy as np
+
+    from mas_async.wire.samples import Sample
+
+    rng = np.random.default_rng(seed)
+    return [
+        Sample(
+            group=f"e{i}/a/0",
+            episode_id=f"e{i}",
+            problem_id=f"p{i}",
+            agent="a",
+            policy=POLICY,
+            turn=0,
+            prompt_ids=prompt,
+            completion_ids=c.token_ids,
+            logprobs=c.logprobs,
+            version=c.version,
+            reward=float(rng.random()),
+        )  # fmt: skip
+        for i, (prompt, group) in enumerate(zip(prompts, results, strict=True))
+        for c in group
+    ]
+
+
+def train_step(learner: Any, samples: list[Any]) -> dict[str, float]:
+    start = time.perf_counter()
+    stats = learner.step(samples)
+    _sync(learner.device)
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "tokens": stats["tokens"], "tokens_per_s": stats["tokens"] / seconds}
+
+
+def run_dtype(args: argparse.Namespace, dtype: str, device: str, folder: Path) -> tuple[dict, dict[str, bool]]:
+    """One pass (steps 1-7 of the module docstring) in `dtype`; returns (figures, checks)."""
+    import torch
+
+    from mas_async.config import load_config
+    from mas_async.inference.backends.base import ThreadedBackend
+    from mas_async.inference.backends.hf import HFBackend
+    from mas_async.tiny_model import materialise
+    from mas_async.training.learner import PolicyLearner
+    from mas_async.weights.group import open_weight_group
+    from mas_async.weights.sender import WeightSender
+
+    t0 = time.perf_counter()
+    path = materialise(args.model, folder) if args.model.startswith("builtin:") else Path(args.model)
+    overrides = [
+        f"policies.{POLICY}.model={path}", f"policies.{POLICY}.dtype={dtype}", f"policies.{POLICY}.device={device}",
+        f"policies.{POLICY}.lr={args.lr}", "trainer.micro_batch_sequences=64", "run.iterations=2",
+    ]  # fmt: skip
+    learner = PolicyLearner(load_config(CONFIG, overrides), POLICY, str(path))
+    backend = ThreadedBackend(HFBackend(path, dtype=dtype, device=device, max_batch_sequences=1024, seed=0))
+    named = learner.named_tensors()
+    nbytes = sum(t.numel() * t.element_size() for _, t in named)
+    figures: dict[str, Any] = {
+        "model": args.model, "dtype": dtype, "device": device, "parameters": sum(t.numel() for _, t in named),
+        "bytes": nbytes, "setup_s": time.perf_counter() - t0,
+    }  # fmt: skip
+    checks: dict[str, bool] = {}
+    print(f"[{dtype}] {args.model}: {figures['parameters'] / 1e6:.1f}M parameters, {nbytes / 2**20:.1f} MiB, "
+          f"trainer and hf server on {device}, ready in {figures['setup_s']:.1f}s")  # fmt: skip
+
+    # 2. The weight group: gloo through host memory (NCCL refuses two ranks on one GPU).
+    port = _free_port()
+    opener = Worker("open weight group (rank 0)", lambda: open_weight_group(
+        policy="check", backend="gloo", host="127.0.0.1", port=port, rank=0, world_size=2, timeout_s=args.timeout
+    ))  # fmt: skip
+    backend.join_weight_group(policy="check", backend="gloo", host="127.0.0.1", port=port, rank=1, world_size=2)
+    group = opener.result(args.timeout)
+    sender = WeightSender(group)
+
+    # 3. Rollout throughput (after a warm-up batch: kernels, allocator, cuBLAS handles).
+    prompts = make_prompts(args.prompts)
+    generate(backend, prompts[:2], 1, 4, args.timeout)
+    results, seconds = generate(backend, prompts, args.n, args.max_tokens, args.timeout)
+    tokens = sum(len(c.token_ids) for g in results for c in g)
+    figures["rollout"] = {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+    print(f"[{dtype}] rollout v0: {tokens} tokens in {seconds:.2f}s = {tokens / seconds:.0f} tokens/s "
+          f"({args.prompts} prompts x n={args.n}, {args.max_tokens} tokens)")  # fmt: skip
+
+    # 4. A trainer step on those samples.
+    figures["train_step_first"] = train_step(learner, make_samples(prompts, results, seed=1))
+    before = logprob_diff(learner.model, prompts, results)[0]  # how far the step moved the v0 samples
+
+    # 5. The versioned update into the server, then the log-prob match.
+    def push(version: int) -> float:
+        start = time.perf_counter()
+        sending = Worker(f"send v{version}", lambda: sender.send(version, learner.named_tensors()))
+        backend.update_weights(version)
+        sending.result(args.timeout)
+        _sync(backend.engine.device)
+        return time.perf_counter() - start
+
+    figures["update_v1_s"] = push(1)
+    results, seconds = generate(backend, prompts, args.n, args.max_tokens, args.timeout)
+    mean, worst = logprob_diff(learner.model, prompts, results)
+    figures["rollout_v1"] = {"tokens": sum(len(c.token_ids) for g in results for c in g), "seconds": seconds}
+    figures["logprob"] = {"mean_abs_diff": mean, "max_abs_diff": worst, "step_moved": before,
+                          "tolerance": TOLERANCE[dtype]}  # fmt: skip
+    checks[f"[{dtype}] gloo: every output carries version 1"] = all(c.version == 1 for g in results for c in g)
+    checks[f"[{dtype}] gloo: mean |server - trainer| log-prob < {TOLERANCE[dtype]:g}"] = mean < TOLERANCE[dtype]
+    checks[f"[{dtype}] the step moved the log-probs 10x more than that"] = before > 10 * mean
+    print(f"[{dtype}] after the step and the update to v1: mean |server - trainer| log-prob {mean:.2e} "
+          f"(max {worst:.2e}); the step itself moved them by {before:.2e}")  # fmt: skip
+
+    # 6. Weight sync against the raw path of the same bytes (interleaved, median).
+    flat = torch.zeros(nbytes, dtype=torch.uint8, device=device)
+    landing = torch.empty_like(flat)
+
+    def raw() -> float:
+        start = time.perf_counter()
+        host_out, host_in = flat.cpu(), torch.empty(nbytes, dtype=torch.uint8)
+        sending = Worker("raw broadcast", lambda: group.broadcast(host_out))
+        backend.receiver.group.broadcast(host_in)
+        sending.result(args.timeout)
+        landing.copy_(host_in)
+        _sync(landing.device)
+        return time.perf_counter() - start
+
+    pairs = [(push(2 + i), raw()) for i in range(args.rounds)]
+    sync_s, raw_s = statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
+    figures["gloo_sync"] = {"versioned_s": sync_s, "raw_s": raw_s, "ratio": sync_s / raw_s, "rounds": args.rounds}
+    print(f"[{dtype}] weight sync over gloo (median of {args.rounds}): versioned {sync_s * 1e3:.1f} ms, raw "
+          f"(D2H copy, broadcast, H2D copy) {raw_s * 1e3:.1f} ms: ratio {sync_s / raw_s:.2f}")  # fmt: skip
+    group.close()
+
+    # The second trainer step: optimiser state already allocated.
+    figures["train_step"] = train_step(learner, make_samples(prompts, results, seed=2))
+    step = figures["train_step"]
+    print(f"[{dtype}] trainer step: {step['seconds']:.2f}s for {len(prompts) * args.n} samples "
+          f"= {step['tokens_per_s']:.0f} completion tokens/s (first step {figures['train_step_first']['seconds']:.2f}s)")  # fmt: skip
+
+    # 7. CUDA IPC into a server process on the same GPU.
+    if device == "cpu":
+        print(f"[{dtype}] CUDA IPC: skipped on the CPU (--smoke); its protocol's CPU tests: tests/unit/framework/test_cuda_ipc.py")  # fmt: skip
+    else:
+        ipc, ipc_checks = run_cuda_ipc(args, dtype, path, learner, prompts)
+        figures["cuda_ipc"] = ipc
+        checks.update(ipc_checks)
+    return figures, checks
+
+
+def _ipc_server(port: int, path: str, dtype: str, prompts: list[Any], args: dict[str, Any], out: Any) -> None:
+    """The child process: an hf server on the same GPU that takes its weights through CUDA IPC."""
+    from mas_async.inference.backends.base import ThreadedBackend
+    from mas_async.inference.backends.hf import HFBackend
+
+    try:
+        backend = ThreadedBackend(HFBackend(path, dtype=dtype, device="cuda", max_batch_sequences=1024, seed=1))
+        backend.join_weight_group(policy="check", backend="cuda_ipc", host="127.0.0.1", port=port, rank=1, world_size=2)
+        out.put(("joined", None))
+        for version in range(1, 2 + args["rounds"]):
+            start = time.perf_counter()
+            backend.update_weights(version)
+            out.put(("loaded", (version, time.perf_counter() - start)))
+            if version == 1:
+                results, _ = generate(backend, prompts, args["n"], args["max_tokens"], args["timeout"])
+                out.put(("results", [[(c.token_ids, c.logprobs, c.version) for c in g] for g in results]))
+    except BaseException:
+        out.put(("error", traceback.format_exc()))
+        raise
+
+
+def run_cuda_ipc(args: argparse.Namespace, dtype: str, path: Path, learner: Any, prompts: list[Any]) -> tuple:
+    """Step 7: (figures, checks) of the CUDA IPC path against a device-to-device copy of the same bytes."""
     import numpy as np
     import torch
 
-    if not torch.cuda.is_available():
-        print("no CUDA GPU: this check needs one (the CPU route is tests/integration/test_vllm_backend.py)")
-        return 2
-    gpus = torch.cuda.device_count()
-    weight_backend = args.weight_backend
-    if weight_backend == "auto":
-        weight_backend = "nccl" if gpus >= 2 else "gloo"
-    engine_gpu = "1" if gpus >= 2 else "0"
-    shared = engine_gpu == "0"
-    print(f"{gpus} GPU(s): {torch.cuda.get_device_name(0)}; trainer on GPU 0, vLLM on GPU {engine_gpu}; "
-          f"weight sync over {weight_backend}; dtype {args.dtype}")  # fmt: skip
-    if weight_backend == "gloo" and gpus < 2:
-        print("  (NCCL cannot put two ranks on one GPU: with one GPU the weight group uses gloo)")
+    from mas_async.weights.cuda_ipc import CudaIpcSender, open_ipc_channel
+    from mas_async.wire.samples import Completion
+
+    port, ctx = _free_port(), mp.get_context("spawn")
+    out = ctx.Queue()
+    options = {"rounds": args.rounds, "n": args.n, "max_tokens": args.max_tokens, "timeout": args.timeout}
+    child = ctx.Process(target=_ipc_server, args=(port, str(path), dtype, prompts, options, out), daemon=True)
+    child.start()
+
+    def expect(kind: str) -> Any:
+        try:
+            got, value = out.get(timeout=args.timeout)
+        except queue.Empty:
+            raise TimeoutError(f"CUDA IPC server: no {kind!r} within {args.timeout:g} s") from None
+        if got == "error":
+            raise RuntimeError(f"CUDA IPC server failed:\n{value}")
+        if got != kind:
+            raise RuntimeError(f"CUDA IPC server said {got!r}, expected {kind!r}")
+        return value
+
     checks: dict[str, bool] = {}
+    try:
+        channel = open_ipc_channel(policy="check", host="127.0.0.1", port=port, rank=0, world_size=2)
+        sender = CudaIpcSender(channel, 1, timeout_s=args.timeout)
+        expect("joined")
+        sends, round_trips = [], []
+        for version in range(1, 2 + args.rounds):
+            start = time.perf_counter()
+            sends.append(sender.send(version, learner.named_tensors())["seconds"])
+            loaded, server_s = expect("loaded")
+            round_trips.append(time.perf_counter() - start)
+            assert loaded == version, (loaded, version)
+            if version == 1:
+                results = [
+                    [Completion(token_ids=ids, logprobs=lp, version=v, finish_reason="length") for ids, lp, v in g]
+                    for g in expect("results")
+                ]
+                mean, worst = logprob_diff(learner.model, prompts, results)
+                checks[f"[{dtype}] CUDA IPC: every output carries version 1"] = all(
+                    c.version == 1 for g in results for c in g
+                )
+                checks[f"[{dtype}] CUDA IPC: mean |server - trainer| log-prob < {TOLERANCE[dtype]:g}"] = (
+                    mean < TOLERANCE[dtype]
+                )
+        child.join(args.timeout)
+        checks[f"[{dtype}] CUDA IPC: the server process exited cleanly"] = child.exitcode == 0
+        sender.close()
+    finally:
+        if child.is_alive():
+            child.kill()
+            child.join(10)
 
-    with tempfile.TemporaryDirectory(prefix="mas-gpu-check-") as tmp:
-        t0 = time.perf_counter()
-        model, path = build_model(args, Path(tmp))
-        named = [(n, p.detach()) for n, p in model.named_parameters()]
-        nbytes = sum(t.numel() * t.element_size() for _, t in named)
-        print(f"model: {path.name}, {sum(t.numel() for _, t in named) / 1e6:.1f}M parameters, "
-              f"{nbytes / 2**20:.1f} MiB, built in {time.perf_counter() - t0:.1f}s")  # fmt: skip
+    # The raw baseline: a device-to-device copy of the same bytes, synchronised like the send.
+    nbytes = sum(t.numel() * t.element_size() for _, t in learner.named_tensors())
+    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    copies = []
+    for _ in range(args.rounds + 1):
+        start = time.perf_counter()
+        dst.copy_(src)
+        torch.cuda.synchronize()
+        copies.append(time.perf_counter() - start)
+    send_s, raw_s = statistics.median(sends[1:]), statistics.median(copies[1:])  # the first ones warm up
+    figures = {
+        "send_s": send_s, "raw_copy_s": raw_s, "ratio": send_s / raw_s, "first_send_s": sends[0],
+        "round_trip_s": float(np.median(round_trips[1:])), "logprob_mean_abs_diff": mean, "logprob_max_abs_diff": worst,
+    }  # fmt: skip
+    print(f"[{dtype}] CUDA IPC into a server process on the same GPU: mean |server - trainer| log-prob {mean:.2e} "
+          f"(max {worst:.2e}); send {send_s * 1e3:.2f} ms (copy into the free set, sync, announce) against a "
+          f"device copy of the same bytes {raw_s * 1e3:.2f} ms: ratio {send_s / raw_s:.2f}; round trip to "
+          f"the server's adoption {figures['round_trip_s'] * 1e3:.1f} ms")  # fmt: skip
+    return figures, checks
 
-        raw_s = raw_broadcast_s(weight_backend, nbytes, args.rounds, engine_gpu)
-        print(f"raw {weight_backend} broadcast of {nbytes / 2**20:.1f} MiB: {raw_s * 1e3:.1f} ms "
-              f"({nbytes / raw_s / 2**30:.1f} GiB/s)")  # fmt: skip
 
-        from mas_async.inference.backends.vllm import VLLMBackend
-        from mas_async.weights.group import open_weight_group
-        from mas_async.weights.sender import WeightSender
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    vllm = importlib.util.find_spec("vllm")
+    print("vLLM: " + ("installed; its checks are bench/gpu_check_vllm.py (not run here)" if vllm else
+                      "absent; running the checks that need no vLLM (hf backend, trainer, gloo and CUDA IPC sync)"))  # fmt: skip
+    env = environment()
+    if args.smoke:
+        device = "cpu"
+    elif env["gpus"]:
+        device = "cuda"
+    else:
+        print("no CUDA GPU: this check needs one (--smoke rehearses it on the CPU)")
+        return 2
+    print(f"python {env['python']}, torch {env['torch']} (CUDA {env['cuda']}), transformers {env['transformers']}; "
+          f"device {device}{' (' + env['gpu'] + ')' if device == 'cuda' else ''}")  # fmt: skip
+    out_file = args.json or Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="mas-gpu-check-")) / "gpu_check.json"
+    report: dict[str, Any] = {"env": env, "vllm": "present" if vllm else "absent", "device": device, "passes": {}}
+    checks: dict[str, bool] = {}
+    errors: dict[str, str] = {}
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="mas-gpu-models-") as tmp:
+        for dtype in args.dtypes.split(","):
+            try:
+                report["passes"][dtype], found = run_dtype(args, dtype, device, Path(tmp))
+                checks.update(found)
+            except Exception:  # one pass failing must not cost the other's figures: recorded, then fails the run
+                errors[dtype] = traceback.format_exc()
+                print(f"[{dtype}] FAILED:\n{errors[dtype]}")
+                checks[f"[{dtype}] the pass ran to its end"] = False
+            if device == "cuda":
+                import torch
 
-        engine_args = {"gpu_memory_utilization": 0.5 if shared else 0.8, "enforce_eager": True}
-        engine_args.update(_engine_args(args.engine_arg))
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        os.environ["CUDA_VISIBLE_DEVICES"] = engine_gpu  # read by the engine's process; ours is set up
-        t0 = time.perf_counter()
-        try:
-            backend = VLLMBackend(path, dtype=args.dtype, max_batch_sequences=512, seed=0, engine_args=engine_args)
-        finally:
-            if visible is None:
-                os.environ.pop("CUDA_VISIBLE_DEVICES")
-            else:
-                os.environ["CUDA_VISIBLE_DEVICES"] = visible
-        print(f"vLLM engine started in {time.perf_counter() - t0:.1f}s ({engine_args})")
-        try:
-            port, box = _free_port(), {}
-            opener = threading.Thread(
-                target=lambda: box.update(group=open_weight_group(
-                    policy="check", backend=weight_backend, host="127.0.0.1", port=port, rank=0, world_size=2
-                )),
-                daemon=True,
-            )  # fmt: skip
-            opener.start()
-            backend.join_weight_group(
-                policy="check", backend=weight_backend, host="127.0.0.1", port=port, rank=1, world_size=2
-            )
-            opener.join(timeout=120)
-            sender = WeightSender(box["group"])
-
-            rng = np.random.default_rng(0)
-            prompts = [
-                rng.integers(7, 51, size=int(rng.integers(32, 96))).astype(np.int32) for _ in range(args.prompts)
-            ]
-            results, seconds = generate(backend, prompts, args)
-            tokens = sum(len(c.token_ids) for group in results for c in group)
-            print(f"generate v0: {tokens} tokens in {seconds:.2f}s = {tokens / seconds:.0f} tokens/s")
-
-            def push(version: int) -> tuple[float, float]:
-                """(broadcast seconds on the trainer side, full update seconds on vLLM's side)"""
-                tensors = [(n, p.detach()) for n, p in model.named_parameters()]
-                sent: dict[str, float] = {}
-
-                def send() -> None:
-                    start = time.perf_counter()
-                    sender.send(version, tensors)
-                    torch.cuda.synchronize()
-                    sent["s"] = time.perf_counter() - start
-
-                thread = threading.Thread(target=send, daemon=True)
-                start = time.perf_counter()
-                thread.start()
-                backend.update_weights(version)
-                update_s = time.perf_counter() - start
-                thread.join(timeout=300)
-                return sent["s"], update_s
-
-            # One trainer step: next-token loss on the v0 samples.
-            model.train()
-            optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-            seqs = [np.concatenate([p, group[0].token_ids]) for p, group in zip(prompts, results, strict=True)][:16]
-            width = min(len(s) for s in seqs)
-            ids = torch.tensor(np.stack([s[:width] for s in seqs]).astype(np.int64), device="cuda")
-            model(input_ids=ids, labels=ids).loss.backward()
-            optimizer.step()
-            model.eval()
-            before = logprob_diff(model, prompts, results)[0]  # how far the step moved the v0 samples
-
-            push(1)
-            results, seconds = generate(backend, prompts, args)
-            mean, worst = logprob_diff(model, prompts, results)
-            checks["every output carries version 1"] = all(c.version == 1 for g in results for c in g)
-            checks[f"mean |vLLM - trainer| log-prob < {TOLERANCE[args.dtype]:g}"] = mean < TOLERANCE[args.dtype]
-            checks["the step changed the log-probs (so the match means something)"] = before > 10 * mean
-            print(f"after the trainer step and update to v1: mean |vLLM - trainer| log-prob {mean:.2e} "
-                  f"(max {worst:.2e}); the step itself moved them by {before:.2e}")  # fmt: skip
-
-            timings = [push(v) for v in range(2, 2 + args.rounds)]
-            send_s = statistics.median(t[0] for t in timings)
-            update_s = statistics.median(t[1] for t in timings)
-            print(f"weight sync of {nbytes / 2**20:.1f} MiB over {weight_backend} (median of {args.rounds}): "
-                  f"broadcast {send_s * 1e3:.1f} ms = {send_s / raw_s:.2f}x raw; full update (broadcast, "
-                  f"reload, prefix-cache reset) {update_s * 1e3:.1f} ms = {update_s / raw_s:.2f}x raw")  # fmt: skip
-            box["group"].close()
-        finally:
-            backend.close()
-
+                torch.cuda.empty_cache()
+    report.update(checks=checks, errors=errors, seconds=time.perf_counter() - started)
+    report["passed"] = bool(checks) and all(checks.values())
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    out_file.write_text(json.dumps(report, indent=2, default=str) + "\n")
     for name, ok in checks.items():
         print(f"  [{'ok' if ok else 'FAIL'}] {name}")
-    return 0 if all(checks.values()) else 1
+    print(f"{'passed' if report['passed'] else 'FAILED'} in {report['seconds']:.0f}s; results: {out_file}")
+    return 0 if report["passed"] else 1
 
 
 if __name__ == "__main__":

@@ -44,6 +44,10 @@ class PolicyConfig(_Section):
     """Inference server replicas for this policy; the router balances by outstanding requests."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Weights dtype on both trainer and inference servers."""
+    device: str = Field("cpu", pattern=r"^(cpu|cuda(:[0-9]+)?)$")
+    """Where this policy's trainer model and its hf inference servers run: cpu, cuda or cuda:N (vLLM
+    places its engine itself). On one GPU, NCCL cannot join the trainer and a server on that device:
+    use cluster.weight_backend=gloo there."""
     lr: float = Field(1e-6, gt=0)
     """Adam learning rate of this policy's trainer."""
     max_batch_sequences: int = Field(512, ge=1)

@@ -104,6 +104,16 @@ PRESETS: dict[str, Preset] = {
         intermediate_size=128,
         max_position_embeddings=8192,
     ),
+    # ~104M parameters (GPT-2-small's width and depth): the GPU check's throughput and weight-sync model.
+    "100m-char": Preset(
+        hidden_size=768,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        head_dim=64,
+        intermediate_size=3072,
+        max_position_embeddings=2048,
+    ),
 }
 # The vocabulary of each preset (ids never move); presets not listed use VOCAB.
 PRESET_VOCABS: dict[str, list[str]] = {"tiny-ascii": ASCII_VOCAB}

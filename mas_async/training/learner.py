@@ -22,10 +22,11 @@ from mas_async.weights.group import torch_dtype
 from mas_async.wire.samples import Sample
 
 
-def _pad(rows: list[torch.Tensor], width: int) -> torch.Tensor:
-    out = torch.zeros(len(rows), width, dtype=rows[0].dtype)
+def _pad(rows: list[torch.Tensor], width: int, device: torch.device) -> torch.Tensor:
+    """Right-pad `rows` with zeros into one [len(rows), width] tensor on `device` (gradients flow)."""
+    out = torch.zeros(len(rows), width, dtype=rows[0].dtype, device=device)
     for i, row in enumerate(rows):
-        out[i, : len(row)] = row
+        out[i, : len(row)] = row.to(device)
     return out
 
 
@@ -47,13 +48,16 @@ class PolicyLearner:
         self.cfg = config
         self.temperature = config.rollout.temperature
         self.model_path = model_path
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype(spec.dtype))
+        self.device = torch.device(spec.device)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype(spec.dtype)).to(self.device)
         self.model.train()
         # One contiguous buffer per dtype: the weight broadcast sends it as it is, with no copy.
+        # Flattened after the move to the device, so the buffers live there.
         flatten_parameters(self.model.named_parameters())
         self.reference = None
         if self.algo.kl_coef > 0:
-            self.reference = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype(spec.dtype)).eval()
+            self.reference = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype(spec.dtype))
+            self.reference.to(self.device).eval()
             self.reference.requires_grad_(False)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=spec.lr, weight_decay=config.trainer.weight_decay)
         iterations = total_iterations or config.run.iterations
@@ -83,7 +87,7 @@ class PolicyLearner:
             old = self._logprobs(self.model, samples)
             ref = self._logprobs(self.reference, samples) if self.reference is not None else None
         rollout = [torch.from_numpy(np.array(s.logprobs, dtype=np.float32)) for s in samples]
-        diffs = torch.cat([(o.float() - r).abs() for o, r in zip(old, rollout, strict=True)])
+        diffs = torch.cat([(o.float().cpu() - r).abs() for o, r in zip(old, rollout, strict=True)])
         if algo.old_logprobs == "rollout":
             old = rollout
         # Without KL or entropy terms, a sample with zero advantage adds exactly zero loss and gradient
@@ -133,21 +137,23 @@ class PolicyLearner:
             idx = chosen[start : start + micro]
             entropies: list[torch.Tensor] | None = [] if algo.entropy_coef > 0 else None
             new = self._logprobs(self.model, [samples[i] for i in idx], entropies)
-            width = max(len(t) for t in new)
-            mask = _pad([torch.ones(len(t)) for t in new], width)
-            new_padded = _pad(new, width)
+            width, device = max(len(t) for t in new), self.device
+            mask = _pad([torch.ones(len(t)) for t in new], width, device)
+            new_padded = _pad(new, width, device)
             loss, clip = ppo_clip_loss(
-                new_padded, _pad([old[i].float() for i in idx], width),
-                torch.tensor(advantages[idx], dtype=torch.float32), mask,
+                new_padded, _pad([old[i].float() for i in idx], width, device),
+                torch.tensor(advantages[idx], dtype=torch.float32, device=device), mask,
                 clip_low=algo.clip_low, clip_high=algo.clip_high, loss_agg=algo.loss_agg, normalizer=normalizer,
             )  # fmt: skip
             stats["loss"] += float(loss.detach())
             if ref is not None:
-                kl = aggregate(kl_k3(new_padded, _pad([ref[i] for i in idx], width)), mask, algo.loss_agg, normalizer)
+                kl = aggregate(
+                    kl_k3(new_padded, _pad([ref[i] for i in idx], width, device)), mask, algo.loss_agg, normalizer
+                )
                 loss = loss + algo.kl_coef * kl
                 stats["kl"] += float(kl.detach())
             if entropies is not None:
-                entropy = aggregate(_pad(entropies, width), mask, algo.loss_agg, normalizer)
+                entropy = aggregate(_pad(entropies, width, device), mask, algo.loss_agg, normalizer)
                 loss = loss - algo.entropy_coef * entropy
                 stats["entropy"] += float(entropy.detach())
             loss.backward()

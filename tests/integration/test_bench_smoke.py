@@ -47,3 +47,14 @@ def test_router_smoke(tmp_path: Path) -> None:
     rates = figures["rates"]
     assert rates["raw"][0] > 0 and rates["raw-sync"][0] > 0 and rates["router"][0] > 0
     assert figures["baseline"] in ("raw", "raw-sync") and figures["ratio"] > 0
+
+
+def test_gpu_check_smoke(tmp_path: Path) -> None:
+    """The GPU check's CPU rehearsal: hf server and trainer, a step, the versioned update over gloo and the
+    log-prob match; the CUDA IPC part says it is skipped."""
+    stdout, figures = _run("gpu_check.py", tmp_path)
+    assert stdout.startswith("vLLM: ") and "CUDA IPC: skipped" in stdout
+    assert figures["passed"] and figures["device"] == "cpu" and not figures["errors"]
+    run = figures["passes"]["float32"]
+    assert run["logprob"]["mean_abs_diff"] < 1e-4 < run["logprob"]["step_moved"]
+    assert run["rollout"]["tokens"] > 0 and run["train_step"]["tokens_per_s"] > 0 and run["gloo_sync"]["ratio"] > 0

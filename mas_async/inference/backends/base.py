@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     import torch
 
     from mas_async.inference.request import GenerationRequest
+    from mas_async.weights.cuda_ipc import CudaIpcReceiver
     from mas_async.wire.samples import Completion
 
 
@@ -63,7 +64,7 @@ class ThreadedBackend:
 
     def __init__(self, engine: SyncEngine) -> None:
         self.engine = engine
-        self.receiver: WeightReceiver | None = None
+        self.receiver: WeightReceiver | CudaIpcReceiver | None = None
         self._live_set = 1
         """The receiver's buffer set the engine's parameters are views of (after an adopt)."""
 
@@ -79,6 +80,14 @@ class ThreadedBackend:
         return await asyncio.to_thread(self.engine.generate, requests)
 
     def join_weight_group(self, *, policy: str, backend: str, host: str, port: int, rank: int, world_size: int) -> None:
+        """Join the policy's weight sync: a torch.distributed group (gloo, nccl), or, with "cuda_ipc", the
+        control channel of the trainer's shared buffers on this same GPU (`mas_async.weights.cuda_ipc`)."""
+        if backend == "cuda_ipc":
+            from mas_async.weights.cuda_ipc import CudaIpcReceiver, open_ipc_channel
+
+            channel = open_ipc_channel(policy=policy, host=host, port=port, rank=rank, world_size=world_size)
+            self.receiver = CudaIpcReceiver(channel, rank)
+            return
         group = open_weight_group(
             policy=policy, backend=backend, host=host, port=port, rank=rank, world_size=world_size
         )
@@ -102,13 +111,21 @@ class ThreadedBackend:
         self.engine.version = version
 
 
-def make_backend(name: str, model_path: str, *, dtype: str, max_batch_sequences: int, seed: int) -> InferenceBackend:
+def make_backend(
+    name: str, model_path: str, *, dtype: str, max_batch_sequences: int, seed: int, device: str = "cpu"
+) -> InferenceBackend:
     """The backend named in the policy's config (`policies.<name>.backend`): a key of
     `mas_async.api.BACKENDS` or a "module:Class" path. The class is built with `(model_path, dtype=...,
-    max_batch_sequences=..., seed=...)`; a synchronous engine (a `generate` that is not a coroutine
+    max_batch_sequences=..., seed=...)`, plus `device=...` when the policy is not on the CPU (a backend
+    without that parameter is then refused); a synchronous engine (a `generate` that is not a coroutine
     function) runs behind `ThreadedBackend`, one batch at a time in a thread."""
     cls = resolve(name, BACKENDS, "inference backend")
-    engine = cls(model_path, dtype=dtype, max_batch_sequences=max_batch_sequences, seed=seed)
+    kwargs: dict[str, str] = {}
+    if device != "cpu":  # only then, so that backends written before the key existed keep working
+        if "device" not in inspect.signature(cls).parameters:
+            raise ValueError(f"inference backend {name!r} takes no device argument, so it cannot run on {device!r}")
+        kwargs["device"] = device
+    engine = cls(model_path, dtype=dtype, max_batch_sequences=max_batch_sequences, seed=seed, **kwargs)
     if inspect.iscoroutinefunction(getattr(engine, "generate", None)):
         return engine
     return ThreadedBackend(engine)

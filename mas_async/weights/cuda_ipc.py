@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 
 from mas_async.weights.group import ManifestMismatch, dtype_name, parse_dtype
-from mas_async.weights.receiver import _check_manifest
+from mas_async.weights.receiver import check_manifest
 from mas_async.weights.sender import contiguous_region
 
 Handle = dict[str, Any]
@@ -244,7 +244,7 @@ class CudaIpcReceiver:
         if not self._views:
             self._map()
         if expected is not None and expected != self._checked:
-            _check_manifest(self._entries, expected)
+            check_manifest(self._entries, expected)
             self._checked = expected
         self.seq += 1
         return version, list(self._views[which])

@@ -61,7 +61,7 @@ class WeightReceiver:
             self.group.broadcast(bucket.view(torch.uint8))
 
         if expected is not None and (entries is not self._checked[0] or expected != self._checked[1]):
-            _check_manifest(entries, expected)
+            check_manifest(entries, expected)
             self._checked = (entries, expected)  # the same manifest against the same expectation: done
         if buffer_set not in self._views:  # views of the same buffers with the same layout: made once
             self._views[buffer_set] = [
@@ -80,7 +80,7 @@ class WeightReceiver:
         self._views.clear()
 
 
-def _check_manifest(entries: list[list], expected: list[tuple[str, list[int], str]]) -> None:
+def check_manifest(entries: list[list], expected: list[tuple[str, list[int], str]]) -> None:
     want = {name: (list(shape), dtype) for name, shape, dtype in expected}
     got = {}
     for name, shape, dtype, *_ in entries:

@@ -95,10 +95,12 @@ class ScriptedEngine(MockEngine):
     `max_tokens` decode steps, whatever the text: both sides pay the same for every batch.
     """
 
-    def __init__(self, model_path: str | Path, *, seed: int = 0) -> None:
+    def __init__(self, model_path: str | Path, *, seed: int = 0, **engine_args: Any) -> None:
+        """Also a backend by path (`policies.<p>.backend: bench.lockstep:ScriptedEngine`): `engine_args`
+        are the backend constructor's common arguments (dtype, max_batch_sequences)."""
         from mas_async.rollout.env_worker import load_tokenizer
 
-        super().__init__(model_path, seed=seed)
+        super().__init__(model_path, seed=seed, **engine_args)
         self.tokenizer = load_tokenizer(str(model_path))
         self.problems = {p["entry_point"]: p for p in load_own()}
         self.kinds: Counter[str] = Counter()

@@ -25,6 +25,7 @@ import json
 import logging
 import resource
 import time
+from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +48,10 @@ log = logging.getLogger("mas_async.throughput")
 
 BENCH_DIR = "bench"
 """Sub-folder of the run directory where the bench actors write what they measured."""
+
+
+current_episode: ContextVar[str] = ContextVar("current_episode", default="")
+"""The episode whose work runs now (the parallel workflow's requests run in tasks of their own)."""
 
 
 def write_process_stats(run_dir: Path, name: str) -> None:
@@ -130,24 +135,29 @@ class RecordingEnvWorker(EnvWorker):
         self.requests: list[list[Any]] = []
         self.episodes: list[list[Any]] = []
         """[episode id, seconds from RunEpisode to EpisodeDone, seconds of it waiting for generation]."""
-        self._waiting: dict[str, float] = {}
+        self._waiting: dict[str, list[tuple[float, float]]] = {}
+        """episode -> (sent, replied) of each of its requests."""
 
     async def generate(self, policy: str, prompt_ids: np.ndarray, n: int, greedy: bool) -> list[Completion]:
         sent = time.time()
         completions = await super().generate(policy, prompt_ids, n, greedy)
         replied = time.time()
-        task = asyncio.current_task()  # each episode runs as a task named by its episode id
-        episode = task.get_name() if task is not None else ""
+        episode = current_episode.get()  # set by _run_episode; inherited by the tasks an episode starts
         tokens = sum(len(c.token_ids) for c in completions)
         self.requests.append([episode, policy, prompt_ids, n, greedy, sent, replied, tokens])
-        self._waiting[episode] = self._waiting.get(episode, 0.0) + replied - sent
+        self._waiting.setdefault(episode, []).append((sent, replied))
         return completions
 
     async def _run_episode(self, msg: Any) -> None:
         start = time.time()
+        current_episode.set(msg.episode_id)
         await super()._run_episode(msg)
-        # Overlapping requests of one episode (agents acting in parallel) count once per request.
-        self.episodes.append([msg.episode_id, time.time() - start, self._waiting.pop(msg.episode_id, 0.0)])
+        # The union of the episode's request windows: agents acting at once wait together, not twice.
+        waiting, reach = 0.0, 0.0
+        for sent, replied in sorted(self._waiting.pop(msg.episode_id, [])):
+            waiting += max(0.0, replied - max(sent, reach))
+            reach = max(reach, replied)
+        self.episodes.append([msg.episode_id, time.time() - start, waiting])
 
     async def cleanup(self) -> None:
         name = self.peer_id.replace("/", "-")

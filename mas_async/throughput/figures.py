@@ -5,8 +5,8 @@ Only the measured phases count (not the warm-up). Definitions:
   counts each request's prompt once (its n samples share one prefill);
 - env steps/s: one per candidate (each steps its own env clone);
 - generate latency: request to reply, as the env worker saw it (router, queue and engine included);
-- episode time: from RunEpisode to EpisodeDone in the env worker; "waiting for generation" is the sum
-  of its requests' latencies (requests of agents acting at once each count); "in the env" is the rest
+- episode time: from RunEpisode to EpisodeDone in the env worker; "waiting for generation" is the time
+  at least one of its requests was pending (agents acting at once wait together); "in the env" is the rest
   (env steps, sandbox runs, scoring, tokenising); "in the router" is the router's CPU per message times
   the messages per episode, an upper bound on what routing adds;
 - a replica's busy fraction: the union of its batches' windows over the phases' wall time (a

@@ -64,3 +64,17 @@ def test_bad_input_is_a_sentence(tmp_path):
     (other / "config.yaml").write_text((ROOT / "configs/plan_path_tiny_shared.yaml").read_text())
     proc = _bench(tmp_path, f"checkpoint={other}")
     assert proc.returncode == 2 and "does not match the config" in proc.stderr and "'shared'" in proc.stderr
+
+
+def test_a_parallel_workflow_with_sandboxed_code_is_measured_per_episode(tmp_path):
+    """Agents acting at once (code: coder + tester) send requests from tasks of their own; each request
+    is still credited to its episode, and the episode's waits are a union, never more than the episode."""
+    proc = _bench(
+        tmp_path, "policies.shared.backend=bench.lockstep:ScriptedEngine", "rollout.batch_size=2",
+        "rollout.max_tokens=8", "--phases", "1", "--warmup", "0", config="configs/code_tiny_shared.yaml",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (result,) = json.loads((tmp_path / "run" / "bench.json").read_text())["results"]
+    split = result["episode_time"]
+    assert result["total"]["requests"] > 0 and result["total"]["dropped"] == 0
+    assert 0 < split["waiting_for_generation_s"] <= split["episode_s"] and split["in_env_s"] > 0

@@ -1,7 +1,7 @@
 """Versioned weight sync against a raw torch.distributed broadcast of the same bytes.
 
 One sender process (rank 0, as a policy's trainer) and `--receivers` receiver processes (ranks 1..R, as
-its inference servers) join one weight group (`mas_async.weights.sender.open_weight_group`, gloo on CPU,
+its inference servers) join one weight group (`mas_async.weights.group.open_weight_group`, gloo on CPU,
 nccl on GPU). For every model size, the sender holds transformer-shaped tensors of that many parameters
 and times, alternately, `--repeats` times each:
 

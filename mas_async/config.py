@@ -42,6 +42,9 @@ class PolicyConfig(_Section):
     class as "module:Class" (see `mas_async.api.BACKENDS` for what it must provide)."""
     replicas: int = Field(1, ge=1)
     """Inference server replicas for this policy; the router balances by outstanding requests."""
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra variables for the tokenizer's chat template when prompts are tokenised, e.g.
+    `{enable_thinking: false}` for Qwen3 (the setting Stronger-MAS's reference trains with)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Weights dtype on both trainer and inference servers."""
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:[0-9]+)?)$")

@@ -143,6 +143,7 @@ class EnvWorker(Peer):
                 mode=msg.mode,
                 seed=msg.seed,
                 greedy=greedy_decoding(self.cfg, msg.mode),
+                template_kwargs={p: spec.chat_template_kwargs for p, spec in self.cfg.policies.items()},
             )
             await self.workflow.run(episode)
             summary = episode.finish()

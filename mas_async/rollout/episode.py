@@ -82,6 +82,7 @@ class Episode:
         mode: str = "train",
         seed: int = 0,
         greedy: bool | None = None,
+        template_kwargs: Mapping[str, dict[str, Any]] | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"episode mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -99,6 +100,8 @@ class Episode:
         self.k = k if mode == "train" else 1
         """Candidates per agent per turn (one request with n = k); always 1 in eval mode."""
         self.greedy = mode == "eval" if greedy is None else greedy
+        self.template_kwargs = dict(template_kwargs or {})
+        """policy -> extra chat-template variables (`policies.<p>.chat_template_kwargs`)."""
         """Decoding of this episode's requests (default: greedy in eval mode, sampled in training)."""
         self.alpha = float(alpha)
         self.mode = mode
@@ -129,7 +132,7 @@ class Episode:
         n = self.k if n is None else n
         greedy = self.greedy if greedy is None else greedy
         obs = self.env.observe(node.agent)
-        prompt_ids = _prompt_ids(self.tokenizers[policy], node.prompt(obs))
+        prompt_ids = _prompt_ids(self.tokenizers[policy], node.prompt(obs), self.template_kwargs.get(policy, {}))
         completions = await self.generate(policy, prompt_ids, n, greedy)
         if len(completions) != n:
             raise RuntimeError(f"generate for policy {policy!r} returned {len(completions)} completions, asked {n}")
@@ -271,10 +274,12 @@ class Episode:
         )
 
 
-def _prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> np.ndarray:
+def _prompt_ids(
+    tokenizer: Any, messages: list[dict[str, str]], template_kwargs: dict[str, Any] | None = None
+) -> np.ndarray:
     """Token ids (int32[P]) of `messages` under the tokenizer's chat template, with the generation
     prompt. transformers 5 may return a BatchEncoding (a mapping) instead of a list of ids."""
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **(template_kwargs or {}))
     if isinstance(ids, Mapping):
         ids = ids["input_ids"]
     array = np.asarray(ids, dtype=np.int32)

@@ -35,6 +35,9 @@ class Keys:
     TRAIN_S = "time/train_s"
     WEIGHT_SYNC_S = "time/weight_sync_s"
     STEP_S = "time/step_s"
+    TRAINER_IDLE_S = "time/trainer_idle_s"
+    INFERENCE_IDLE_S = "time/inference_idle_s"
+    MULTI_VERSION = "rollout/multi_version_token_fraction"
     ELAPSED_S = "time/elapsed_s"
     LATE_GROUPS = "router/late_groups"
     MALFORMED = "router/malformed"
@@ -59,12 +62,19 @@ class EpisodeStats:
         self.counts: dict[str, int] = defaultdict(int)
         self.episodes = 0
         self.tokens = 0
+        self.multi_version_tokens = 0
+        """Tokens of episodes whose completions came from more than one weight version."""
 
     def add(self, summary: dict[str, Any]) -> None:
         self.episodes += 1
         self.tokens += int(summary.get("tokens", 0))
+        self.multi_version_tokens += int(summary.get("multi_version_tokens", 0))
         for key, value in summary.items():
-            if key == "tokens" or not isinstance(value, (int, float)) or isinstance(value, str):
+            if (
+                key in ("tokens", "multi_version_tokens")
+                or not isinstance(value, (int, float))
+                or isinstance(value, str)
+            ):
                 continue
             value = float(value)
             if math.isfinite(value):

@@ -11,11 +11,19 @@ batches in flight are done and holds back new ones, receives every tensor of the
 bumps the version, acknowledges WeightsLoaded, and only then lets queued requests through. So no request
 is ever served by a mix of two versions. A request past its deadline is answered with an error instead
 of being generated.
+
+With bounded staleness (`rollout.max_staleness` >= 1) a backend that can receive without disturbing what
+it serves (`receive_weights` and `apply_weights`: the threaded hf and mock backends, whose double-buffered
+receive writes the set not being served) keeps generating during the broadcast; the gate is taken only to
+swap the weights, after the batch in flight finishes on the old ones. A backend without them (vLLM:
+its engine core runs the receive between scheduler steps, which would change the weights under running
+requests) drains: requests already running finish on the old weights, new ones wait for the update.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -64,6 +72,10 @@ class InferenceServer(Peer):
         self._wakeup = asyncio.Event()
         self.gather = WaveGather(spec.batch_gather_ms / 1000, spec.batch_gather_fraction, spec.max_batch_sequences)
         self.gate = UpdateGate()
+        self._updates = asyncio.Lock()
+        """One weight update at a time (a second receive would write the set the first one filled)."""
+        self.overlap_updates = config.rollout.max_staleness > 0 and hasattr(self.backend, "receive_weights")
+        """Receive while generating, then swap (bounded staleness); else drain first (strict mode)."""
 
     async def main(self) -> None:
         if not self.deployment.training:  # mas-async eval: fixed weights, no trainer to listen to
@@ -130,15 +142,27 @@ class InferenceServer(Peer):
             await self.gate.release_read()
 
     async def _update(self, version: int) -> None:
-        await self.gate.acquire_write()
-        try:
+        async with self._updates:
             t0 = time.monotonic()
             error = ""
             try:
-                await asyncio.to_thread(self.backend.update_weights, version)
+                if self.overlap_updates:
+                    tensors = await asyncio.to_thread(self.backend.receive_weights, version)
+                    async with self._writing():
+                        self.backend.apply_weights(version, tensors)
+                else:
+                    async with self._writing():
+                        await asyncio.to_thread(self.backend.update_weights, version)
             except ValueError as e:  # manifest mismatch or wrong version: reported; the router stops the run
                 error = str(e)
             log.info("weights v%d loaded in %.3fs%s", version, time.monotonic() - t0, f" ({error})" if error else "")
             self.send(WeightsLoaded(self.policy, version, self.peer_id, error))
+
+    @contextlib.asynccontextmanager
+    async def _writing(self):
+        """Hold the gate's write side: no batch runs (the one in flight finishes first)."""
+        await self.gate.acquire_write()
+        try:
+            yield
         finally:
             await self.gate.release_write()

@@ -111,6 +111,9 @@ class Episode:
         self.committed: list[Candidate] = []
         self.rewards: dict[str, list[float]] = {}  # agent -> reward of every recorded candidate
         self.tokens = 0  # completion tokens generated
+        self.versions: set[int] = set()
+        """Weight versions that generated this episode's completions (more than one only when bounded
+        staleness let a weight update land between two of its requests; one request is one version)."""
         self._groups: set[tuple[str, int]] = set()
         self._turns_played: set[int] = set()
 
@@ -140,6 +143,7 @@ class Episode:
         scoring = []
         for index, completion in enumerate(completions):
             self.tokens += len(completion.token_ids)
+            self.versions.add(completion.version)
             text = self.tokenizers[policy].decode(np.asarray(completion.token_ids).tolist(), skip_special_tokens=True)
             scoring.append(self._score(node, policy, index, prompt_ids, completion, text))
         # Concurrently: an env whose `astep` runs code in the sandbox overlaps its K executions. Scarce
@@ -220,6 +224,7 @@ class Episode:
             summary[f"reward/{agent}"] = float(np.mean(rewards))
         summary["turns"] = len(self._turns_played)
         summary["tokens"] = self.tokens
+        summary["multi_version_tokens"] = self.tokens if len(self.versions) > 1 else 0
         return summary
 
     # -- helpers ----------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ for an attempt that is not the current one is dropped and counted (`late`).
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +35,9 @@ class EpisodeBook:
     def __init__(self, iteration: int, version: int, tasks: list[EpisodeTask]) -> None:
         self.iteration = iteration
         self.version = version
-        """The weight version every episode of this iteration runs at."""
+        """The version whose step trains this iteration's samples (strict mode: the version every
+        episode runs at; bounded staleness: episodes run at version - k or later)."""
+        self.opened_at = time.monotonic()
         self.queued = list(tasks)
         self.in_flight: dict[str, EpisodeTask] = {}
         self.stats = {mode: EpisodeStats() for mode in MODES}

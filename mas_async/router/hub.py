@@ -8,9 +8,11 @@ iteration barrier as the version clock (`VersionClock`) says:
 1. dispatch the iteration's episodes at the clock's version v (and, every few iterations, the held-out
    eval episodes);
 2. forward each finished episode's groups to the trainers, counted per policy and version by the clock;
-3. when the clock says a step is due, send TrainStep(v) to every trainer; trainers step in parallel and
-   broadcast weights v+1; each inference server acknowledges WeightsLoaded(v+1); when the clock says the
-   step is complete it advances, and only then does iteration v+1 start.
+3. when every episode of iteration v is in, send TrainStep(v) to every trainer; trainers step in
+   parallel and broadcast weights v+1; each inference server acknowledges WeightsLoaded(v+1); when the
+   clock says the step is complete it advances, and only then does iteration v+1 start (strict mode).
+   With bounded staleness (`rollout.max_staleness` k) the books of iterations up to v+k are open while
+   step v runs, and their training episodes keep the env workers busy (docs/staleness.md).
 
 On the hot path (Generate, GenerateResult, Groups) only the kind byte and the small header frame are
 decoded, through named header views; payload frames are forwarded untouched. Peer liveness lives in
@@ -33,9 +35,10 @@ from mas_async.api.registry import ENVS, resolve
 from mas_async.checkpoint import checkpoint_due, load_best, prune_checkpoints, save_best, save_router
 from mas_async.config import Config
 from mas_async.deployment import Deployment
-from mas_async.metrics import MetricsWriter, keep_rows_before
-from mas_async.router.clock import VersionClock
+from mas_async.metrics import Keys, MetricsWriter, keep_rows_before
+from mas_async.router.clock import ClockError, VersionClock
 from mas_async.router.episodes import EpisodeBook, EpisodeTask, plan_episodes
+from mas_async.router.idle import IdleTimer
 from mas_async.router.peers import PeerInfo, PeerTable
 from mas_async.router.report import iteration_row
 from mas_async.runtime.actor import Actor, PeerDead, make_socket
@@ -88,14 +91,19 @@ class Router(Actor):
         self._pending: dict[tuple[bytes, int], bytes] = {}
         """(origin, request id) -> the inference replica serving it."""
         replicas = {name for name in self.table.expected if name.startswith("inference/")}
-        self.clock = VersionClock(self.policies, replicas, deployment.start_version)
-        self.book: EpisodeBook | None = None
+        self.clock = VersionClock(self.policies, replicas, deployment.start_version, config.rollout.max_staleness)
+        self.books: dict[int, EpisodeBook] = {}
+        """iteration -> its book, from when the clock lets it open until its row is written."""
+        self._next_book = deployment.start_version
+        self.idle = IdleTimer(time.monotonic())
+        """Time with no episode in flight (no request can reach an inference server)."""
         env_cls = resolve(config.env.name, ENVS, "env")
         self.train_problems = env_cls.problems("train", config.env.train_size, **config.env.options)
         self.test_problems = env_cls.problems("test", config.env.test_size, **config.env.options)
         self._order = list(range(len(self.train_problems)))
         random.Random(config.run.seed).shuffle(self._order)
         self.start = deployment.start_version
+        """The first iteration of this run; iteration v trains the step from version v."""
         if self.start:
             keep_rows_before(run_dir / "metrics.jsonl", self.start)
         self.metrics = MetricsWriter(run_dir / "metrics.jsonl")
@@ -172,7 +180,8 @@ class Router(Actor):
         self.forward(origin, frames)
 
     def _hold_groups(self, header: Any, frames: list) -> None:
-        if self.book is None or not self.book.hold_groups(header, frames):
+        book = self.books.get(header.iteration)
+        if book is None or not book.hold_groups(header, frames):
             # An abandoned attempt, a timed-out episode or an old iteration (counted as late): its
             # samples must never reach a trainer (counted twice, or from weights that are gone).
             log.warning("dropped late groups of episode %s (attempt %s)", header.episode_id, header.attempt)
@@ -215,7 +224,7 @@ class Router(Actor):
             self.all_joined.set()
 
     def _on_episode_done(self, msg: EpisodeDone) -> None:
-        book = self.book
+        book = self.books.get(msg.iteration)
         task = book.finish(msg) if book is not None else None
         if task is None:
             log.warning("dropped a late result of episode %s (attempt %d)", msg.episode_id, msg.attempt)
@@ -237,23 +246,25 @@ class Router(Actor):
     # -- episodes ----------------------------------------------------------------------------------
 
     def _dispatch(self) -> None:
-        """Hand queued episodes to the least-loaded live env workers, up to each one's capacity."""
-        book = self.book
-        if book is None or not self.clock.may_dispatch():
-            return
+        """Hand queued episodes that the clock lets run, oldest iteration first, to the least-loaded live
+        env workers, up to each one's capacity."""
         now = time.monotonic()
-        while book.queued:
-            workers = self.table.free_workers()
-            if not workers:
-                break
-            _, worker = min(workers)
-            task = book.queued.pop(0)
-            task.worker = worker
-            task.deadline = now + self.cfg.rollout.episode_timeout_s
-            self.peers[worker].outstanding += 1
-            book.in_flight[task.msg.episode_id] = task
-            self.send_to(worker, task.msg)
-        book.check_done()
+        for book in sorted(self.books.values(), key=lambda b: b.iteration):
+            waiting = []
+            for task in book.queued:
+                workers = self.table.free_workers() if self.clock.may_dispatch(book.version, task.msg.mode) else []
+                if not workers:
+                    waiting.append(task)
+                    continue
+                _, worker = min(workers)
+                task.worker = worker
+                task.deadline = now + self.cfg.rollout.episode_timeout_s
+                self.peers[worker].outstanding += 1
+                book.in_flight[task.msg.episode_id] = task
+                self.send_to(worker, task.msg)
+            book.queued = waiting
+            book.check_done()
+        self.idle.update(now, busy=any(book.in_flight for book in self.books.values()))
 
     def _episodes(self, iteration: int, version: int, train: bool, evaluate: bool) -> list[EpisodeTask]:
         return plan_episodes(
@@ -270,25 +281,22 @@ class Router(Actor):
                 self.send_to(ident, Heartbeat(time.time()))
             for ident, info in self.table.silent(now, self.cfg.cluster.peer_timeout_s):
                 self._peer_died(ident, info)
-            book = self.book
-            if book is None:
-                continue
-            for task in book.overdue(now):
-                msg = task.msg
-                log.error("episode %s timed out; counted as dropped", msg.episode_id)
-                self._on_episode_done(
-                    EpisodeDone(msg.episode_id, msg.iteration, msg.mode, msg.attempt, "timed out", {}, {})
-                )
+            for book in list(self.books.values()):
+                for task in book.overdue(now):
+                    msg = task.msg
+                    log.error("episode %s timed out; counted as dropped", msg.episode_id)
+                    self._on_episode_done(
+                        EpisodeDone(msg.episode_id, msg.iteration, msg.mode, msg.attempt, "timed out", {}, {})
+                    )
 
     def _peer_died(self, ident: bytes, info: PeerInfo) -> None:
         self.table.mark_dead(ident)
         name = ident.decode()
         if info.role != "env_worker":
             raise PeerDead(f"{name} (pid {info.pid}) has been silent for over {self.cfg.cluster.peer_timeout_s}s")
-        if self.book is not None:
-            lost = self.book.requeue(ident)
-            log.error("%s is silent; dispatching its %d episodes again as new attempts", name, lost)
-            self._dispatch()
+        lost = sum(book.requeue(ident) for book in self.books.values())
+        log.error("%s is silent; dispatching its %d episodes again as new attempts", name, lost)
+        self._dispatch()
 
     # -- the iteration barrier ---------------------------------------------------------------------
 
@@ -299,12 +307,10 @@ class Router(Actor):
             missing = self.table.missing()
             raise PeerDead(f"peers never joined within {self.cfg.cluster.startup_timeout_s}s: {missing}") from None
         log.info("all %d peers joined; starting", len(self.table.expected))
+        self.idle = IdleTimer(time.monotonic())
         if self.deployment.training:
-            iterations, every = self.cfg.run.iterations, self.cfg.eval.every
-            for iteration in range(self.start, iterations):
-                evaluate = every > 0 and iteration % every == 0
-                await self._iteration(iteration, evaluate=evaluate, train=True)
-            await self._iteration(iterations, evaluate=every > 0, train=False)
+            for iteration in range(self.start, self.cfg.run.iterations + 1):
+                await self._iteration(iteration, **self._plan(iteration))
         else:  # mas-async eval: one evaluation pass of the given weights
             row = await self._iteration(self.start, evaluate=True, train=False)
             (self.run_dir / "eval.json").write_text(json.dumps(row, indent=2))
@@ -312,11 +318,36 @@ class Router(Actor):
             self.send_to(ident, Shutdown("run finished", False))
         await asyncio.sleep(0.5)  # let the Shutdown messages leave (and any still in the outbox)
 
-    async def rollout(self, iteration: int, *, train: bool, evaluate: bool) -> EpisodeBook:
-        """Run the iteration's episodes at the clock's version until every one is in (or dropped)."""
-        version = self.clock.version
-        book = self.book = EpisodeBook(iteration, version, self._episodes(iteration, version, train, evaluate))
+    def _plan(self, iteration: int) -> dict[str, bool]:
+        """What iteration `iteration` of a training run does: train (all but the last, which only
+        evaluates the final weights) and evaluate (every `eval.every` iterations, and at the end)."""
+        iterations, every = self.cfg.run.iterations, self.cfg.eval.every
+        if iteration >= iterations:
+            return {"train": False, "evaluate": every > 0}
+        return {"train": True, "evaluate": every > 0 and iteration % every == 0}
+
+    def _open_books(self) -> None:
+        """Open the book of every iteration the clock lets begin (strict: only the current one)."""
+        if not self.deployment.training:
+            return
+        while self._next_book <= self.cfg.run.iterations and self.clock.may_open(self._next_book):
+            self._open_book(self._next_book, **self._plan(self._next_book))
+
+    def _open_book(self, iteration: int, *, train: bool, evaluate: bool) -> EpisodeBook:
+        # Training: iteration v's samples train the step from version v (self.start is the run's first
+        # version). Without training (eval, rollout benches) every episode runs at the version held.
+        target = iteration if self.deployment.training else self.clock.version
+        book = EpisodeBook(iteration, target, self._episodes(iteration, target, train, evaluate))
+        self.books[iteration] = book
+        self._next_book = iteration + 1
         self._dispatch()
+        return book
+
+    async def rollout(self, iteration: int, *, train: bool, evaluate: bool) -> EpisodeBook:
+        """Run the iteration's episodes until every one is in (or dropped); its book may have been open
+        (and running) before, in bounded-staleness mode."""
+        book = self.books.get(iteration) or self._open_book(iteration, train=train, evaluate=evaluate)
+        self._open_books()
         await book.done.wait()
         return book
 
@@ -325,18 +356,25 @@ class Router(Actor):
         every replica loaded v+1; returns each trainer's metrics. `checkpoint_first`: the trainers save
         the weights of v before they step."""
         version = self.clock.begin_step()
+        if version != iteration:
+            raise ClockError(f"iteration {iteration} would step from version {version}")
         self._step_done.clear()
         for policy in self.policies:
             expected = self.clock.expected_samples(policy, version)
             msg = TrainStep(policy, iteration, version, expected, checkpoint_first)
             self.send_to(f"trainer/{policy}".encode(), msg)
         await self._step_done.wait()
-        return self.clock.advance()
+        trained = self.clock.advance()
+        if self.clock.max_staleness:  # the iteration k ahead may begin now (strict: the next rollout opens it)
+            self._open_books()
+        self._dispatch()  # episodes waiting for this version (evaluations) may start
+        return trained
 
     async def _iteration(self, iteration: int, *, evaluate: bool, train: bool) -> dict[str, Any]:
         t0 = time.monotonic()
         book = await self.rollout(iteration, train=train, evaluate=evaluate)
-        rollout_s = time.monotonic() - t0
+        rollout_s = time.monotonic() - min(t0, book.opened_at)
+        wait_s = time.monotonic() - t0
         if train and book.stats["train"].episodes == 0:
             raise RuntimeError(f"iteration {iteration}: every training episode failed; first error: {book.first_error}")
         step_s, trained = 0.0, {}
@@ -354,10 +392,16 @@ class Router(Actor):
             self.best = {"version": book.version, "score": new_best}
         if self.deployment.training:
             prune_checkpoints(self.run_dir, self.policies, self.cfg.trainer.keep_checkpoints)
+        now = time.monotonic()
         row = iteration_row(
             book, eval_k=self.cfg.eval.k, train=train, trained=trained, version=book.version, rollout_s=rollout_s,
-            step_s=step_s, malformed=self.malformed, elapsed_s=time.monotonic() - self.started,
+            step_s=step_s, malformed=self.malformed, elapsed_s=now - self.started,
         )  # fmt: skip
+        # The overlap of rollouts and steps: the trainers wait for the rollout (wait_s) in every mode;
+        # the servers are idle while no episode runs (the step of a strict run, env-bound stretches).
+        row[Keys.TRAINER_IDLE_S] = wait_s
+        row[Keys.INFERENCE_IDLE_S] = self.idle.take(now, busy=any(b.in_flight for b in self.books.values()))
+        del self.books[iteration]
         self.metrics.write(row)
         return row
 

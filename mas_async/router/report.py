@@ -36,6 +36,7 @@ def iteration_row(
         row[Keys.TRAIN_EPISODES] = train_stats.episodes
         row[Keys.TRAIN_DROPPED] = book.dropped["train"]
         row[Keys.TRAIN_TURNS] = means.get("turns", 0.0)
+        row[Keys.MULTI_VERSION] = train_stats.multi_version_tokens / max(1, train_stats.tokens)
     if eval_stats.episodes or book.dropped["eval"]:
         means = eval_stats.means()
         ran = eval_stats.episodes + book.dropped["eval"]

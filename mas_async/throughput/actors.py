@@ -100,6 +100,7 @@ class RolloutRouter(Router):
         for iteration in range(self.warmup + self.cfg.run.iterations):
             start, messages, cpu = time.time(), self.messages, time.process_time()
             book = await self.rollout(iteration, train=True, evaluate=False)
+            del self.books[iteration]
             stats = book.stats["train"]
             phase = {
                 "iteration": iteration,

@@ -9,6 +9,8 @@ Aggregation:
   full batch.
 - "seq_mean": the mean over sequences of each sequence's own token mean (`normalizer` = number of
   sequences of the step).
+Optional per-token `weights` multiply each token's loss (the importance weights of the decoupled
+objective of `off_policy.py`); without them the loss is exactly the plain one.
 """
 
 from __future__ import annotations
@@ -27,11 +29,12 @@ def ppo_clip_loss(
     clip_high: float = 0.2,
     loss_agg: str = "token_mean",
     normalizer: float | None = None,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Return the scalar loss and metrics {clip_fraction, ratio_mean} over the valid tokens.
 
-    logprobs, old_logprobs, mask: [B, T] (right-padded; mask is 1 on completion tokens);
-    advantages: [B]. Gradients flow through `logprobs` only.
+    logprobs, old_logprobs, mask (and weights, if given): [B, T] (right-padded; mask is 1 on completion
+    tokens); advantages: [B]. Gradients flow through `logprobs` only.
     """
     if loss_agg not in LOSS_AGGREGATIONS:
         raise ValueError(f"unknown loss_agg {loss_agg!r}; known: {list(LOSS_AGGREGATIONS)}")
@@ -49,6 +52,10 @@ def ppo_clip_loss(
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
     per_token = -torch.minimum(unclipped, clipped)
+    if weights is not None:
+        if weights.shape != logprobs.shape:
+            raise ValueError(f"weights must be [B, T] = {list(logprobs.shape)}, got {list(weights.shape)}")
+        per_token = per_token * weights.detach().to(per_token.dtype)
 
     loss = aggregate(per_token, mask, loss_agg, normalizer)
 

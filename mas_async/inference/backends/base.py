@@ -44,6 +44,10 @@ class InferenceBackend(Protocol):
         (blocking, in a thread; the server guarantees no generate() runs meanwhile)."""
         ...
 
+    # Optional, for updates that do not stop generation (bounded staleness): `receive_weights(version)`
+    # returns the received tensors without touching the weights being served (generate() may run
+    # meanwhile), and `apply_weights(version, tensors)` loads them (no generate() runs meanwhile).
+
 
 class SyncEngine(Protocol):
     version: int
@@ -97,15 +101,24 @@ class ThreadedBackend:
         """Receive and load `version`. An engine with `adopt_weights` takes the received buffers as its
         parameters (no copy); the next version then goes into the other of two buffer sets, so the
         weights being served are never written to."""
+        self.apply_weights(version, self.receive_weights(version))
+
+    def receive_weights(self, version: int) -> list[tuple[str, torch.Tensor]]:
+        """Receive `version` into the buffer set the engine is not serving from (safe while it generates:
+        an adopting engine serves the other set, a copying one its own parameters)."""
         assert self.receiver is not None, "join_weight_group() first"
-        adopt = getattr(self.engine, "adopt_weights", None)
-        spare = 1 - self._live_set if adopt is not None else 0
+        spare = 1 - self._live_set if hasattr(self.engine, "adopt_weights") else 0
         got, tensors = self.receiver.receive(self.engine.parameter_manifest(), buffer_set=spare)
         if got != version:
             raise ValueError(f"the broadcast carried version {got}, the trainer announced {version}")
+        return tensors
+
+    def apply_weights(self, version: int, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        """Make the received `tensors` the weights served as `version` (no batch runs meanwhile)."""
+        adopt = getattr(self.engine, "adopt_weights", None)
         if adopt is not None:
             adopt(tensors)
-            self._live_set = spare
+            self._live_set = 1 - self._live_set
         else:
             self.engine.load_weights(tensors)
         self.engine.version = version

@@ -1,5 +1,6 @@
-"""The version clock (strict on-policy): which samples a trainer accepts, when a step is due, and that
-a trainer or replica reporting another version is a named error."""
+"""The version clock: which samples a step accepts (strict, and the window of bounded staleness), when
+an iteration's episodes may run, when a step is due, and that a trainer or replica reporting another
+version is a named error."""
 
 from __future__ import annotations
 
@@ -8,15 +9,62 @@ import pytest
 from mas_async.router.clock import ClockError, VersionClock
 
 
-def _clock(start: int = 0) -> VersionClock:
-    return VersionClock(["a", "b"], ["inference/a/0", "inference/b/0", "inference/b/1"], start)
+def _clock(start: int = 0, k: int = 0) -> VersionClock:
+    return VersionClock(["a", "b"], ["inference/a/0", "inference/b/0", "inference/b/1"], start, k)
+
+
+def _complete_step(clock: VersionClock) -> None:
+    version = clock.begin_step() + 1
+    for policy in clock.policies:
+        clock.trained(policy, version, {})
+    for replica in clock.replicas:
+        clock.loaded(replica, version)
+    clock.advance()
 
 
 def test_strict_accepts_only_samples_of_the_held_version():
     clock = _clock()
-    assert clock.accepts(4, holding=4)
-    assert not clock.accepts(3, holding=4)  # older: stale
-    assert not clock.accepts(5, holding=4)  # newer: not yet held
+    assert clock.accepts(4, step_version=4)
+    assert not clock.accepts(3, step_version=4)  # older: stale
+    assert not clock.accepts(5, step_version=4)  # newer: not yet held
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_bounded_staleness_accepts_exactly_the_window(k):
+    clock = _clock(k=k)
+    accepted = [v for v in range(0, 12) if clock.accepts(v, step_version=8)]
+    assert accepted == list(range(8 - k, 9))
+
+
+def test_strict_episodes_wait_for_their_version_and_for_no_step():
+    clock = _clock(start=3)
+    assert clock.may_dispatch(3) and clock.may_dispatch(3, "eval")
+    assert not clock.may_open(4) and not clock.may_dispatch(4)
+    clock.begin_step()
+    assert not clock.may_dispatch(3) and not clock.may_dispatch(3, "eval")
+
+
+def test_stale_training_episodes_run_up_to_k_iterations_ahead_even_during_a_step():
+    clock = _clock(start=3, k=2)
+    assert [t for t in range(3, 9) if clock.may_open(t)] == [3, 4, 5]
+    clock.begin_step()  # rollouts keep going while the trainers step
+    assert clock.may_dispatch(5) and not clock.may_dispatch(6)
+    # evaluation measures the weights of its own iteration, never older ones
+    assert not clock.may_dispatch(4, "eval") and not clock.may_dispatch(3, "eval")
+    clock.trained("a", 4, {})
+    clock.trained("b", 4, {})
+    for replica in clock.replicas:
+        clock.loaded(replica, 4)
+    clock.advance()
+    assert clock.may_dispatch(6) and clock.may_dispatch(4, "eval") and not clock.may_dispatch(7)
+
+
+def test_forwarded_counts_are_forgotten_once_their_step_is_done():
+    clock = _clock(start=3, k=1)
+    clock.forwarded("a", 3, 5)
+    clock.forwarded("a", 4, 7)  # the next iteration, running ahead
+    _complete_step(clock)
+    assert clock.expected_samples("a", 3) == 0 and clock.expected_samples("a", 4) == 7
 
 
 def test_a_step_is_due_only_when_every_episode_is_in():
@@ -25,7 +73,7 @@ def test_a_step_is_due_only_when_every_episode_is_in():
     assert not clock.step_due(in_flight=0, queued=2)
     assert clock.step_due(in_flight=0, queued=0)
     clock.begin_step()
-    assert not clock.step_due(in_flight=0, queued=0) and not clock.may_dispatch()
+    assert not clock.step_due(in_flight=0, queued=0) and not clock.may_dispatch(0)
 
 
 def test_samples_are_counted_per_policy_and_version():
@@ -49,7 +97,7 @@ def test_the_step_completes_when_every_trainer_stepped_and_every_replica_loaded(
     clock.loaded("inference/b/1", 4)
     assert clock.step_complete()
     assert clock.advance() == {"a": {"loss": 1.0}, "b": {}}
-    assert clock.version == 4 and clock.may_dispatch() and not clock.step_complete()
+    assert clock.version == 4 and clock.may_dispatch(4) and not clock.step_complete()
 
 
 def test_a_wrong_version_or_a_report_outside_a_step_is_a_named_error():

@@ -52,9 +52,11 @@ class FakeTokenizer:
 class FakeGenerate:
     """Returns the scripted texts of each call in order and records ("generate", ...) events."""
 
-    def __init__(self, scripts: list[list[str]], events: list[tuple]) -> None:
+    def __init__(self, scripts: list[list[str]], events: list[tuple], versions: list[int] | None = None) -> None:
         self.scripts = list(scripts)
         self.events = events
+        self.versions = list(versions or [])
+        """Weight version of each call's completions (default 3 for every call)."""
 
     async def __call__(self, policy: str, prompt_ids: np.ndarray, n: int, greedy: bool) -> list[Completion]:
         assert prompt_ids.dtype == np.int32 and prompt_ids.ndim == 1
@@ -62,11 +64,12 @@ class FakeGenerate:
         self.events.append(("generate", policy, n, greedy, prompt))
         texts = self.scripts.pop(0)
         assert len(texts) == n
+        version = self.versions.pop(0) if self.versions else 3
         return [
             Completion(
                 token_ids=np.array([ord(ch) for ch in text] + [EOS], dtype=np.int32),
                 logprobs=np.zeros(len(text) + 1, dtype=np.float32),
-                version=3,
+                version=version,
             )
             for text in texts
         ]
@@ -232,6 +235,20 @@ def test_invalid_candidates_are_kept_with_the_penalty() -> None:
     assert len(episode.samples) == 6 and not chosen.valid and episode.env.position == (1, 0)
 
 
+def test_an_episode_spanning_a_weight_update_stamps_each_sample_with_its_own_version() -> None:
+    """Bounded staleness: a weight update may land between two requests of one episode; each sample
+    carries the version of the request that produced it, and the summary counts the episode's tokens
+    as generated under more than one version."""
+    scripts = [["D", "D"], ["R", "S"], ["D", "U"], ["R", "L"]]
+    episode = make_episode(scripts, k=2)
+    episode.generate = FakeGenerate(scripts, [], versions=[3, 3, 4, 4])
+    workflow = PlanPathWorkflow({"vertical": VerticalMover(), "horizontal": HorizontalMover()})
+    asyncio.run(workflow.run(episode))
+    summary = episode.finish()
+    assert [s.version for s in episode.samples] == [3, 3, 3, 3, 4, 4, 4, 4]
+    assert summary["multi_version_tokens"] == summary["tokens"] == 16
+
+
 def test_workflow_episode_return_and_summary() -> None:
     scripts = [["D", "D"], ["R", "S"], ["D", "U"], ["R", "L"]]
     events: list[tuple] = []
@@ -246,6 +263,7 @@ def test_workflow_episode_return_and_summary() -> None:
         "reward/horizontal": 0.25,
         "turns": 2,
         "tokens": 16,
+        "multi_version_tokens": 0,  # every completion came from version 3
     }
     # alpha * 1 (goal) + four committed moves of +1 each.
     assert {s.episode_return for s in episode.samples} == {5.0}
@@ -282,7 +300,8 @@ def test_eval_mode_is_greedy_single_and_records_no_samples() -> None:
     asyncio.run(episode.act(VerticalMover()))
     assert events[0][2:4] == (1, True)
     assert episode.samples == []
-    assert episode.finish() == {"success": False, "reward/vertical": 1.0, "turns": 1, "tokens": 2}
+    summary = episode.finish()
+    assert summary == {"success": False, "reward/vertical": 1.0, "turns": 1, "tokens": 2, "multi_version_tokens": 0}
 
 
 def test_batch_encoding_prompt_ids_are_flattened() -> None:

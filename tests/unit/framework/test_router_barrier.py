@@ -129,9 +129,9 @@ def test_failed_and_timed_out_eval_episodes_count_as_failures(tmp_path):
         await asyncio.sleep(0)
         (w0, run0), (w1, run1) = router.io.of(RunEpisode)
         _done(router, w0, run0, success=True)
-        for task in router.book.in_flight.values():  # run1 passes its deadline
+        for task in router.books[0].in_flight.values():  # run1 passes its deadline
             task.deadline = 0.0
-        for task in router.book.overdue(time.monotonic()):
+        for task in router.books[0].overdue(time.monotonic()):
             m = task.msg
             router._on_episode_done(EpisodeDone(m.episode_id, m.iteration, m.mode, m.attempt, "timed out", {}, {}))
         _done(router, w1, run1, success=True)  # too late: dropped, not counted as a success
@@ -170,7 +170,7 @@ def test_a_better_evaluation_checkpoints_the_evaluated_weights_and_records_the_b
         await asyncio.sleep(0)
         for _ in range(2):  # the two eval episodes, then the two training episodes
             for (worker, run), success in zip(router.io.of(RunEpisode)[-2:], successes, strict=True):
-                if run.episode_id in router.book.in_flight:
+                if run.episode_id in router.books[number].in_flight:
                     _done(router, worker, run, success=success)
             await asyncio.sleep(0)
         step = router.io.of(TrainStep)[-1][1]
@@ -191,3 +191,37 @@ def test_a_better_evaluation_checkpoints_the_evaluated_weights_and_records_the_b
     assert load_best(tmp_path) == {"version": 2, "score": 1.0}
     assert sorted(p.name for p in (tmp_path / "checkpoints" / "router").glob("v*.json")) == [
         "v000000.json", "v000002.json"]  # fmt: skip
+
+
+def test_bounded_staleness_runs_the_next_iteration_during_the_step_but_not_its_evaluation(tmp_path):
+    """k=1: iteration 1's training episodes start while step 0 runs, iteration 2's only once v1 is held;
+    iteration 1's evaluation waits for v1 (it measures those weights); samples of iteration 1 are counted
+    for the step from v1, not mixed into step 0."""
+
+    def sent_runs(router: Router) -> set[tuple[int, str]]:
+        return {(m.iteration, m.mode) for _, m in router.io.of(RunEpisode)}
+
+    async def scenario() -> None:
+        router = _router(tmp_path, "rollout.max_staleness=1", "eval.every=1", "run.iterations=3")
+        for worker in WORKERS:
+            router.peers[worker].capacity = 8
+        first = asyncio.create_task(router._iteration(0, **router._plan(0)))
+        await asyncio.sleep(0)
+        assert sent_runs(router) == {(0, "train"), (0, "eval"), (1, "train")}
+        for worker, run in router.io.of(RunEpisode):
+            if run.iteration == 0:
+                _groups(router, run, "vertical", 3) if run.mode == "train" else None
+                _done(router, worker, run)
+            else:
+                _groups(router, run, "vertical", 5)
+                _done(router, worker, run)  # iteration 1 finishes during step 0
+        await asyncio.sleep(0)
+        steps = router.io.of(TrainStep)
+        assert [(m.version, m.expected_samples) for w, m in steps if w == b"trainer/vertical"] == [(0, 6)]
+        assert (1, "eval") not in sent_runs(router) and (2, "train") not in sent_runs(router)
+        _finish_step(router, 1)
+        await asyncio.wait_for(first, 5)
+        assert {(1, "eval"), (2, "train")} <= sent_runs(router) and (2, "eval") not in sent_runs(router)
+        assert router.clock.expected_samples("vertical", 1) == 10
+
+    asyncio.run(scenario())

@@ -1,5 +1,7 @@
-"""The trainer's strict on-policy guard: samples of any other weight version are refused and counted,
-and a TrainStep whose sample count differs from what the router forwarded is an error."""
+"""The trainer's version rule: strict mode refuses and counts samples of any other weight version;
+bounded staleness accepts v-k..v, drops and counts older ones and refuses newer ones; samples wait for
+the step of their iteration; a TrainStep whose sample count differs from what the router forwarded is an
+error."""
 
 from __future__ import annotations
 
@@ -37,21 +39,34 @@ def _sample(version: int, policy: str = "vertical", reward: float = 0.0, group: 
     )  # fmt: skip
 
 
-def test_samples_of_another_version_are_refused_and_counted(setup):
+def _trainer(setup, *overrides: str) -> Trainer:
     config, deployment = setup
-    trainer = Trainer(config, deployment, "vertical", ROOT / "runs" / "unused")
+    if overrides:
+        config = load_config(ROOT / "configs/plan_path_tiny.yaml", list(overrides))
+    return Trainer(config, deployment, "vertical", ROOT / "runs" / "unused")
+
+
+def test_samples_of_another_version_or_policy_are_refused_and_counted(setup):
+    trainer = _trainer(setup)
     samples = [_sample(0), _sample(1), _sample(0, policy="horizontal"), _sample(0)]
     asyncio.run(trainer.on_message(Groups("vertical", 0, "e", 0, 4, [sample_to_wire(s) for s in samples])))
-    assert trainer.received[0] == 4 and trainer.refused == 2 and len(trainer.buffers[0]) == 2
+    assert len(trainer.buffers[0]) == 4  # buffered by iteration; the rule is applied by the step
+    accepted, mismatch, stale = trainer.admit(trainer.buffers[0], 0)
+    assert [s.version for s in accepted] == [0, 0] and mismatch == 2 and stale == 0
 
 
-def test_samples_of_an_older_version_are_refused_too(setup):
-    config, deployment = setup
-    trainer = Trainer(config, deployment, "vertical", ROOT / "runs" / "unused")
-    trainer.version = 3
-    trainer.receive([_sample(2), _sample(0), _sample(3), _sample(4)], iteration=3)
-    assert trainer.refused == 3 and [s.version for s in trainer.buffers[3]] == [3]
-    assert 2 not in trainer.buffers and 0 not in trainer.buffers
+def test_strict_samples_of_an_older_version_are_a_mismatch(setup):
+    trainer = _trainer(setup)
+    accepted, mismatch, stale = trainer.admit([_sample(2), _sample(0), _sample(3), _sample(4)], 3)
+    assert [s.version for s in accepted] == [3] and mismatch == 3 and stale == 0
+
+
+def test_stale_mode_accepts_the_window_drops_older_and_refuses_newer(setup):
+    trainer = _trainer(setup, "rollout.max_staleness=2")
+    versions = [0, 1, 2, 3, 4, 5, 1]
+    accepted, mismatch, stale = trainer.admit([_sample(v) for v in versions], 3)
+    assert sorted(s.version for s in accepted) == [1, 1, 2, 3]
+    assert stale == 1 and mismatch == 2  # v0 is older than 3 - 2; v4, v5 are weights not yet trained
 
 
 class _RecordingSender:
@@ -69,7 +84,7 @@ class _RecordingSender:
 def _stepping_trainer(setup, during):
     config, deployment = setup
     trainer = Trainer(config, deployment, "vertical", ROOT / "runs" / "unused")
-    trainer.learner.step = lambda batch: {"samples": len(batch)}
+    trainer.learner.step = lambda batch, version: {"samples": len(batch)}
     trainer.sender = _RecordingSender(during)
     trainer._group_ready.set()
     sent = []
@@ -77,28 +92,28 @@ def _stepping_trainer(setup, during):
     return trainer, sent
 
 
-def test_samples_of_the_next_version_arriving_during_a_step_are_kept_for_their_own_step(setup):
+def test_samples_of_the_next_iteration_arriving_during_a_step_are_kept_for_their_own_step(setup):
     holder = {}
     trainer, sent = _stepping_trainer(setup, lambda: holder["t"].receive([_sample(1), _sample(1)], iteration=1))
     holder["t"] = trainer
     trainer.receive([_sample(0)] * 3, iteration=0)
     asyncio.run(trainer._step(TrainStep("vertical", 0, 0, 3)))
     assert sent[-1].version == 1 and sent[-1].metrics["samples"] == 3 and sent[-1].metrics["version_mismatch"] == 0
-    assert len(trainer.buffers[1]) == 2 and trainer.received[1] == 2  # not wiped by the step of v0
+    assert len(trainer.buffers[1]) == 2  # not wiped by the step of v0
     asyncio.run(trainer._step(TrainStep("vertical", 1, 1, 2)))
     assert sent[-1].version == 2 and sent[-1].metrics["samples"] == 2
 
 
-def test_a_refusal_during_a_step_is_reported_with_the_next_step_not_wiped(setup):
+def test_samples_arriving_after_their_step_are_reported_with_the_next_step_not_kept(setup):
     holder = {}
     trainer, sent = _stepping_trainer(setup, lambda: holder["t"].receive([_sample(0)], iteration=0))
     holder["t"] = trainer
     trainer.receive([_sample(0)] * 2, iteration=0)
     asyncio.run(trainer._step(TrainStep("vertical", 0, 0, 2)))
-    assert sent[-1].metrics["version_mismatch"] == 0 and trainer.refused == 1  # v0 is stale once v1 is held
+    assert sent[-1].metrics["version_mismatch"] == 0 and trainer.late == 1 and 0 not in trainer.buffers
     trainer.receive([_sample(1)], iteration=1)
     trainer.sender.during = lambda: None
-    asyncio.run(trainer._step(TrainStep("vertical", 1, 1, 2)))
+    asyncio.run(trainer._step(TrainStep("vertical", 1, 1, 1)))
     assert sent[-1].metrics["version_mismatch"] == 1
 
 
@@ -128,7 +143,7 @@ def test_a_missing_sample_fails_the_step_loudly(setup):
     asyncio.run(trainer.on_message(Groups("vertical", 0, "e", 0, 1, [sample_to_wire(_sample(0))])))
 
     async def step():
-        with pytest.raises(RuntimeError, match="received 1 samples of version 0, the router forwarded 2"):
+        with pytest.raises(RuntimeError, match="received 1 samples of iteration 0, the router forwarded 2"):
             await trainer._step(TrainStep("vertical", 0, 0, 2))
 
     asyncio.run(step())

@@ -7,8 +7,9 @@ buffer of the version that generated them; a step of version v takes exactly tha
 a later version that arrive during the step stay for their own step. On TrainStep(v) the trainer checks
 it received exactly the samples the router forwarded, runs `PolicyLearner.step` (advantages, old
 log-probs recomputed and compared with the rollout's, PPO-clip), announces UpdateWeights(v+1) and
-broadcasts the weights to the policy's inference servers over torch.distributed. Compute and the
-broadcast run in threads; the event loop keeps its heartbeats.
+sends the weights to the policy's inference servers (`mas_async.weights.sync`: a torch.distributed
+broadcast, or CUDA IPC when they share the trainer's GPU). Compute and the send run in threads; the
+event loop keeps its heartbeats.
 
 One rank for now: rank 0 talks ZMQ; more DDP ranks would receive shards over torch.distributed.
 """
@@ -27,8 +28,10 @@ from mas_async.deployment import Deployment
 from mas_async.router.clock import VersionClock
 from mas_async.runtime.actor import Peer
 from mas_async.training.learner import PolicyLearner
+from mas_async.weights.cuda_ipc import CudaIpcSender
 from mas_async.weights.group import WeightGroupSpec
 from mas_async.weights.sender import WeightSender
+from mas_async.weights.sync import open_sender
 from mas_async.wire.messages import Groups, Message, Trained, TrainStep, UpdateWeights, sample_from_wire
 from mas_async.wire.samples import Sample
 
@@ -69,15 +72,15 @@ class Trainer(Peer):
         self.refused = 0
         """Samples refused by the clock's rule since the last step reported them."""
         self.empty_steps = 0
-        self.sender: WeightSender | None = None
+        self.sender: WeightSender | CudaIpcSender | None = None
         self._group_ready = asyncio.Event()
 
     async def main(self) -> None:
         spec = WeightGroupSpec.of(self.cfg, self.deployment, self.policy)
-        group = await asyncio.to_thread(spec.open, 0)
-        self.sender = WeightSender(group, bucket_bytes=int(self.cfg.trainer.bucket_mb * (1 << 20)))
+        bucket_bytes = int(self.cfg.trainer.bucket_mb * (1 << 20))
+        self.sender = await asyncio.to_thread(lambda: open_sender(**spec.join_args(0), bucket_bytes=bucket_bytes))
         self._group_ready.set()
-        log.info("weight group of %s is up", self.policy)
+        log.info("weight sync of %s is up (%s)", self.policy, spec.backend)
         await self.stopping.wait()
 
     async def on_message(self, msg: Message) -> None:

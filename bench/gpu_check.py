@@ -2,8 +2,9 @@
 
 The one command for a lent GPU machine (docs/gpu.md gives it with the device kit's install):
 
-    python bench/gpu_check.py            # one GPU: fp32 and bf16 passes of builtin:100m-char, ~3 minutes
-    python bench/gpu_check.py --smoke    # the CPU rehearsal: builtin:tiny-char, fp32, gloo, ~30 s
+    python bench/gpu_check.py            # one GPU: fp32 and bf16 passes of builtin:100m-char, then the
+                                         # demo learning on cuda (CUDA IPC sync); ~4-6 minutes
+    python bench/gpu_check.py --smoke    # the CPU rehearsal: builtin:tiny-char, fp32, gloo, ~1 minute
 
 What it does, per dtype (float32, then bfloat16; --smoke: float32 on the CPU):
 1. Materialises the built-in model (~104M parameters; --smoke: tiny-char) and builds the trainer's
@@ -23,6 +24,13 @@ What it does, per dtype (float32, then bfloat16; --smoke: float32 on the CPU):
    announces it. Checks the version and the log-probs as in 5; times the send against a
    device-to-device copy of the same bytes. Skipped by --smoke, with a line saying so.
 A second trainer step is timed too (the first one also allocates the optimiser state).
+8. Once, after the passes: the demo learning through `mas-async train` (every role its own process):
+   configs/plan_path_tiny_gpu.yaml, both policies on cuda, weight sync chosen by
+   `cluster.weight_backend: auto` (CUDA IPC: each trainer shares its GPU with its server),
+   `--demo-iterations` iterations capped at `--demo-timeout` s. Wall time, seconds per iteration, eval
+   success, the weight-sync time; checks that it exited 0, that each trainer logged the backend auto
+   chose, every version_mismatch 0 and every logprob_abs_diff < 1e-4. --smoke: configs/plan_path_tiny.yaml
+   on the CPU (gloo), 2 small iterations. `--demo-iterations 0` skips it.
 
 vLLM is detected first and never imported here: its checks are bench/gpu_check_vllm.py. Every wait is
 bounded (`--timeout`, 60 s), an error in a helper thread is re-raised in the main one, and the results go
@@ -40,8 +48,10 @@ import multiprocessing as mp
 import os
 import platform
 import queue
+import signal
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -59,6 +69,8 @@ TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2}
 # The versions this project was run with; others may work: a mismatch warns, never fails.
 TESTED = {"torch": ("2.11", "2.13"), "transformers": ("5.17", "5.19")}
 CONFIG = ROOT / "configs" / "plan_path_tiny.yaml"
+DEMO = {"cuda": ROOT / "configs" / "plan_path_tiny_gpu.yaml", "cpu": CONFIG}
+DEMO_SMOKE = ["rollout.batch_size=4", "algorithm.k=4", "eval.every=1", "eval.size=4"]
 POLICY = "vertical"
 
 
@@ -74,10 +86,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-3, help="the trainer step's Adam learning rate")
     p.add_argument("--timeout", type=float, default=60.0, help="bound of every wait, in seconds")
     p.add_argument("--json", type=Path, default=None, help="results file (default $OUT/gpu_check.json)")
+    p.add_argument("--demo-iterations", type=int, default=30, help="iterations of the demo run (0: skip it)")
+    p.add_argument("--demo-timeout", type=float, default=180.0, help="bound of the demo run, in seconds")
     args = p.parse_args(argv)
     if args.smoke:
         args.model, args.dtypes = "builtin:tiny-char", "float32"
         args.prompts, args.n, args.max_tokens, args.rounds = 4, 2, 8, 2
+        args.demo_iterations = min(args.demo_iterations, 2)
     return args
 
 
@@ -344,7 +359,7 @@ def run_cuda_ipc(args: argparse.Namespace, dtype: str, path: Path, learner: Any,
     import numpy as np
     import torch
 
-    from mas_async.weights.cuda_ipc import CudaIpcSender, open_ipc_channel
+    from mas_async.weights.sync import open_sender
     from mas_async.wire.samples import Completion
 
     port, ctx = _free_port(), mp.get_context("spawn")
@@ -366,8 +381,9 @@ def run_cuda_ipc(args: argparse.Namespace, dtype: str, path: Path, learner: Any,
 
     checks: dict[str, bool] = {}
     try:
-        channel = open_ipc_channel(policy="check", host="127.0.0.1", port=port, rank=0, world_size=2)
-        sender = CudaIpcSender(channel, 1, timeout_s=args.timeout)
+        sender = open_sender(
+            policy="check", backend="cuda_ipc", host="127.0.0.1", port=port, world_size=2, timeout_s=args.timeout
+        )
         expect("joined")
         sends, round_trips = [], []
         for version in range(1, 2 + args.rounds):
@@ -418,6 +434,82 @@ def run_cuda_ipc(args: argparse.Namespace, dtype: str, path: Path, learner: Any,
     return figures, checks
 
 
+def run_demo(args: argparse.Namespace, device: str, run_dir: Path) -> tuple[dict, dict[str, bool]]:
+    """Step 8: the demo config learning on `device` through `mas-async train`; (figures, checks)."""
+    from mas_async.config import load_config
+    from mas_async.deployment import weight_backend
+
+    config = DEMO[device]
+    overrides = [f"run.iterations={args.demo_iterations}", f"run.output_dir={run_dir}"]
+    overrides += DEMO_SMOKE if args.smoke else []
+    resolved = load_config(config, overrides)
+    backends = {p: weight_backend(resolved, p) for p in resolved.policies}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    command = [sys.executable, "-m", "mas_async", "train", str(config), *overrides]
+    print(f"demo: {config.relative_to(ROOT)}, {args.demo_iterations} iterations on {device}, weight sync {backends} "
+          f"(at most {args.demo_timeout:g} s)")  # fmt: skip
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        output, _ = proc.communicate(timeout=args.demo_timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        output, timed_out = "", True
+    finally:
+        _kill_run(proc, run_dir)
+    wall_s = time.perf_counter() - start
+    metrics = run_dir / "metrics.jsonl"
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.exists() else []
+    trained = [r for r in rows if "time/train_s" in r]
+    evals = [r["eval/team_success_rate"] for r in rows if "eval/team_success_rate" in r]
+    per_policy = [(k, v) for r in trained for k, v in r.items() if k.startswith("policy/")]
+    mismatch = max((v for k, v in per_policy if k.endswith("/version_mismatch")), default=0)
+    diff = max((v for k, v in per_policy if k.endswith("/logprob_abs_diff")), default=0.0)
+    logs = {p: run_dir / "logs" / f"trainer-{p}.log" for p in backends}
+    chosen = {p: f"({b})" in (logs[p].read_text() if logs[p].exists() else "") for p, b in backends.items()}
+    elapsed = [r["time/elapsed_s"] for r in trained if "time/elapsed_s" in r]
+    figures = {
+        "config": str(config.relative_to(ROOT)), "device": device, "weight_backends": backends,
+        "iterations": len(trained), "wall_s": wall_s, "returncode": proc.returncode, "timed_out": timed_out,
+        "s_per_iteration": (elapsed[-1] - elapsed[0]) / (len(elapsed) - 1) if len(elapsed) > 1 else None,
+        "weight_sync_s_mean": statistics.mean(r["time/weight_sync_s"] for r in trained) if trained else None,
+        "eval_success": evals, "version_mismatch_max": mismatch, "logprob_abs_diff_max": diff,
+    }  # fmt: skip
+    checks = {
+        f"demo on {device}: ran its {args.demo_iterations} iterations and exited 0": (
+            not timed_out and proc.returncode == 0 and len(trained) == args.demo_iterations
+        ),
+        f"demo on {device}: every trainer synced over the backend auto chose {sorted(set(backends.values()))}": all(
+            chosen.values()
+        ),
+        f"demo on {device}: every version_mismatch 0 and logprob_abs_diff < 1e-4": bool(trained)
+        and mismatch == 0
+        and diff < 1e-4,
+    }
+    if not checks[f"demo on {device}: ran its {args.demo_iterations} iterations and exited 0"]:
+        print("demo output (tail):\n" + "\n".join(output.splitlines()[-20:]))
+    per_iteration = figures["s_per_iteration"]
+    print(f"demo: {len(trained)} iterations in {wall_s:.1f}s wall"
+          + (f" ({per_iteration:.2f} s/iteration after the first)" if per_iteration else "")
+          + f", weight sync {figures['weight_sync_s_mean'] or 0:.4f} s mean, eval success {evals}, "
+          f"version_mismatch max {mismatch}, logprob_abs_diff max {diff:.1e}")  # fmt: skip
+    return figures, checks
+
+
+def _kill_run(proc: subprocess.Popen, run_dir: Path) -> None:
+    """Kill the launcher and every process it recorded, by pid (a finished run has none left)."""
+    pids_file = run_dir / "pids.json"
+    pids = list(json.loads(pids_file.read_text()).values()) if pids_file.exists() else []
+    for pid in [proc.pid, *pids]:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    proc.wait(timeout=10)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     vllm = importlib.util.find_spec("vllm")
@@ -451,6 +543,14 @@ def main(argv: list[str] | None = None) -> int:
                 import torch
 
                 torch.cuda.empty_cache()
+        if args.demo_iterations > 0:
+            try:
+                report["demo"], found = run_demo(args, device, Path(tmp) / "demo")
+                checks.update(found)
+            except Exception:
+                errors["demo"] = traceback.format_exc()
+                print(f"demo FAILED:\n{errors['demo']}")
+                checks["the demo run ran to its end"] = False
     report.update(checks=checks, errors=errors, seconds=time.perf_counter() - started)
     report["passed"] = bool(checks) and all(checks.values())
     out_file.parent.mkdir(parents=True, exist_ok=True)

@@ -34,6 +34,11 @@ class RunConfig(_Section):
     """Number of training iterations (one optimiser step per policy each, at fixed weights)."""
 
 
+_DEVICE = r"^(cpu|cuda(:[0-9]+)?)$"
+SELF_PLACING_BACKENDS = ("vllm",)
+"""Backends that choose their own GPU: `device` and `server_device` do not say where they run."""
+
+
 class PolicyConfig(_Section):
     model: str = "builtin:tiny-char"
     """'builtin:<preset>' (materialised once by the launcher) or a local model folder."""
@@ -47,10 +52,13 @@ class PolicyConfig(_Section):
     `{enable_thinking: false}` for Qwen3 (the setting Stronger-MAS's reference trains with)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Weights dtype on both trainer and inference servers."""
-    device: str = Field("cpu", pattern=r"^(cpu|cuda(:[0-9]+)?)$")
+    device: str = Field("cpu", pattern=_DEVICE)
     """Where this policy's trainer model and its hf inference servers run: cpu, cuda or cuda:N (vLLM
-    places its engine itself). On one GPU, NCCL cannot join the trainer and a server on that device:
-    use cluster.weight_backend=gloo there."""
+    places its engine itself). Trainer and servers on one GPU share the weights through CUDA IPC
+    (`cluster.weight_backend: auto`)."""
+    server_device: str | None = Field(None, pattern=_DEVICE)
+    """Where the policy's hf inference servers run when not on `device`, e.g. cuda:1 beside a trainer on
+    cuda:0 (the weights then travel over NCCL)."""
     lr: float = Field(1e-6, gt=0)
     """Adam learning rate of this policy's trainer."""
     max_batch_sequences: int = Field(512, ge=1)
@@ -65,6 +73,21 @@ class PolicyConfig(_Section):
     sends its next prompt). Until it is complete, the gap allowed between arrivals grows to this
     fraction of the last batch's duration (when that exceeds `batch_gather_ms`): a request that
     misses a batch waits a whole batch, while waiting costs at most this fraction of one."""
+
+    def servers_on(self) -> str | None:
+        """Where this policy's inference servers run ("cpu", "cuda:N"), or None for a backend that places
+        its engine itself (vLLM). "cuda" is the process's first visible GPU, "cuda:0"."""
+        if self.backend in SELF_PLACING_BACKENDS:
+            return None
+        return _canonical_device(self.server_device or self.device)
+
+    def trainer_on(self) -> str:
+        """Where this policy's trainer runs ("cpu", "cuda:N")."""
+        return _canonical_device(self.device)
+
+
+def _canonical_device(device: str) -> str:
+    return "cuda:0" if device == "cuda" else device
 
 
 class AgentConfig(_Section):
@@ -231,8 +254,11 @@ class ClusterConfig(_Section):
     """A peer (or the router) silent for this long is declared dead."""
     startup_timeout_s: float = Field(300.0, gt=0)
     """Every process must have said Hello within this time."""
-    weight_backend: Literal["auto", "gloo", "nccl"] = "auto"
-    """torch.distributed backend of the weight broadcast: auto = nccl on GPU, gloo on CPU."""
+    weight_backend: Literal["auto", "gloo", "nccl", "cuda_ipc"] = "auto"
+    """How each policy's trainer sends its weights to its inference servers. auto, per policy: cuda_ipc
+    when the trainer and its servers are on one GPU (NCCL refuses two ranks on one device), nccl when
+    they are on different GPUs (or vLLM places the servers and CUDA exists), gloo on the CPU. gloo
+    works everywhere (through host memory); nccl and cuda_ipc are checked against the devices."""
 
 
 class Config(_Section):
@@ -271,6 +297,7 @@ class Config(_Section):
         if unused:
             raise ValueError(f"policies {unused} serve no agent")
         self._algorithm_can_learn()
+        self._weight_backend_can_work()
         if self.rollout.top_p < 1.0:
             raise ValueError(
                 f"rollout.top_p={self.rollout.top_p} is refused: the log-probs of the rollout and of the trainer's "
@@ -324,6 +351,26 @@ class Config(_Section):
                 "algorithm.std_scope=agent chooses which std divides the advantages, but "
                 "algorithm.normalize_std=false divides by none; drop one of the two"
             )
+
+    def _weight_backend_can_work(self) -> None:
+        """Refuse an explicit weight backend that cannot join some policy's trainer and servers."""
+        choice = self.cluster.weight_backend
+        for name, spec in self.policies.items():
+            trainer, servers = spec.trainer_on(), spec.servers_on()
+            if choice == "cuda_ipc" and (servers is None or not trainer.startswith("cuda") or servers != trainer):
+                where = (
+                    f"its {spec.backend} servers place themselves" if servers is None
+                    else f"its trainer is on {trainer} and its servers on {servers}"
+                )  # fmt: skip
+                raise ValueError(
+                    f"cluster.weight_backend=cuda_ipc shares GPU memory between a trainer and servers on one "
+                    f"GPU, but for policy {name!r} {where}; use cluster.weight_backend=auto (or gloo)"
+                )
+            if choice == "nccl" and servers is not None and trainer.startswith("cuda") and servers == trainer:
+                raise ValueError(
+                    f"cluster.weight_backend=nccl cannot join policy {name!r}'s trainer and servers: NCCL refuses "
+                    f"two ranks on one GPU ({trainer}); use cluster.weight_backend=auto (CUDA IPC) or gloo"
+                )
 
     def policy_of(self) -> dict[str, str]:
         """agent -> policy name."""

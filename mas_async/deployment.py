@@ -58,11 +58,29 @@ def free_ports(host: str, count: int) -> list[int]:
             s.close()
 
 
-def weight_backend(config: Config) -> str:
-    """The torch.distributed backend of weight sync: nccl on GPU, gloo on CPU, unless configured."""
+def weight_backend(config: Config, policy: str, *, cuda_available: bool | None = None) -> str:
+    """How `policy`'s trainer sends its weights to its servers: `cluster.weight_backend` when it names one
+    (the config has checked that it can work), else, by where the two run (`PolicyConfig.trainer_on`,
+    `servers_on`):
+
+        trainer and servers on the CPU            gloo
+        trainer and servers on one GPU            cuda_ipc  (NCCL refuses two ranks on one device)
+        on different GPUs, or CPU and GPU         nccl
+        servers that place themselves (vLLM)      nccl when CUDA exists (`cuda_available`), else gloo
+    """
     choice = config.cluster.weight_backend
     if choice != "auto":
         return choice
-    import torch
+    spec = config.policies[policy]
+    trainer, servers = spec.trainer_on(), spec.servers_on()
+    if servers is None:
+        if cuda_available is None:
+            import torch
 
-    return "nccl" if torch.cuda.is_available() else "gloo"
+            cuda_available = torch.cuda.is_available()
+        return "nccl" if cuda_available else "gloo"
+    if trainer == servers == "cpu":
+        return "gloo"
+    if trainer == servers:
+        return "cuda_ipc"
+    return "nccl"

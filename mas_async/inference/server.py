@@ -65,7 +65,7 @@ class InferenceServer(Peer):
             dtype=spec.dtype,
             max_batch_sequences=spec.max_batch_sequences,
             seed=config.run.seed * 1000 + replica,
-            device=spec.device,
+            device=spec.server_device or spec.device,
         )
         self.backend.version = deployment.start_version
         self._queue: list[Generate] = []

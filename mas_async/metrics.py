@@ -44,6 +44,14 @@ class Keys:
     LOGPROB_DIFF = "logprob_abs_diff"
     VERSION_MISMATCH = "version_mismatch"
 
+    PARSE_PREFIX = "parse/"
+
+    @staticmethod
+    def invalid_rate(agent: str) -> str:
+        """Fraction of an agent's candidates whose reply did not parse (a ParseError: penalty reward),
+        averaged over the iteration's episodes; in the row as is (training) and under eval/ (held out)."""
+        return f"parse/invalid_rate/{agent}"
+
     @staticmethod
     def policy(policy: str, key: str) -> str:
         """A trainer's metric in the row: policy/<policy>/<key>."""

@@ -64,6 +64,8 @@ NODES: dict[str, str] = {
     "sudoku_solo_chat": "nodes.solo:ChatSoloPlacer",
     "plan_path_vertical_chat": "nodes.plan_path:ChatVerticalMover",
     "plan_path_horizontal_chat": "nodes.plan_path:ChatHorizontalMover",
+    "plan_path_vertical_answer": "nodes.plan_path_answer:AnswerVerticalMover",
+    "plan_path_horizontal_answer": "nodes.plan_path_answer:AnswerHorizontalMover",
     # games and planning
     "sokoban_vertical": "nodes.sokoban:VerticalPusher",
     "sokoban_horizontal": "nodes.sokoban:HorizontalPusher",

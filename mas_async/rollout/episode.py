@@ -16,7 +16,8 @@ tree-sampling step:
 
 Workflows that need more control (agents acting in parallel within a turn, a verifier routing to one of
 two agents) use the lower-level `sample`, `record`, `commit` and `next_turn` that `act` is built from.
-`finish()` stamps every sample with the episode's return and returns the episode's metrics.
+`finish()` stamps every sample with the episode's return and returns the episode's metrics (success,
+mean reward and parse-failure rate of each agent's candidates, turns, tokens).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from mas_async.api.env import step_env
 from mas_async.api.node import ParseError
 from mas_async.api.priority import episode_turn
 from mas_async.api.workflow import Candidate
+from mas_async.metrics import Keys
 from mas_async.wire.samples import Completion, Sample
 
 if TYPE_CHECKING:
@@ -110,6 +112,7 @@ class Episode:
         self.samples: list[Sample] = []
         self.committed: list[Candidate] = []
         self.rewards: dict[str, list[float]] = {}  # agent -> reward of every recorded candidate
+        self.invalid: dict[str, list[bool]] = {}  # agent -> whether each recorded candidate failed to parse
         self.tokens = 0  # completion tokens generated
         self.versions: set[int] = set()
         """Weight versions that generated this episode's completions (more than one only when bounded
@@ -165,6 +168,7 @@ class Episode:
             )
         self._groups.add((node.agent, turn))
         self.rewards.setdefault(node.agent, []).extend(c.reward for c in candidates)
+        self.invalid.setdefault(node.agent, []).extend(not c.valid for c in candidates)
         if self.mode != "train":
             return
         group = f"{self.episode_id}/{node.agent}/{turn}"
@@ -222,6 +226,8 @@ class Episode:
         summary: dict[str, Any] = {"success": bool(self.env.success())}
         for agent, rewards in self.rewards.items():
             summary[f"reward/{agent}"] = float(np.mean(rewards))
+        for agent, invalid in self.invalid.items():
+            summary[Keys.invalid_rate(agent)] = float(np.mean(invalid))
         summary["turns"] = len(self._turns_played)
         summary["tokens"] = self.tokens
         summary["multi_version_tokens"] = self.tokens if len(self.versions) > 1 else 0

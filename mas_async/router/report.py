@@ -31,7 +31,7 @@ def iteration_row(
         means = train_stats.means()
         row[Keys.TRAIN_SUCCESS] = book.success_rate("train")
         for key, value in means.items():
-            if key.startswith("reward/"):
+            if key.startswith(("reward/", Keys.PARSE_PREFIX)):
                 row[key] = value
         row[Keys.TRAIN_EPISODES] = train_stats.episodes
         row[Keys.TRAIN_DROPPED] = book.dropped["train"]
@@ -47,7 +47,7 @@ def iteration_row(
         problems = max(1, ran // max(1, eval_k))
         row[f"eval/pass@{eval_k}"] = sum(any(s) for s in solved) / problems
         for key, value in means.items():
-            if key.startswith("reward/"):
+            if key.startswith(("reward/", Keys.PARSE_PREFIX)):
                 row[f"eval/{key}"] = value
         row[Keys.EVAL_EPISODES] = eval_stats.episodes
         row[Keys.EVAL_DROPPED] = book.dropped["eval"]

@@ -261,6 +261,8 @@ def test_workflow_episode_return_and_summary() -> None:
         "success": True,
         "reward/vertical": 0.5,
         "reward/horizontal": 0.25,
+        "parse/invalid_rate/vertical": 0.0,
+        "parse/invalid_rate/horizontal": 0.25,
         "turns": 2,
         "tokens": 16,
         "multi_version_tokens": 0,  # every completion came from version 3
@@ -282,6 +284,16 @@ def test_workflow_episode_return_and_summary() -> None:
     assert sample.completion_ids.dtype == np.int32 and sample.logprobs.dtype == np.float32
 
 
+def test_parse_failure_rate_per_agent() -> None:
+    """`parse/invalid_rate/<agent>`: the fraction of the agent's candidates that did not parse."""
+    episode = make_episode([["X", "  ", "D"], ["Q", "R", "?"]], k=3)
+    asyncio.run(episode.act(VerticalMover()))
+    asyncio.run(episode.act(HorizontalMover()))
+    summary = episode.finish()
+    assert summary["parse/invalid_rate/vertical"] == pytest.approx(2 / 3)
+    assert summary["parse/invalid_rate/horizontal"] == pytest.approx(2 / 3)
+
+
 def test_workflow_stops_after_max_turns() -> None:
     events: list[tuple] = []
     # D, R, U, L: there and back again, so the four local rewards (+1, +1, -1, -1) sum to zero.
@@ -300,8 +312,14 @@ def test_eval_mode_is_greedy_single_and_records_no_samples() -> None:
     asyncio.run(episode.act(VerticalMover()))
     assert events[0][2:4] == (1, True)
     assert episode.samples == []
-    summary = episode.finish()
-    assert summary == {"success": False, "reward/vertical": 1.0, "turns": 1, "tokens": 2, "multi_version_tokens": 0}
+    assert episode.finish() == {
+        "success": False,
+        "reward/vertical": 1.0,
+        "parse/invalid_rate/vertical": 0.0,
+        "turns": 1,
+        "tokens": 2,
+        "multi_version_tokens": 0,
+    }
 
 
 def test_batch_encoding_prompt_ids_are_flattened() -> None:

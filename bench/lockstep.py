@@ -255,5 +255,6 @@ async def run_phase(
         "end": time.time(),
         "episodes": len(summaries),
         "turns": float(sum(s["turns"] for s in summaries)),
+        "tokens": int(sum(s["tokens"] for s in summaries)),
         "batches": batcher.batches,
     }

@@ -1,0 +1,298 @@
+"""Bounded staleness (`rollout.max_staleness` k = 0, 1, 2) against the lockstep pattern, training included.
+
+The workload is `bench/async_vs_lockstep.py`'s: code-env episodes (coder + tester, tree sampling with K
+candidates, exactly `--turns` turns) whose candidates are the scripted programs of `bench.lockstep`
+(reference solutions, wrong stubs, slow programs and hangs run in the sandbox), `--warmup` +
+`--iterations` iterations of `--episodes` episodes, the same problems and seeds on every side.
+
+1. mas-async, once per k: a TRAINING deployment through the launcher: the real router (recording the
+   episodes it dispatches), one env worker, one inference server whose backend is `ScriptedEngine`
+   (`policies.shared.backend=bench.lockstep:ScriptedEngine`; like the mock it accepts every weight
+   broadcast and serves the next version), and the real trainer of the tiny model of
+   configs/code_tiny_shared.yaml, stepping on the samples and broadcasting its weights after every
+   iteration. Figures come from the run's metrics.jsonl: the measured window is `time/elapsed_s` from
+   the end of the last warm-up iteration to the end of the last measured one.
+2. lockstep: the reference implementation's pattern in this process: the k=0 run's episodes through
+   `bench.lockstep.run_phase` (one batched generate call per turn for all episodes), then a training
+   step. The reference trains synchronously after each rollout, so its step is COSTED, not run: a
+   sleep of the `time/step_s` (step + weight sync) that the k=0 run measured for the same iteration.
+
+Figures per side: rollout tokens per second and iterations per minute over the measured window, the
+trainer's idle fraction (seconds it waited for a rollout, `time/trainer_idle_s`, over the window) and
+the servers' idle fraction (seconds with no episode in flight, `time/inference_idle_s`; on the lockstep
+side the rollout keeps episodes in flight and the costed step does not). Every side plays the same
+scripted answers (a pure function of the prompt), so the token counts match and the ratios of tokens/s
+and of iterations/min against lockstep agree. With k >= 1 the next iterations' rollouts run during the
+step, so the trainer stops waiting for whole rollouts; what is left is bounded by how the machine's
+cores are shared between the sandbox programs, the env worker, the server and the trainer.
+
+    python bench/staleness.py              # several minutes on 2 cores
+    python bench/staleness.py --smoke      # well under a minute; run by the tests
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from bench.lockstep import ScriptedEngine, run_phase
+from mas_async.config import Config, load_config
+from mas_async.launch.launcher import prepare_deployment, prepare_run_dir, start_children, stop_children
+from mas_async.launch.roles import ROLES as TRAINING_ROLES
+from mas_async.router.hub import Router
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CONFIG = ROOT / "configs" / "code_tiny_shared.yaml"
+POLICY = "shared"
+TARGETS = {1: 2.0, 2: 2.5}
+"""k -> the speedup over lockstep that issue 15 asks for."""
+
+
+def build_config(args: argparse.Namespace, run_dir: Path, staleness: int) -> Config:
+    overrides = [
+        f"run.output_dir={run_dir}",
+        f"run.iterations={args.warmup + args.iterations}",
+        "eval.every=0",
+        "env.name=bench.lockstep:TimedCodeEnv",
+        f"policies.{POLICY}.backend=bench.lockstep:ScriptedEngine",
+        f"policies.{POLICY}.model=builtin:tiny-ascii",
+        f"rollout.batch_size={args.episodes}",
+        f"rollout.max_tokens={args.max_tokens}",
+        f"rollout.max_staleness={staleness}",
+        f"algorithm.k={args.candidates}",
+        f"workflow.options.max_turns={args.turns}",
+        "cluster.env_workers=1",  # one event loop of env steps, as on the lockstep side
+        "trainer.checkpoint_every=0",  # only the final checkpoint, as every k has it
+        # Gradients accumulate over micro-batches (the same step): one batch of all the long char-level
+        # prompts of an iteration would hold tens of GiB of activations.
+        "trainer.micro_batch_sequences=8",
+    ]
+    return load_config(CONFIG, overrides)
+
+
+# -- the mas-async side: a training deployment --------------------------------------------------
+
+
+class EpisodeRecordingRouter(Router):
+    """The training router; also writes every training episode it dispatched (episodes.json)."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.dispatched: list[dict[str, Any]] = []
+
+    def _episodes(self, iteration: int, version: int, train: bool, evaluate: bool) -> list:
+        tasks = super()._episodes(iteration, version, train, evaluate)
+        for task in tasks:
+            m = task.msg
+            self.dispatched.append(
+                {"iteration": m.iteration, "episode_id": m.episode_id, "problem_id": m.problem_id,
+                 "problem": m.problem, "seed": m.seed}
+            )  # fmt: skip
+        return tasks
+
+    async def cleanup(self) -> None:
+        (self.run_dir / "episodes.json").write_text(json.dumps(self.dispatched))
+        await super().cleanup()
+
+
+def _router(config: Config, deployment: Any, run_dir: Path, *, index: int, policy: str) -> Any:
+    return EpisodeRecordingRouter(config, deployment, run_dir)
+
+
+ROLES = {**TRAINING_ROLES, "router": _router}
+"""The training deployment's roles with the recording router (started by the launcher)."""
+
+
+def run_training(config: Config, timeout_s: float) -> Path:
+    """Run the training deployment to its end; raise naming the process that failed (with its log
+    tail) or the timeout. Every process is stopped by pid before this returns."""
+    run_dir = prepare_run_dir(config)
+    prepare_deployment(config, run_dir, training=True)
+    children = start_children(config, run_dir, training=True, roles="bench.staleness:ROLES")
+    router = children[0]
+    try:
+        deadline = time.monotonic() + timeout_s
+        while router.proc.poll() is None:
+            failed = [c for c in children if c.proc.poll() not in (None, 0)]
+            if failed or time.monotonic() > deadline:
+                culprit = failed[0] if failed else router
+                why = f"exited with status {culprit.proc.returncode}" if failed else f"ran past {timeout_s:.0f}s"
+                raise RuntimeError(f"{culprit.name} {why}; last lines of {culprit.log_path}:\n{culprit.tail()}")
+            time.sleep(0.2)
+        if router.proc.returncode != 0:
+            raise RuntimeError(f"the router failed; last lines of {router.log_path}:\n{router.tail()}")
+    finally:
+        stop_children(children)
+    return run_dir
+
+
+def training_figures(run_dir: Path, warmup: int, iterations: int) -> dict[str, Any]:
+    """The measured iterations' figures from the run's metrics.jsonl."""
+    rows = {r["iteration"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+    measured = [rows[i] for i in range(warmup, warmup + iterations)]
+    seconds = measured[-1]["time/elapsed_s"] - rows[warmup - 1]["time/elapsed_s"]  # warmup >= 1
+    tokens = sum(r["throughput/rollout_tokens_per_s"] * r["time/rollout_s"] for r in measured)
+    key = f"policy/{POLICY}/"
+    return {
+        "seconds": seconds,
+        "iterations": iterations,
+        "episodes": sum(r["rollout/episodes"] for r in measured),
+        "dropped": sum(r["rollout/dropped"] for r in measured),
+        "tokens": round(tokens),
+        "tokens_per_s": tokens / seconds,
+        "iterations_per_min": 60 * iterations / seconds,
+        "trainer_idle_fraction": sum(r["time/trainer_idle_s"] for r in measured) / seconds,
+        "inference_idle_fraction": sum(r["time/inference_idle_s"] for r in measured) / seconds,
+        "step_s": [rows[i]["time/step_s"] for i in range(warmup + iterations)],  # every iteration, for lockstep
+        # Strict runs (k=0) write no staleness keys: every sample is of the version it trains.
+        "staleness_mean": sum(r.get(key + "staleness_mean", 0.0) for r in measured) / iterations,
+        "staleness_max": max(r.get(key + "staleness_max", 0) for r in measured),
+        "stale_dropped": sum(r.get(key + "stale_dropped", 0) for r in measured),
+        "multi_version_token_fraction": sum(r["rollout/multi_version_token_fraction"] for r in measured) / iterations,
+    }
+
+
+# -- the lockstep side ---------------------------------------------------------------------------
+
+
+def run_lockstep(config: Config, run_dir: Path, step_s: list[float], warmup: int) -> dict[str, Any]:
+    """The recorded episodes, iteration by iteration, in lockstep, each rollout followed by a step costed
+    at `step_s[iteration]` seconds (a sleep: nothing else runs meanwhile, as in a synchronous trainer)."""
+    import uvloop
+
+    from mas_async.inference.backends.base import ThreadedBackend
+    from mas_async.launch.launcher import model_cache_dir
+    from mas_async.rollout.env_worker import load_tokenizer, stop_token_ids
+    from mas_async.tiny_model import materialise
+
+    model_path = str(materialise(config.policies[POLICY].model, model_cache_dir()))
+    backend = ThreadedBackend(ScriptedEngine(model_path, seed=config.run.seed * 1000))
+    tokenizer = load_tokenizer(model_path)
+    stops = stop_token_ids(tokenizer)
+    episodes = json.loads((run_dir / "episodes.json").read_text())
+
+    async def iterations() -> list[dict[str, Any]]:
+        done = []
+        for iteration, step in enumerate(step_s):
+            phase = await run_phase(
+                config, [e for e in episodes if e["iteration"] == iteration], backend, tokenizer, stops
+            )
+            await asyncio.sleep(step)
+            done.append({**phase, "iteration": iteration, "step_s": step, "end": time.time()})
+        return done
+
+    phases = uvloop.run(iterations())
+    measured = [p for p in phases if p["iteration"] >= warmup]
+    seconds = measured[-1]["end"] - measured[0]["start"]
+    rollout_s = sum(p["end"] - p["start"] - p["step_s"] for p in measured)
+    tokens = sum(p["tokens"] for p in measured)
+    return {
+        "seconds": seconds,
+        "iterations": len(measured),
+        "episodes": sum(p["episodes"] for p in measured),
+        "dropped": 0,
+        "tokens": tokens,
+        "tokens_per_s": tokens / seconds,
+        "iterations_per_min": 60 * len(measured) / seconds,
+        "trainer_idle_fraction": rollout_s / seconds,
+        "inference_idle_fraction": sum(p["step_s"] for p in measured) / seconds,
+    }
+
+
+# -- report --------------------------------------------------------------------------------------
+
+
+def report(args: argparse.Namespace, sides: dict[str, dict[str, Any]], same_episodes: bool) -> dict[str, Any]:
+    lockstep = sides["lockstep"]
+    print(
+        f"bounded staleness vs lockstep: code env, {args.episodes} episodes x {args.iterations} iterations "
+        f"(+{args.warmup} warm-up), K={args.candidates}, {args.turns} turns, {args.max_tokens} tokens per answer "
+        f"at {args.mock_step_ms} ms/step; mas-async trains the tiny model, lockstep's step costed at the k=0 run's"
+    )
+    print(
+        f"  {'side':<10} {'seconds':>8} {'tokens':>7} {'tokens/s':>9} {'iter/min':>9} {'trainer idle':>13} "
+        f"{'server idle':>12} {'staleness':>10} {'ratio':>6}  target"
+    )
+    ratios = {}
+    for name, side in sides.items():
+        ratio = side["tokens_per_s"] / lockstep["tokens_per_s"]
+        staleness = f"{side['staleness_mean']:.2f}/{side['staleness_max']:.0f}" if "staleness_mean" in side else "-"
+        k = int(name[2:]) if name.startswith("k=") else None
+        target = f">= {TARGETS[k]:.1f}x {'met' if ratio >= TARGETS[k] else 'NOT met'}" if k in TARGETS else ""
+        if k is not None:
+            ratios[name] = ratio
+        print(
+            f"  {name:<10} {side['seconds']:>8.1f} {side['tokens']:>7d} {side['tokens_per_s']:>9.1f} "
+            f"{side['iterations_per_min']:>9.2f} {side['trainer_idle_fraction']:>13.2f} "
+            f"{side['inference_idle_fraction']:>12.2f} {staleness:>10} {ratio:>5.2f}x  {target}"
+        )
+    print(f"  same episodes (ids, problems, seeds) on every side: {'yes' if same_episodes else 'NO'}")
+    print("ratios (tokens/s against lockstep): " + ", ".join(f"{k} {r:.2f}x" for k, r in ratios.items()))
+    return {
+        "bench": "staleness",
+        "date": datetime.now().isoformat(timespec="seconds"),
+        "args": vars(args),
+        "sides": sides,
+        "ratios": ratios,
+        "same_episodes": same_episodes,
+    }
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--staleness", default="0,1,2", help="values of rollout.max_staleness, comma-separated")
+    p.add_argument("--episodes", type=int, default=8, help="episodes per iteration (rollout.batch_size)")
+    p.add_argument("--candidates", type=int, default=4, help="K: candidates per agent per turn")
+    p.add_argument("--turns", type=int, default=4, help="turns of every episode")
+    p.add_argument("--max-tokens", type=int, default=32, help="decode steps the engine charges per batch")
+    p.add_argument("--iterations", type=int, default=3, help="measured iterations")
+    p.add_argument("--warmup", type=int, default=1, help="iterations run first and not measured")
+    p.add_argument("--mock-step-ms", type=float, default=10.0, help="ms per decode step of a batch")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds each mas-async run may take")
+    p.add_argument("--json", type=Path, help="also write the figures to this file")
+    p.add_argument("--run-dir", type=Path, help="keep the mas-async runs' directories here (default: a temp dir)")
+    p.add_argument("--smoke", action="store_true", help="a tiny run (well under a minute), for the tests")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.staleness, args.episodes, args.candidates, args.turns, args.max_tokens = "0,1", 2, 2, 1, 8
+        args.iterations, args.warmup, args.mock_step_ms, args.timeout = 1, 1, 1.0, 120.0
+    args.staleness = [int(k) for k in str(args.staleness).split(",")]
+    if args.warmup < 1:
+        p.error("--warmup must be at least 1: the first iteration's row also counts the processes' start-up")
+    if 0 not in args.staleness:
+        p.error("--staleness must include 0: the lockstep side costs its steps at the k=0 run's")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    from mas_async.inference.backends.mock import MockSpeed
+
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    os.environ.update(MockSpeed(args.mock_step_ms / 1000).to_env())  # the server's and this process's engine
+    sides: dict[str, dict[str, Any]] = {}
+    episodes: dict[int, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="mas-async-bench-") as tmp:
+        base = args.run_dir or Path(tmp)
+        for k in sorted(args.staleness):
+            run_dir = run_training(build_config(args, base / f"k{k}", k), args.timeout)
+            sides[f"k={k}"] = training_figures(run_dir, args.warmup, args.iterations)
+            episodes[k] = json.loads((run_dir / "episodes.json").read_text())
+        lockstep = run_lockstep(build_config(args, base / "k0", 0), base / "k0", sides["k=0"]["step_s"], args.warmup)
+    same = all(e == episodes[0] for e in episodes.values())
+    result = report(args, {"lockstep": lockstep, **sides}, same)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

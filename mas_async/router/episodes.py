@@ -38,6 +38,8 @@ class EpisodeBook:
         """The version whose step trains this iteration's samples (strict mode: the version every
         episode runs at; bounded staleness: episodes run at version - k or later)."""
         self.opened_at = time.monotonic()
+        self.done_at = 0.0
+        """When the last episode came in (or was dropped)."""
         self.queued = list(tasks)
         self.in_flight: dict[str, EpisodeTask] = {}
         self.stats = {mode: EpisodeStats() for mode in MODES}
@@ -104,7 +106,8 @@ class EpisodeBook:
         return [task for task in self.in_flight.values() if now > task.deadline]
 
     def check_done(self) -> None:
-        if not self.queued and not self.in_flight:
+        if not self.queued and not self.in_flight and not self.done.is_set():
+            self.done_at = time.monotonic()
             self.done.set()
 
 

@@ -373,7 +373,7 @@ class Router(Actor):
     async def _iteration(self, iteration: int, *, evaluate: bool, train: bool) -> dict[str, Any]:
         t0 = time.monotonic()
         book = await self.rollout(iteration, train=train, evaluate=evaluate)
-        rollout_s = time.monotonic() - min(t0, book.opened_at)
+        rollout_s = book.done_at - min(t0, book.opened_at)  # stale mode: from when its first episode could run
         wait_s = time.monotonic() - t0
         if train and book.stats["train"].episodes == 0:
             raise RuntimeError(f"iteration {iteration}: every training episode failed; first error: {book.first_error}")

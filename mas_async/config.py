@@ -219,6 +219,10 @@ class TrainerConfig(_Section):
     """Adam weight decay."""
     micro_batch_sequences: int = Field(256, ge=1)
     """Sequences per forward/backward micro-batch (gradients accumulate)."""
+    max_tokens_per_micro_batch: int | None = Field(None, ge=1)
+    """Gradient accumulation by token budget: a micro-batch also holds at most this many tokens (prompt +
+    completion of each sequence; a longer sequence runs alone). None: only `micro_batch_sequences`
+    cuts. The update is the same as one batch up to float rounding (the loss normaliser is global)."""
     lr_schedule: Literal["constant", "cosine"] = "constant"
     """Learning rate after warm-up: constant, or cosine decay to min_lr_ratio * lr at the last step."""
     warmup_steps: int = Field(0, ge=0)

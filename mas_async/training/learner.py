@@ -21,6 +21,7 @@ from mas_async.config import Config, TrainerConfig
 from mas_async.training.advantages import compute_advantages
 from mas_async.training.logprobs import completion_logprobs
 from mas_async.training.loss import aggregate, kl_k3, ppo_clip_loss
+from mas_async.training.micro_batches import micro_batches
 from mas_async.training.off_policy import off_policy_loss
 from mas_async.weights.flat_params import flatten_parameters
 from mas_async.weights.group import torch_dtype
@@ -113,10 +114,16 @@ class PolicyLearner:
                     buffer.copy_(kept)
         return diffs, unchecked
 
+    def _micro_batches(self, samples: list[Sample]) -> list[list[int]]:
+        """Index runs of `samples` within `trainer.micro_batch_sequences` and `max_tokens_per_micro_batch`."""
+        trainer = self.cfg.trainer
+        lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
+        return micro_batches(lengths, trainer.micro_batch_sequences, trainer.max_tokens_per_micro_batch)
+
     def _logprobs(self, model, samples: list[Sample], entropies: list | None = None) -> list[torch.Tensor]:
-        micro, out = self.cfg.trainer.micro_batch_sequences, []
-        for i in range(0, len(samples), micro):
-            chunk = samples[i : i + micro]
+        out = []
+        for run in self._micro_batches(samples):
+            chunk = [samples[i] for i in run]
             out += completion_logprobs(
                 model, [s.prompt_ids for s in chunk], [s.completion_ids for s in chunk], self.temperature, entropies
             )
@@ -160,7 +167,9 @@ class PolicyLearner:
         # Without KL or entropy terms, a sample with zero advantage adds exactly zero loss and gradient
         # (the normaliser still counts its tokens), so it skips the forward/backward pass.
         needs_all = algo.kl_coef > 0 or algo.entropy_coef > 0
-        stats: dict[str, float] = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_tokens": 0.0, "grad_norm": 0.0}
+        stats: dict[str, float] = {
+            "loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_tokens": 0.0, "grad_norm": 0.0, "micro_batches": 0,
+        }  # fmt: skip
         if stale:
             stats.update({"is_weight_sum": 0.0, "is_weight_max": 0.0, "is_truncated_tokens": 0.0})
         behaviour = rollout if stale else None
@@ -196,6 +205,7 @@ class PolicyLearner:
             "clip_fraction": stats["clip_tokens"] / max(1, computed_tokens),
             "lr": self.scheduler.get_last_lr()[0],
             "optimizer_steps": steps,
+            "micro_batches": int(stats["micro_batches"]),
             "logprob_abs_diff": float(diffs.mean()) if len(diffs) else 0.0,
             "logprob_abs_diff_max": float(diffs.max()) if len(diffs) else 0.0,
             "reward_mean": float(rewards.mean()),
@@ -217,9 +227,10 @@ class PolicyLearner:
     def _accumulate(self, samples, chosen, advantages, old, ref, normalizer, stats, behaviour=None) -> int:
         """Forward/backward of the `chosen` samples of one mini-batch in micro-batches; returns tokens.
         With `behaviour` (stale mode) the loss is `off_policy_loss` with `old` as the proximal log-probs."""
-        algo, micro, tokens = self.algo, self.cfg.trainer.micro_batch_sequences, 0
-        for start in range(0, len(chosen), micro):
-            idx = chosen[start : start + micro]
+        algo, tokens = self.algo, 0
+        for run in self._micro_batches([samples[i] for i in chosen]):
+            idx = [chosen[j] for j in run]
+            stats["micro_batches"] += 1
             entropies: list[torch.Tensor] | None = [] if algo.entropy_coef > 0 else None
             new = self._logprobs(self.model, [samples[i] for i in idx], entropies)
             width, device = max(len(t) for t in new), self.device

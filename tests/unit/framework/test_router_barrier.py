@@ -64,7 +64,7 @@ def _router(tmp_path, *overrides: str) -> Router:
 
 def _groups(router: Router, run: RunEpisode, policy: str, n: int, attempt: int | None = None) -> None:
     attempt = run.attempt if attempt is None else attempt
-    msg = Groups(policy, run.iteration, run.episode_id, attempt, n, [])
+    msg = Groups(policy, run.iteration, run.episode_id, attempt, n, n, [])
     frames = encode(msg)
     router._hold_groups(HEADERS[msg.KIND](*[getattr(msg, f) for f in HEADERS[msg.KIND]._fields]), frames)
 

@@ -97,7 +97,11 @@ class PolicyLearner:
             from torch.nn.parallel import DistributedDataParallel
 
             on_gpu = self.device.type == "cuda"
-            self.ddp = DistributedDataParallel(self.model, device_ids=[self.device] if on_gpu else None)
+            # No buffer broadcast at each forward: the model's buffers (rotary frequencies) are constants,
+            # and ranks run different numbers of forwards per step.
+            self.ddp = DistributedDataParallel(
+                self.model, device_ids=[self.device] if on_gpu else None, broadcast_buffers=False
+            )
         if dp is not None and config.trainer.zero:
             from torch.distributed.optim import ZeroRedundancyOptimizer
 

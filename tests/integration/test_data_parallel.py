@@ -160,3 +160,40 @@ def test_zero_checkpoint_resumes_every_rank(model_path, tmp_path):
     out = mp.Manager().dict()
     mp.spawn(_resume_rank, args=(2, _port(), model_path, shares, str(tmp_path), out), nprocs=2)
     assert out["diff"] < 1e-6
+
+
+def test_two_ranks_with_zero_resume_after_kill_9(tmp_path):
+    """A 2-rank ZeRO run killed with SIGKILL resumes from its checkpoint with every rank (the launcher
+    allocates the ranks' group anew); versions continue, no mismatch, the servers run the trainers' weights."""
+    import json
+    import os
+    import signal
+
+    from tests.integration.launch import FAST, child_pids, cleanup, start_train, wait_for_rows
+
+    run_dir = tmp_path / "run"
+    ranks = ["policies.vertical.trainer_ranks=2", "policies.horizontal.trainer_ranks=2", "trainer.zero=true"]
+    args = ["run.iterations=4", "trainer.checkpoint_every=2", *FAST, "eval.every=2", *ranks]
+    proc = start_train("configs/plan_path_tiny.yaml", run_dir, *args)
+    try:
+        pids = child_pids(run_dir)
+        wait_for_rows(run_dir, 3, timeout=300)  # iterations 0-2 done: v2 is checkpointed
+        for pid in [proc.pid, *pids.values()]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait(timeout=10)
+    finally:
+        cleanup(proc, run_dir)
+    proc = start_train("configs/plan_path_tiny.yaml", tmp_path / "ignored", f"resume={run_dir}")
+    try:
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        cleanup(proc, run_dir)
+    assert proc.returncode == 0 and "resuming" in out, out
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows][-3:] == [2, 3, 4]
+    for row in rows[:-1]:
+        assert row["policy/vertical/version"] == row["iteration"] and row["policy/vertical/ranks"] == 2
+        assert row["policy/vertical/version_mismatch"] == 0 and row["policy/vertical/logprob_abs_diff"] < 1e-4

@@ -50,10 +50,25 @@ def policy_checkpoint(run_dir: Path, policy: str, version: int) -> Path:
     return run_dir / "checkpoints" / policy / f"v{version:06d}"
 
 
+def _rng_state() -> dict[str, Any]:
+    import torch
+
+    return {"torch_rng": torch.get_rng_state(), "python_rng": json.dumps(random.getstate())}
+
+
 def save_policy(run_dir: Path, policy: str, version: int, learner: PolicyLearner) -> Path:
+    """Save the policy's checkpoint of `version`. With several trainer ranks every rank calls it (it is
+    collective: ZeRO consolidates the optimiser state, every rank's RNG state is gathered) and rank 0
+    alone writes the folder."""
     import torch  # here, not at the top: the router imports this module and never needs torch
 
     final = policy_checkpoint(run_dir, policy, version)
+    optimizer = learner.optimizer_state()
+    ranks = [_rng_state() | {"numpy_rng": json.dumps(learner.rng.bit_generator.state)}]
+    if learner.dp is not None:
+        ranks = learner.dp.gather(ranks[0])
+    if learner.rank != 0:
+        return final
     tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     learner.model.save_pretrained(tmp, safe_serialization=True)
@@ -63,11 +78,12 @@ def save_policy(run_dir: Path, policy: str, version: int, learner: PolicyLearner
             shutil.copy2(source, tmp / name)
     state = {
         "version": version,
-        "optimizer": learner.optimizer.state_dict(),
+        "optimizer": optimizer,
         "scheduler": learner.scheduler.state_dict(),
         "torch_rng": torch.get_rng_state(),
         "numpy_rng": json.dumps(learner.rng.bit_generator.state),
         "python_rng": json.dumps(random.getstate()),
+        "rank_rng": ranks[1:],  # ranks 1.. of a data-parallel trainer, in rank order
     }
     torch.save(state, tmp / STATE)
     shutil.rmtree(final, ignore_errors=True)  # a leftover of a run killed after this rename
@@ -84,6 +100,13 @@ def load_policy_state(run_dir: Path, policy: str, version: int, learner: PolicyL
         raise ValueError(f"checkpoint of {policy} at v{version} holds version {state['version']}")
     learner.optimizer.load_state_dict(state["optimizer"])
     learner.scheduler.load_state_dict(state["scheduler"])
+    if learner.rank > 0:
+        if len(state.get("rank_rng", [])) < learner.rank:
+            raise ValueError(
+                f"checkpoint of {policy} at v{version} holds no RNG state of trainer rank {learner.rank} "
+                "(it was saved with fewer ranks)"
+            )
+        state = state["rank_rng"][learner.rank - 1]
     torch.set_rng_state(state["torch_rng"])
     learner.rng.bit_generator.state = json.loads(state["numpy_rng"])
     kind, internal, gauss = json.loads(state["python_rng"])

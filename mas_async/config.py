@@ -62,6 +62,11 @@ class PolicyConfig(_Section):
     cuda:0 (the weights then travel over NCCL)."""
     lr: float = Field(1e-6, gt=0)
     """Adam learning rate of this policy's trainer."""
+    trainer_ranks: int = Field(1, ge=1)
+    """Data-parallel trainer processes of this policy (DistributedDataParallel over gloo on the CPU, NCCL on
+    GPUs). The router sends each rank whole episodes' groups, balanced by tokens; the update equals one
+    rank's on the same batch. Rank 0 alone sends the weights to the inference servers and saves
+    checkpoints. Several ranks on GPUs would each need their own device, which is not placed yet: refused there."""
     max_batch_sequences: int = Field(512, ge=1)
     """Most sequences one batched generate call holds (dynamic batching limit)."""
     batch_gather_ms: float = Field(5.0, ge=0)
@@ -237,6 +242,12 @@ class TrainerConfig(_Section):
     keep_best: bool = True
     """When an evaluation beats the best held-out success so far, checkpoint the evaluated weights and
     record them in checkpoints/best.json."""
+    zero: bool = False
+    """Shard the Adam state over a policy's trainer ranks (`torch.distributed.optim.ZeroRedundancyOptimizer`,
+    `policies.<p>.trainer_ranks` >= 2; no effect with one rank): the same update, about 1/N of the
+    optimiser memory per rank (`optimizer_state_bytes` in the metrics)."""
+    group_timeout_s: float = Field(300.0, gt=0)
+    """Bound of joining a policy's group of trainer ranks and of each collective of a step over it."""
     bucket_mb: float = Field(64.0, gt=0)
     """Weight-sync bucket size in MiB (tensors are flattened into buckets of at most this size)."""
     stale_check_samples: int = Field(4, ge=0)
@@ -301,6 +312,12 @@ class Config(_Section):
         unused = sorted(set(self.policies) - {a.policy for a in self.agents.values()})
         if unused:
             raise ValueError(f"policies {unused} serve no agent")
+        for name, spec in self.policies.items():
+            if spec.trainer_ranks > 1 and spec.trainer_on() != "cpu":
+                raise ValueError(
+                    f"policies.{name}.trainer_ranks={spec.trainer_ranks} on {spec.device}: several trainer ranks "
+                    "would each need their own GPU, which is not placed yet; use trainer_ranks=1 on GPUs"
+                )
         self._algorithm_can_learn()
         self._weight_backend_can_work()
         if self.rollout.top_p < 1.0:

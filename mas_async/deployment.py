@@ -31,6 +31,8 @@ class Deployment:
     """False for `mas-async eval`: no trainers, no weight groups, one evaluation pass."""
     weights_paths: dict[str, str] = field(default_factory=dict)
     """policy -> checkpoint folder whose weights replace the model folder's (resumed runs only)."""
+    trainer_ports: dict[str, int] = field(default_factory=dict)
+    """policy -> TCPStore port of the group of its trainer ranks (policies with trainer_ranks >= 2)."""
 
     def weights_path(self, policy: str) -> str:
         """Where the policy's starting weights are: its checkpoint when resuming, else its model folder."""
@@ -42,6 +44,17 @@ class Deployment:
     @classmethod
     def load(cls, path: Path) -> Deployment:
         return cls(**json.loads(path.read_text()))
+
+
+def trainer_peer(policy: str, rank: int = 0) -> str:
+    """The peer id (socket identity) of trainer rank `rank` of `policy`: trainer/P, then trainer/P/R."""
+    return f"trainer/{policy}" if rank == 0 else f"trainer/{policy}/{rank}"
+
+
+def trainer_rank(peer: str) -> int:
+    """The rank of a trainer peer id (`trainer_peer`'s inverse)."""
+    parts = peer.split("/")
+    return int(parts[2]) if len(parts) > 2 else 0
 
 
 def free_ports(host: str, count: int) -> list[int]:

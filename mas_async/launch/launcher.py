@@ -1,8 +1,8 @@
 """The launcher: starts every process of a run on this machine, watches them, and tears them down.
 
 `launch(config)` prepares the run directory (resolved config, deployment.json with endpoints and model
-folders, one log file per process), materialises built-in models once, then starts the router, one
-trainer and `replicas` inference servers per policy, and `cluster.env_workers` env workers, each as
+folders, one log file per process), materialises built-in models once, then starts the router,
+`trainer_ranks` trainer processes and `replicas` inference servers per policy, and `cluster.env_workers` env workers, each as
 `python -m mas_async.launch.process ROLE ...` in its own session (the actor comes from a role -> factory
 map, `mas_async.launch.roles.ROLES`; benchmarks start their own actors through the same function). It shows live progress from metrics.jsonl. If any
 process fails (or exits before the router finished the run), every other process is stopped and the
@@ -25,7 +25,7 @@ from typing import Any
 
 from mas_async.checkpoint import complete_versions, latest_complete, load_best, policy_checkpoint
 from mas_async.config import Config, ConfigError, dump_config, load_config
-from mas_async.deployment import Deployment, free_ports
+from mas_async.deployment import Deployment, free_ports, trainer_peer
 from mas_async.launch.progress import Progress
 from mas_async.launch.roles import DEFAULT_ROLES
 
@@ -126,11 +126,13 @@ def prepare_deployment(
     from mas_async.model_source import resolve_model
 
     host = config.cluster.host
-    ports = free_ports(host, 1 + len(config.policies))
+    policies = list(config.policies)
+    ports = free_ports(host, 1 + 2 * len(policies))
     paths = {name: str(resolve_model(spec.model, model_cache_dir())) for name, spec in config.policies.items()}
     deployment = Deployment(
         router_endpoint=f"tcp://{host}:{ports[0]}",
-        weight_ports=dict(zip(config.policies, ports[1:], strict=True)),
+        weight_ports=dict(zip(policies, ports[1 : 1 + len(policies)], strict=True)),
+        trainer_ports=dict(zip(policies, ports[1 + len(policies) :], strict=True)),
         model_paths=paths,
         host=host,
         start_version=start_version,
@@ -148,7 +150,8 @@ def process_specs(config: Config, training: bool = True) -> list[tuple[str, list
     specs: list[tuple[str, list[str]]] = [("router", ["router"])]
     for policy, spec in config.policies.items():
         if training:
-            specs.append((f"trainer/{policy}", ["trainer", "--policy", policy]))
+            for rank in range(spec.trainer_ranks):
+                specs.append((trainer_peer(policy, rank), ["trainer", "--policy", policy, "--index", str(rank)]))
         for r in range(spec.replicas):
             specs.append((f"inference/{policy}/{r}", ["inference", "--policy", policy, "--index", str(r)]))
     for i in range(config.cluster.env_workers):

@@ -35,11 +35,13 @@ def setup_logging(name: str) -> None:
 
 
 def process_name(role: str, index: int, policy: str) -> str:
-    """The peer id of a role instance: router, env_worker/I, inference/P/I, trainer/P."""
+    """The peer id of a role instance: router, env_worker/I, inference/P/I, trainer/P (rank 0), trainer/P/R."""
     if role == "router":
         return "router"
     if role == "trainer":
-        return f"trainer/{policy}"
+        from mas_async.deployment import trainer_peer
+
+        return trainer_peer(policy, index)
     return "/".join(str(p) for p in (role, policy, index) if p != "")
 
 

@@ -51,7 +51,7 @@ def trainer(config: Config, deployment: Deployment, run_dir: Path, *, index: int
     seed_torch(config)
     from mas_async.training.trainer import Trainer
 
-    return Trainer(config, deployment, policy, run_dir)
+    return Trainer(config, deployment, policy, run_dir, rank=index)
 
 
 ROLES: dict[str, RoleFactory] = {

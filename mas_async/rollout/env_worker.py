@@ -152,7 +152,8 @@ class EnvWorker(Peer):
                 by_policy[sample.policy].append(sample)
             for policy, samples in by_policy.items():
                 wire = [sample_to_wire(s) for s in samples]
-                self.send(Groups(policy, msg.iteration, msg.episode_id, msg.attempt, len(samples), wire))
+                tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+                self.send(Groups(policy, msg.iteration, msg.episode_id, msg.attempt, len(samples), tokens, wire))
                 counts[policy] = len(samples)
         except Exception as e:  # a failed episode is reported and counted, never a dead worker
             error = f"{type(e).__name__}: {e}"

@@ -25,8 +25,8 @@ class EpisodeTask:
     msg: RunEpisode
     worker: bytes | None = None
     deadline: float = 0.0
-    groups: list[tuple[str, int, list]] = field(default_factory=list)
-    """(policy, samples, frames) of each Groups message of the current attempt, held until it is done."""
+    groups: list[tuple[str, int, int, list]] = field(default_factory=list)
+    """(policy, samples, tokens, frames) of each Groups message of the current attempt, held until it is done."""
 
 
 class EpisodeBook:
@@ -69,7 +69,7 @@ class EpisodeBook:
         if task is None:
             self.late += 1
             return False
-        task.groups.append((header.policy, header.n_samples, frames))
+        task.groups.append((header.policy, header.n_samples, header.n_tokens, frames))
         return True
 
     def finish(self, msg: EpisodeDone) -> EpisodeTask | None:

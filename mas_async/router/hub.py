@@ -34,7 +34,7 @@ import zmq
 from mas_async.api.registry import ENVS, resolve
 from mas_async.checkpoint import checkpoint_due, load_best, prune_checkpoints, save_best, save_router
 from mas_async.config import Config
-from mas_async.deployment import Deployment
+from mas_async.deployment import Deployment, trainer_peer, trainer_rank
 from mas_async.metrics import Keys, MetricsWriter, keep_rows_before
 from mas_async.router.clock import ClockError, VersionClock
 from mas_async.router.episodes import EpisodeBook, EpisodeTask, plan_episodes
@@ -73,7 +73,7 @@ def expected_peers(config: Config, training: bool) -> set[str]:
     for policy, spec in config.policies.items():
         names |= {f"inference/{policy}/{r}" for r in range(spec.replicas)}
         if training:
-            names.add(f"trainer/{policy}")
+            names |= {trainer_peer(policy, r) for r in range(spec.trainer_ranks)}
     return names
 
 
@@ -91,7 +91,10 @@ class Router(Actor):
         self._pending: dict[tuple[bytes, int], bytes] = {}
         """(origin, request id) -> the inference replica serving it."""
         replicas = {name for name in self.table.expected if name.startswith("inference/")}
-        self.clock = VersionClock(self.policies, replicas, deployment.start_version, config.rollout.max_staleness)
+        ranks = {policy: spec.trainer_ranks for policy, spec in config.policies.items()}
+        self.clock = VersionClock(
+            self.policies, replicas, deployment.start_version, config.rollout.max_staleness, ranks
+        )  # fmt: skip
         self.books: dict[int, EpisodeBook] = {}
         """iteration -> its book, from when the clock lets it open until its row is written."""
         self._next_book = deployment.start_version
@@ -199,7 +202,7 @@ class Router(Actor):
         elif isinstance(msg, Trained):
             if msg.error:
                 raise RuntimeError(f"trainer of policy {msg.policy!r} failed: {msg.error}")
-            self.clock.trained(msg.policy, msg.version, msg.metrics)
+            self.clock.trained(msg.policy, msg.version, msg.metrics, trainer_rank(identity.decode()))
             self._check_step_done()
         elif isinstance(msg, WeightsLoaded):
             if msg.error:
@@ -234,9 +237,13 @@ class Router(Actor):
             self.peers[task.worker].outstanding -= 1
         if msg.error:
             log.error("episode %s failed: %s", msg.episode_id, msg.error)
-        for policy, samples, frames in task.groups:
-            self.clock.forwarded(policy, book.version, samples)
-            self.forward(f"trainer/{policy}".encode(), frames)
+        # All of an episode's groups of a policy go to one trainer rank, the one with the fewest tokens so
+        # far: groups stay whole (their advantages are group-relative) and the ranks balanced.
+        ranks: dict[str, int] = {}
+        for policy, samples, tokens, frames in task.groups:
+            rank = ranks.setdefault(policy, self.clock.least_loaded_rank(policy, book.version))
+            self.clock.forwarded(policy, book.version, samples, rank, tokens)
+            self.forward(trainer_peer(policy, rank).encode(), frames)
         self._dispatch()
 
     def _check_step_done(self) -> None:
@@ -360,9 +367,10 @@ class Router(Actor):
             raise ClockError(f"iteration {iteration} would step from version {version}")
         self._step_done.clear()
         for policy in self.policies:
-            expected = self.clock.expected_samples(policy, version)
-            msg = TrainStep(policy, iteration, version, expected, checkpoint_first)
-            self.send_to(f"trainer/{policy}".encode(), msg)
+            for rank in range(self.clock.ranks[policy]):
+                expected = self.clock.expected_samples(policy, version, rank)
+                msg = TrainStep(policy, iteration, version, expected, checkpoint_first)
+                self.send_to(trainer_peer(policy, rank).encode(), msg)
         await self._step_done.wait()
         trained = self.clock.advance()
         if self.clock.max_staleness:  # the iteration k ahead may begin now (strict: the next rollout opens it)

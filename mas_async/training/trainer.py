@@ -13,7 +13,12 @@ weights to the policy's inference servers (`mas_async.weights.sync`: a torch.dis
 CUDA IPC when they share the trainer's GPU). Compute and the send run in threads; the event loop keeps
 its heartbeats.
 
-One rank for now: rank 0 talks ZMQ; more DDP ranks would receive shards over torch.distributed.
+With `policies.<p>.trainer_ranks` N >= 2 the policy has N trainer processes, each a peer of the router
+(trainer/P is rank 0, trainer/P/R the others) in one data-parallel group (training/data_parallel.py). The
+router sends each rank its own share of the groups and its own TrainStep (that rank's expected count);
+every rank steps (DDP), saves its part of a checkpoint (rank 0 writes it, with every rank's RNG state)
+and reports Trained; rank 0 alone sends the weights to the inference servers, and its Trained carries
+the metrics merged over the ranks (the router waits for every rank, and records rank 0's).
 """
 
 from __future__ import annotations
@@ -26,9 +31,10 @@ from pathlib import Path
 
 from mas_async.checkpoint import STATE, checkpoint_due, load_policy_state, policy_checkpoint, save_policy
 from mas_async.config import Config
-from mas_async.deployment import Deployment
+from mas_async.deployment import Deployment, trainer_peer
 from mas_async.router.clock import VersionClock
 from mas_async.runtime.actor import Peer
+from mas_async.training.data_parallel import DataParallel, merge_metrics
 from mas_async.training.learner import PolicyLearner
 from mas_async.weights.cuda_ipc import CudaIpcSender
 from mas_async.weights.group import WeightGroupSpec
@@ -47,10 +53,10 @@ class EmptyBatch(RuntimeError):
 class Trainer(Peer):
     role = "trainer"
 
-    def __init__(self, config: Config, deployment: Deployment, policy: str, run_dir: Path) -> None:
+    def __init__(self, config: Config, deployment: Deployment, policy: str, run_dir: Path, rank: int = 0) -> None:
         cluster = config.cluster
         super().__init__(
-            f"trainer/{policy}",
+            trainer_peer(policy, rank),
             deployment.router_endpoint,
             policy=policy,
             heartbeat_s=cluster.heartbeat_s,
@@ -60,7 +66,16 @@ class Trainer(Peer):
         self.cfg = config
         self.deployment = deployment
         self.run_dir = run_dir
-        self.learner = PolicyLearner(config, policy, deployment.weights_path(policy))
+        self.rank = rank
+        ranks = config.policies[policy].trainer_ranks
+        self.dp = None
+        if ranks > 1:
+            self.dp = DataParallel.join(
+                policy=policy, device=config.policies[policy].device, host=deployment.host,
+                port=deployment.trainer_ports[policy], rank=rank, world_size=ranks,
+                timeout_s=config.trainer.group_timeout_s,
+            )  # fmt: skip
+        self.learner = PolicyLearner(config, policy, deployment.weights_path(policy), dp=self.dp)
         self.version = deployment.start_version
         if self.version:
             load_policy_state(run_dir, policy, self.version, self.learner)
@@ -78,6 +93,10 @@ class Trainer(Peer):
         self._group_ready = asyncio.Event()
 
     async def main(self) -> None:
+        if self.rank > 0:  # rank 0 alone sends the weights
+            self._group_ready.set()
+            await self.stopping.wait()
+            return
         spec = WeightGroupSpec.of(self.cfg, self.deployment, self.policy)
         bucket_bytes = int(self.cfg.trainer.bucket_mb * (1 << 20))
         self.sender = await asyncio.to_thread(lambda: open_sender(**spec.join_args(0), bucket_bytes=bucket_bytes))
@@ -141,12 +160,13 @@ class Trainer(Peer):
                         f"{self.policy!r} was refused by the version rule; nothing to train on"
                     )
                 self.empty_steps += 1
-                log.warning(
+                log.warning(  # (with several ranks, this rank's share: the others may have samples)
                     "iteration %d: policy %r received no sample (its agents had no turn?); its weights stay as "
                     "they are (%d such steps so far)", msg.iteration, self.policy, self.empty_steps,
                 )  # fmt: skip
             await self._group_ready.wait()
-            assert self.sender is not None
+            # Every rank takes the same save decisions (a save is collective: rank 0 writes only after
+            # every rank has joined, so each one's look at the folder comes before it exists).
             if msg.checkpoint_first and not (policy_checkpoint(self.run_dir, self.policy, version) / STATE).exists():
                 await asyncio.to_thread(save_policy, self.run_dir, self.policy, version, self.learner)
             t0 = time.monotonic()
@@ -154,22 +174,26 @@ class Trainer(Peer):
             train_s = time.monotonic() - t0
             self.version = version + 1
             self.learner.keep_weights(self.version)
-            self.send(UpdateWeights(self.policy, self.version))
-            sync = await asyncio.to_thread(self.sender.send, self.version, self.learner.named_tensors())
-            if checkpoint_due(self.cfg, self.version):
-                await asyncio.to_thread(save_policy, self.run_dir, self.policy, self.version, self.learner)
-                metrics["checkpoint_version"] = self.version
             metrics.update(
                 {
                     "version_mismatch": refused,
                     **({"stale_dropped": stale_dropped} if self.clock.max_staleness else {}),
                     "empty_steps": self.empty_steps,
                     "time/train_s": train_s,
-                    "time/weight_sync_s": sync["seconds"],
-                    "weight_sync_bytes": sync["bytes"],
                 }
             )
-            self.send(Trained(self.policy, self.version, "", metrics))
+            if self.dp is not None:
+                metrics = merge_metrics(await asyncio.to_thread(self.dp.gather, metrics))
+            sync = {"seconds": 0.0, "bytes": 0}
+            if self.rank == 0:
+                assert self.sender is not None
+                self.send(UpdateWeights(self.policy, self.version))
+                sync = await asyncio.to_thread(self.sender.send, self.version, self.learner.named_tensors())
+            if checkpoint_due(self.cfg, self.version):
+                await asyncio.to_thread(save_policy, self.run_dir, self.policy, self.version, self.learner)
+                metrics["checkpoint_version"] = self.version
+            metrics.update({"time/weight_sync_s": sync["seconds"], "weight_sync_bytes": sync["bytes"]})
+            self.send(Trained(self.policy, self.version, "", metrics if self.rank == 0 else {}))
             log.info(
                 "iteration %d: v%d, %d samples, loss %.4f, logprob diff %.2e, sync %.3fs",
                 msg.iteration, self.version, metrics["samples"], metrics.get("loss", 0.0),

@@ -3,7 +3,7 @@
 Each message is a small dataclass whose first `HEADER` fields form the header frame and the rest the
 payload frame: `[kind (1 byte)] [header (msgpack list)] [payload (msgpack list)]`. The router dispatches
 on the kind byte and reads only the header, through a named view (`peek` returns e.g.
-`GroupsHeader(policy, iteration, episode_id, attempt, n_samples)`), never by position; payloads (token
+`GroupsHeader(policy, iteration, episode_id, attempt, n_samples, n_tokens)`), never by position; payloads (token
 ids, samples) are forwarded as opaque bytes.
 Kinds are small ints, fields are only ever appended (a peer with another `PROTOCOL_VERSION` is refused
 at Hello). Arrays are numpy arrays packed as binary ext values by `codec`.
@@ -25,7 +25,7 @@ import numpy as np
 from mas_async.wire.codec import MAX_HEADER_BYTES, CodecError, pack, unpack
 from mas_async.wire.samples import Completion, Sample
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 
 class Kind(IntEnum):
@@ -137,12 +137,13 @@ class Groups(Message):
     or abandoned attempt never reach a trainer."""
 
     KIND = Kind.GROUPS
-    HEADER = 5
+    HEADER = 6
     policy: str
     iteration: int
     episode_id: str
     attempt: int
     n_samples: int
+    n_tokens: int  # prompt + completion tokens of the samples: the router balances trainer ranks by it
     samples: list  # [sample_to_wire(s), ...]
 
 

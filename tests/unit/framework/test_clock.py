@@ -113,3 +113,26 @@ def test_a_wrong_version_or_a_report_outside_a_step_is_a_named_error():
         clock.advance()
     with pytest.raises(ClockError, match="already in progress"):
         clock.begin_step()
+
+
+def test_trainer_ranks_get_whole_episodes_balanced_by_tokens_and_all_must_report():
+    clock = VersionClock(["a", "b"], ["inference/a/0"], ranks={"a": 2})
+    assert clock.least_loaded_rank("a", 0) == 0 and clock.least_loaded_rank("b", 0) == 0
+    clock.forwarded("a", 0, 4, rank=0, tokens=100)
+    assert clock.least_loaded_rank("a", 0) == 1
+    clock.forwarded("a", 0, 2, rank=1, tokens=30)
+    clock.forwarded("a", 0, 2, rank=1, tokens=30)
+    assert clock.least_loaded_rank("a", 0) == 1  # 60 < 100 tokens
+    clock.forwarded("a", 0, 4, rank=1, tokens=50)
+    assert clock.least_loaded_rank("a", 0) == 0
+    assert [clock.expected_samples("a", 0, r) for r in (0, 1)] == [4, 8]
+    clock.begin_step()
+    clock.trained("a", 1, {"loss": 1.0}, rank=0)
+    clock.trained("b", 1, {})
+    clock.loaded("inference/a/0", 1)
+    assert not clock.step_complete()  # rank 1 of "a" has not reported
+    with pytest.raises(ClockError, match="rank 2 of 'a', which has 2 ranks"):
+        clock.trained("a", 1, {}, rank=2)
+    clock.trained("a", 1, {}, rank=1)
+    assert clock.advance() == {"a": {"loss": 1.0}, "b": {}}
+    assert clock.expected_samples("a", 0, 1) == 0 and clock.least_loaded_rank("a", 1) == 0

@@ -60,7 +60,7 @@ def test_sample_round_trip():
         "e/vertical/0", "e", "p1", "vertical", "pv", 0, np.arange(5, dtype=np.int32),
         np.array([3], dtype=np.int32), np.array([-0.5], dtype=np.float32), 2, 0.25, True, 1.0, {"x": 1},
     )  # fmt: skip
-    msg = Groups("pv", 3, "e", 0, 1, [sample_to_wire(s)])
+    msg = Groups("pv", 3, "e", 0, 1, 7, [sample_to_wire(s)])
     back = sample_from_wire(decode(encode(msg)).samples[0])
     assert back.group == s.group and back.version == 2 and back.reward == 0.25 and back.info == {"x": 1}
     np.testing.assert_array_equal(back.prompt_ids, s.prompt_ids)

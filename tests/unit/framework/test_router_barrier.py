@@ -64,7 +64,7 @@ def _router(tmp_path, *overrides: str) -> Router:
 
 def _groups(router: Router, run: RunEpisode, policy: str, n: int, attempt: int | None = None) -> None:
     attempt = run.attempt if attempt is None else attempt
-    msg = Groups(policy, run.iteration, run.episode_id, attempt, n, [])
+    msg = Groups(policy, run.iteration, run.episode_id, attempt, n, n, [])
     frames = encode(msg)
     router._hold_groups(HEADERS[msg.KIND](*[getattr(msg, f) for f in HEADERS[msg.KIND]._fields]), frames)
 
@@ -225,3 +225,50 @@ def test_bounded_staleness_runs_the_next_iteration_during_the_step_but_not_its_e
         assert router.clock.expected_samples("vertical", 1) == 10
 
     asyncio.run(scenario())
+
+
+def test_trainer_ranks_get_whole_episodes_and_the_step_waits_for_every_rank(tmp_path):
+    async def scenario() -> dict:
+        config = load_config(
+            ROOT / "configs/plan_path_tiny.yaml",
+            ["env.train_size=16", "env.test_size=4", "rollout.batch_size=3", "cluster.env_workers=2",
+             "rollout.episodes_per_worker=2", "policies.vertical.trainer_ranks=2"],
+        )  # fmt: skip
+        deployment = Deployment(
+            "tcp://127.0.0.1:1", {"vertical": 1, "horizontal": 2}, {"vertical": "", "horizontal": ""}
+        )
+        router = Router(config, deployment, tmp_path)
+        router.io = _Sent()
+        assert b"trainer/vertical/1" in {n.encode() for n in router.table.expected}
+        for name in sorted(router.table.expected):
+            role, policy = name.split("/")[0], (name.split("/")[1] if not name.startswith("env_worker") else "")
+            router._on_hello(name.encode(), Hello(role, name, policy, 2, PROTOCOL_VERSION, 1))
+        router.io.sent.clear()
+        iteration = asyncio.create_task(router._iteration(0, evaluate=False, train=True))
+        await asyncio.sleep(0)
+        runs = router.io.of(RunEpisode)
+        assert len(runs) == 3
+        for (worker, run), n in zip(runs, (8, 4, 4), strict=True):  # n samples of n tokens per policy
+            _groups(router, run, "vertical", n)
+            _groups(router, run, "vertical", n)  # a second group of the same episode: same rank
+            _groups(router, run, "horizontal", n)
+            _done(router, worker, run)
+        await asyncio.sleep(0)
+        to = [w for w, m in router.io.sent if isinstance(m, Groups)]
+        # Episode 0 (16 tokens) to rank 0, then episodes 1 and 2 (8 each) to rank 1, the lighter one;
+        # every group of an episode goes to the same rank.
+        assert (to.count(b"trainer/vertical"), to.count(b"trainer/vertical/1"), to.count(b"trainer/horizontal")) == (
+            2, 4, 3,
+        )  # fmt: skip
+        steps = {w: m.expected_samples for w, m in router.io.of(TrainStep)}
+        assert steps == {b"trainer/vertical": 16, b"trainer/vertical/1": 16, b"trainer/horizontal": 16}
+        _finish_step(router, 1)
+        await asyncio.sleep(0.05)
+        assert not iteration.done()  # rank 1 of vertical has not reported
+        router._handle(b"trainer/vertical/1", Trained("vertical", 1, "", {}))
+        row = await asyncio.wait_for(iteration, 5)
+        assert router.clock.version == 1
+        return row
+
+    row = asyncio.run(scenario())
+    assert row["rollout/episodes"] == 3

@@ -49,7 +49,7 @@ def _trainer(setup, *overrides: str) -> Trainer:
 def test_samples_of_another_version_or_policy_are_refused_and_counted(setup):
     trainer = _trainer(setup)
     samples = [_sample(0), _sample(1), _sample(0, policy="horizontal"), _sample(0)]
-    asyncio.run(trainer.on_message(Groups("vertical", 0, "e", 0, 4, [sample_to_wire(s) for s in samples])))
+    asyncio.run(trainer.on_message(Groups("vertical", 0, "e", 0, 4, 0, [sample_to_wire(s) for s in samples])))
     assert len(trainer.buffers[0]) == 4  # buffered by iteration; the rule is applied by the step
     accepted, mismatch, stale = trainer.admit(trainer.buffers[0], 0)
     assert [s.version for s in accepted] == [0, 0] and mismatch == 2 and stale == 0
@@ -140,7 +140,7 @@ def test_a_missing_sample_fails_the_step_loudly(setup):
     trainer = Trainer(config, deployment, "vertical", ROOT / "runs" / "unused")
     sent = []
     trainer.send = sent.append  # record what would go to the router
-    asyncio.run(trainer.on_message(Groups("vertical", 0, "e", 0, 1, [sample_to_wire(_sample(0))])))
+    asyncio.run(trainer.on_message(Groups("vertical", 0, "e", 0, 1, 0, [sample_to_wire(_sample(0))])))
 
     async def step():
         with pytest.raises(RuntimeError, match="received 1 samples of iteration 0, the router forwarded 2"):

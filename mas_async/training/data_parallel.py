@@ -1,0 +1,112 @@
+"""The data-parallel group of one policy's trainer ranks (`policies.<p>.trainer_ranks` N >= 2).
+
+The N trainer processes of a policy join one torch.distributed group (gloo on CPU, NCCL on GPU) through
+a TCPStore of their own (`Deployment.trainer_ports`, hosted by rank 0); it is the process's default
+group, apart from the weight-sync group (weights/group.py), which is built without it. The learner wraps
+its model in `DistributedDataParallel` over it, and `ZeroRedundancyOptimizer` shards the optimiser
+state over it (`trainer.zero`). Every rank runs the same sequence of collectives each step, including a
+rank that received no sample (it backpropagates a zero loss), so nothing waits for a missing peer.
+
+Every wait is bounded by `trainer.group_timeout_s`: the join and the small collectives here raise
+`RankGroupError` naming the policy and the rank; DDP's own gradient all-reduce fails with the group's
+timeout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+class RankGroupError(RuntimeError):
+    """A trainer rank of a policy did not join, or did not answer a collective, within the timeout."""
+
+
+@dataclass
+class DataParallel:
+    """This process's place in its policy's trainer group."""
+
+    policy: str
+    rank: int
+    world_size: int
+    backend: str
+    timeout_s: float
+
+    @classmethod
+    def join(
+        cls, *, policy: str, device: str, host: str, port: int, rank: int, world_size: int, timeout_s: float
+    ) -> DataParallel:
+        """Join (blocking until all `world_size` ranks have) the group of `policy`'s trainer ranks."""
+        if world_size < 2 or not 0 <= rank < world_size:
+            raise ValueError(f"need world_size >= 2 and 0 <= rank < world_size, got rank {rank} of {world_size}")
+        backend = "nccl" if device.startswith("cuda") else "gloo"
+        timeout = timedelta(seconds=timeout_s)
+        try:
+            store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
+            dist.init_process_group(
+                backend, store=dist.PrefixStore(f"trainers/{policy}", store), rank=rank, world_size=world_size,
+                timeout=timeout,
+            )  # fmt: skip
+        except (RuntimeError, dist.DistError) as e:
+            raise RankGroupError(
+                f"trainer rank {rank} of policy {policy!r} could not join its {world_size} ranks at {host}:{port} "
+                f"within {timeout_s}s: {e}"
+            ) from e
+        return cls(policy, rank, world_size, backend, timeout_s)
+
+    def sum(self, values: list[float], device: torch.device) -> list[float]:
+        """Element-wise sum of `values` over every rank (float64, so token counts stay exact)."""
+        tensor = torch.tensor(values, dtype=torch.float64, device=device)
+        self._bounded(lambda: dist.all_reduce(tensor), "sum")
+        return tensor.tolist()
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's `obj` (picklable, small: metrics, RNG states), in rank order, on every rank."""
+        out: list[Any] = [None] * self.world_size
+        self._bounded(lambda: dist.all_gather_object(out, obj), "gather")
+        return out
+
+    def _bounded(self, call, what: str) -> None:
+        try:
+            call()
+        except (RuntimeError, dist.DistError) as e:
+            raise RankGroupError(
+                f"trainer rank {self.rank} of policy {self.policy!r}: the {what} over {self.world_size} ranks "
+                f"failed or exceeded {self.timeout_s}s: {e}"
+            ) from e
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def merge_metrics(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    """One metrics dict of a step from every rank's: counts and loss terms (already divided by the global
+    normaliser) add up, maxima take the max, means are weighted by samples or tokens, anything else
+    (lr, grad_norm, versions: equal on every rank) is rank 0's. `optimizer_state_bytes` stays per rank."""
+    rows = [m for m in per_rank if m.get("samples", 0) > 0] or per_rank[:1]
+    merged = dict(per_rank[0])
+    samples = sum(m.get("samples", 0) for m in per_rank)
+    tokens = sum(m.get("tokens", 0) for m in per_rank)
+    for key in ("samples", "tokens", "active_samples", "micro_batches", "version_mismatch", "stale_dropped",
+                "stale_samples", "stale_checked_samples", "stale_unchecked_samples", "loss", "kl", "entropy"):  # fmt: skip
+        if key in merged:
+            merged[key] = sum(m.get(key, 0) for m in per_rank)
+    for key in ("logprob_abs_diff_max", "staleness_max", "is_weight_max"):
+        if key in merged:
+            merged[key] = max(m.get(key, 0.0) for m in rows)
+    for key, weight in (("reward_mean", "samples"), ("advantage_abs_mean", "samples"), ("staleness_mean", "samples"),
+                        ("logprob_abs_diff", "tokens"), ("clip_fraction", "tokens")):  # fmt: skip
+        total = samples if weight == "samples" else tokens
+        if key in merged and total:
+            merged[key] = sum(m.get(key, 0.0) * m.get(weight, 0) for m in rows) / total
+    merged["ranks"] = len(per_rank)
+    merged["rank_samples_max"] = max(m.get("samples", 0) for m in per_rank)
+    merged["rank_samples_min"] = min(m.get("samples", 0) for m in per_rank)
+    if "optimizer_state_bytes" in merged:
+        merged["optimizer_state_bytes_max"] = max(m.get("optimizer_state_bytes", 0) for m in per_rank)
+    return merged

@@ -1,0 +1,46 @@
+"""The trainer ranks' group: joining is bounded with a named error, and the step metrics of the ranks
+merge into one row."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from mas_async.training.data_parallel import DataParallel, RankGroupError, merge_metrics
+
+
+def test_a_rank_whose_peers_never_come_gets_a_named_error():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    with pytest.raises(RankGroupError, match="trainer rank 1 of policy 'p' could not join its 2 ranks"):
+        DataParallel.join(policy="p", device="cpu", host="127.0.0.1", port=port, rank=1, world_size=2, timeout_s=2)
+    assert time.monotonic() - t0 < 30
+
+
+def test_metrics_of_the_ranks_merge():
+    rank0 = {
+        "samples": 3,
+        "tokens": 30,
+        "loss": 0.25,
+        "logprob_abs_diff": 1e-6,
+        "logprob_abs_diff_max": 2e-6,
+        "reward_mean": 1.0,
+        "lr": 0.1,
+        "grad_norm": 2.0,
+        "optimizer_state_bytes": 100,
+        "version_mismatch": 0,
+    }
+    rank1 = {"samples": 1, "tokens": 10, "loss": 0.5, "logprob_abs_diff": 3e-6, "logprob_abs_diff_max": 5e-6,
+             "reward_mean": 0.0, "lr": 0.1, "grad_norm": 2.0, "optimizer_state_bytes": 120, "version_mismatch": 1}  # fmt: skip
+    merged = merge_metrics([rank0, rank1])
+    assert merged["samples"] == 4 and merged["tokens"] == 40 and merged["version_mismatch"] == 1
+    assert merged["loss"] == pytest.approx(0.75)  # each rank's part is over the global normaliser
+    assert merged["logprob_abs_diff"] == pytest.approx((30e-6 + 30e-6) / 40)
+    assert merged["logprob_abs_diff_max"] == 5e-6 and merged["reward_mean"] == pytest.approx(0.75)
+    assert merged["lr"] == 0.1 and merged["grad_norm"] == 2.0
+    assert merged["optimizer_state_bytes"] == 100 and merged["optimizer_state_bytes_max"] == 120
+    assert merged["ranks"] == 2 and (merged["rank_samples_min"], merged["rank_samples_max"]) == (1, 3)

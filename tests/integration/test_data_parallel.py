@@ -87,36 +87,6 @@ def test_a_rank_without_samples_still_joins(model_path):
     assert out["metrics0"]["rank_samples_min"] == 0
 
 
-def test_train_with_two_ranks_per_policy_end_to_end(tmp_path):
-    """`mas-async train` with 2 trainer ranks for each policy: the router shares each iteration's episodes
-    between the ranks, strict on-policy holds (no mismatch, the servers run the trainers' weights)."""
-    import json
-
-    from tests.integration.launch import FAST, cleanup, start_train
-
-    run_dir = tmp_path / "run"
-    ranks = ["policies.vertical.trainer_ranks=2", "policies.horizontal.trainer_ranks=2"]
-    proc = start_train("configs/plan_path_tiny.yaml", run_dir, "run.iterations=3", *FAST, *ranks)
-    try:
-        out, _ = proc.communicate(timeout=500)
-    finally:
-        cleanup(proc, run_dir)
-    assert proc.returncode == 0, out
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["iteration"] for r in rows] == [0, 1, 2, 3]
-    for i, row in enumerate(rows[:3]):
-        for policy in ("vertical", "horizontal"):
-            assert row[f"policy/{policy}/version"] == i
-            assert row[f"policy/{policy}/version_mismatch"] == 0
-            assert row[f"policy/{policy}/logprob_abs_diff"] < 1e-4
-            assert row[f"policy/{policy}/ranks"] == 2 and row[f"policy/{policy}/samples"] > 0
-    shared = [row[f"policy/{p}/rank_samples_min"] > 0 for row in rows[:3] for p in ("vertical", "horizontal")]
-    assert any(shared)  # both ranks trained on episodes of their own
-    logs = {p.name for p in (run_dir / "logs").iterdir()}
-    assert {"trainer-vertical.log", "trainer-vertical-1.log", "trainer-horizontal-1.log"} <= logs
-    assert (run_dir / "checkpoints" / "vertical" / "v000003" / "trainer_state.pt").is_file()
-
-
 def _resume_rank(rank: int, world: int, port: int, model_path: str, shares: list, run_dir: str, out: dict) -> None:
     from pathlib import Path
 
@@ -162,9 +132,11 @@ def test_zero_checkpoint_resumes_every_rank(model_path, tmp_path):
     assert out["diff"] < 1e-6
 
 
-def test_two_ranks_with_zero_resume_after_kill_9(tmp_path):
-    """A 2-rank ZeRO run killed with SIGKILL resumes from its checkpoint with every rank (the launcher
-    allocates the ranks' group anew); versions continue, no mismatch, the servers run the trainers' weights."""
+def test_two_ranks_per_policy_end_to_end_with_zero_and_a_resume_after_kill_9(tmp_path):
+    """`mas-async train` with 2 trainer ranks (and ZeRO) for each policy: the router shares each
+    iteration's episodes between the ranks, strict on-policy holds (no mismatch, the servers run the
+    trainers' weights); killed with SIGKILL, the run resumes from its checkpoint with every rank (the
+    launcher allocates the ranks' group anew) and its versions continue."""
     import json
     import os
     import signal
@@ -195,5 +167,11 @@ def test_two_ranks_with_zero_resume_after_kill_9(tmp_path):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows][-3:] == [2, 3, 4]
     for row in rows[:-1]:
-        assert row["policy/vertical/version"] == row["iteration"] and row["policy/vertical/ranks"] == 2
-        assert row["policy/vertical/version_mismatch"] == 0 and row["policy/vertical/logprob_abs_diff"] < 1e-4
+        for policy in ("vertical", "horizontal"):
+            key = f"policy/{policy}/"
+            assert row[key + "version"] == row["iteration"] and row[key + "ranks"] == 2
+            assert row[key + "version_mismatch"] == 0 and row[key + "logprob_abs_diff"] < 1e-4
+            assert row[key + "samples"] > 0
+    assert any(row[f"policy/{p}/rank_samples_min"] > 0 for row in rows[:-1] for p in ("vertical", "horizontal"))
+    logs = {p.name for p in (run_dir / "logs").iterdir()}
+    assert {"trainer-vertical.log", "trainer-vertical-1.log", "trainer-horizontal-1.log"} <= logs

@@ -312,6 +312,9 @@ def test_invalid_requests_are_explained(stack: Stack) -> None:
         _generate(stack, [GenerationRequest(PROMPTS[2], max_tokens=400)])
 
 
+VLLM_POLICIES = {0: ("vertical", "horizontal"), 1: ("vertical",)}
+
+
 @pytest.mark.parametrize("staleness", [0, 1])
 def test_training_through_the_launcher_with_vllm_for_every_policy(tmp_path: Path, staleness: int) -> None:
     """Strict, and bounded staleness k=1 (vLLM drains its running requests before each update: the next
@@ -326,7 +329,8 @@ def test_training_through_the_launcher_with_vllm_for_every_policy(tmp_path: Path
         f"run.iterations={iterations}",
         f"rollout.max_staleness={staleness}",
         *FAST,
-        *(f"policies.{p}.{key}" for p in ("vertical", "horizontal") for key in ("backend=vllm", f"model={MODEL}")),
+        # k=1 serves one policy with vLLM (the other with hf): one vLLM engine start less in CI
+        *(f"policies.{p}.{key}" for p in VLLM_POLICIES[staleness] for key in ("backend=vllm", f"model={MODEL}")),
     )
     try:
         out, _ = proc.communicate(timeout=500)

@@ -48,6 +48,7 @@ from mas_async.config import Config, load_config
 from mas_async.launch.launcher import prepare_deployment, prepare_run_dir, start_children, stop_children
 from mas_async.launch.roles import ROLES as TRAINING_ROLES
 from mas_async.router.hub import Router
+from mas_async.throughput.run import wait_for_router
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -118,18 +119,8 @@ def run_training(config: Config, timeout_s: float) -> Path:
     run_dir = prepare_run_dir(config)
     prepare_deployment(config, run_dir, training=True)
     children = start_children(config, run_dir, training=True, roles="bench.staleness:ROLES")
-    router = children[0]
     try:
-        deadline = time.monotonic() + timeout_s
-        while router.proc.poll() is None:
-            failed = [c for c in children if c.proc.poll() not in (None, 0)]
-            if failed or time.monotonic() > deadline:
-                culprit = failed[0] if failed else router
-                why = f"exited with status {culprit.proc.returncode}" if failed else f"ran past {timeout_s:.0f}s"
-                raise RuntimeError(f"{culprit.name} {why}; last lines of {culprit.log_path}:\n{culprit.tail()}")
-            time.sleep(0.2)
-        if router.proc.returncode != 0:
-            raise RuntimeError(f"the router failed; last lines of {router.log_path}:\n{router.tail()}")
+        wait_for_router(children, timeout_s)
     finally:
         stop_children(children)
     return run_dir

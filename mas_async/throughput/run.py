@@ -49,24 +49,30 @@ def run_rollout(config: Config, *, warmup: int, timeout_s: float, roles: str = R
     process is stopped by pid before this returns."""
     run_dir, deployment = prepare_rollout(config)
     children = start_rollout(config, run_dir, warmup=warmup, roles=roles)
-    router = children[0]
     try:
-        deadline = time.monotonic() + timeout_s
-        while router.proc.poll() is None:
-            failed = [c for c in children if c.proc.poll() not in (None, 0)]
-            if failed or time.monotonic() > deadline:
-                culprit = failed[0] if failed else router
-                why = f"exited with status {culprit.proc.returncode}" if failed else f"ran past {timeout_s:.0f}s"
-                raise RuntimeError(f"{culprit.name} {why}; last lines of {culprit.log_path}:\n{culprit.tail()}")
-            time.sleep(0.1)
-        if router.proc.returncode != 0:
-            raise RuntimeError(f"the router failed; last lines of {router.log_path}:\n{router.tail()}")
+        wait_for_router(children, timeout_s)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and any(c.proc.poll() is None for c in children):
             time.sleep(0.1)
     finally:
         stop_children(children)
     return run_dir, deployment
+
+
+def wait_for_router(children: list[Child], timeout_s: float) -> None:
+    """Wait until the router (the first child) exits with status 0; raise naming the process that failed,
+    with its log tail, or the timeout."""
+    router = children[0]
+    deadline = time.monotonic() + timeout_s
+    while router.proc.poll() is None:
+        failed = [c for c in children if c.proc.poll() not in (None, 0)]
+        if failed or time.monotonic() > deadline:
+            culprit = failed[0] if failed else router
+            why = f"exited with status {culprit.proc.returncode}" if failed else f"ran past {timeout_s:.0f}s"
+            raise RuntimeError(f"{culprit.name} {why}; last lines of {culprit.log_path}:\n{culprit.tail()}")
+        time.sleep(0.1)
+    if router.proc.returncode != 0:
+        raise RuntimeError(f"the router failed; last lines of {router.log_path}:\n{router.tail()}")
 
 
 def load_record(run_dir: Path) -> dict[str, Any]:

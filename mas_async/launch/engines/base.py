@@ -14,6 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+class EngineError(RuntimeError):
+    """The engine could not place, reach or start the run's processes; the message names the node."""
+
+
 @dataclass(frozen=True)
 class Node:
     """A machine (or network namespace) processes run on."""

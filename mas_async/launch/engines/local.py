@@ -17,7 +17,7 @@ from pathlib import Path
 
 from mas_async.config import Config
 from mas_async.deployment import free_ports
-from mas_async.launch.engines.base import Child, Engine, Node, ProcessSpec
+from mas_async.launch.engines.base import Child, Engine, EngineError, Node, ProcessSpec
 
 FREE_PORTS_TIMEOUT_S = 30.0
 
@@ -78,7 +78,8 @@ class LocalEngine(Engine):
             [*prefix, sys.executable, "-c", code], capture_output=True, text=True, timeout=FREE_PORTS_TIMEOUT_S
         )
         if out.returncode != 0:
-            raise RuntimeError(f"could not find free ports on node {node.name} ({node.address}): {out.stderr.strip()}")
+            why = (out.stderr.strip().splitlines() or [f"exit status {out.returncode}"])[-1]  # the exception line
+            raise EngineError(f"could not find free ports on node {node.name} ({node.address}): {why}")
         return json.loads(out.stdout)
 
     def start(self, spec: ProcessSpec, node: Node, command: list[str], env: dict[str, str], log_path: Path) -> Child:

@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 WEIGHT_BACKENDS = ("gloo", "nccl")
 
 
+class WeightGroupError(RuntimeError):
+    """A rank could not join its policy's weight group in time (says which policy, rank and store)."""
+
+
 class ManifestMismatch(ValueError):
     """The received weights do not have the names, shapes or dtypes the receiver expects."""
 
@@ -76,6 +80,22 @@ def open_weight_group(
         raise ValueError(f"unknown weight-sync backend {backend!r}; known: {list(WEIGHT_BACKENDS)}")
     if world_size < 2 or not 0 <= rank < world_size:
         raise ValueError(f"need world_size >= 2 and 0 <= rank < world_size, got rank {rank} of {world_size}")
+    try:
+        return _join(
+            policy=policy, backend=backend, host=host, port=port, rank=rank, world_size=world_size, timeout_s=timeout_s
+        )
+    except (RuntimeError, dist.DistError) as e:
+        if isinstance(e, WeightGroupError):
+            raise
+        raise WeightGroupError(
+            f"rank {rank} of policy {policy!r}'s weight group ({backend}, {world_size} ranks, store at {host}:{port}) "
+            f"could not join within {timeout_s:g}s: {e}"
+        ) from e
+
+
+def _join(
+    *, policy: str, backend: str, host: str, port: int, rank: int, world_size: int, timeout_s: float
+) -> WeightGroup:
     timeout = timedelta(seconds=timeout_s)
     tcp_store = open_store(host, port, world_size, is_master=rank == 0, timeout_s=timeout_s)
     store = dist.PrefixStore(f"weights/{policy}", tcp_store)

@@ -269,9 +269,9 @@ ROLE_NAMES = ("router", "trainer", "inference", "env_worker")
 
 
 class ClusterConfig(_Section):
-    engine: Literal["local", "ray", "slurm"] = "local"
-    """How processes are placed and started: local subprocesses, Ray actors on a Ray cluster's nodes, or
-    SLURM steps inside an allocation (docs/cluster.md)."""
+    engine: Literal["local"] = "local"
+    """How processes are placed and started: local subprocesses, on this machine or on the nodes of
+    `nodes` (docs/cluster.md). The Ray and SLURM engines are on the branches `ray` and `slurm`."""
     host: str = "127.0.0.1"
     """Address of the local engine's one node when `nodes` is empty."""
     nodes: list[NodeConfig] = Field(default_factory=list)

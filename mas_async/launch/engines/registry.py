@@ -1,4 +1,5 @@
-"""`cluster.engine` -> the engine that runs the processes: local subprocesses, Ray actors or SLURM steps."""
+"""`cluster.engine` -> the engine that runs the processes (today: local subprocesses; Ray and SLURM engines
+are on their branches)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,6 @@ from mas_async.launch.engines.base import Engine
 
 ENGINES = {
     "local": "mas_async.launch.engines.local:LocalEngine",
-    "ray": "mas_async.launch.engines.ray:RayEngine",
-    "slurm": "mas_async.launch.engines.slurm:SlurmEngine",
 }
 
 

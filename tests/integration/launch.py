@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tests.support.paths import ROOT
 
-__all__ = ["FAST", "ROOT", "alive", "child_pids", "cleanup", "start_train", "wait_for_rows"]
+__all__ = ["FAST", "ROOT", "alive", "child_pids", "cleanup", "run_train", "start_train", "wait_for_rows"]
 
 # Small and fast: 2 env workers, tiny batches; every role still runs as its own process.
 FAST = ["rollout.batch_size=4", "eval.every=1", "eval.size=4", "algorithm.k=4"]
@@ -36,6 +36,16 @@ def start_train(config: str, run_dir: Path, *overrides: str) -> subprocess.Popen
         text=True,
         start_new_session=True,
     )
+
+
+def run_train(config: str, run_dir: Path, *overrides: str, timeout: float = 400) -> tuple[int, str]:
+    """`mas-async train` to its end (or `timeout`): its exit status and output; cleaned up by pid."""
+    proc = start_train(config, run_dir, *overrides)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, out
+    finally:
+        cleanup(proc, run_dir)
 
 
 def child_pids(run_dir: Path, timeout: float = 60.0) -> dict[str, int]:

@@ -10,21 +10,12 @@ import time
 import pytest
 import yaml
 
-from tests.integration.launch import FAST, alive, child_pids, cleanup, start_train, wait_for_rows
-
-
-def _run(config: str, run_dir, *overrides: str, timeout: float = 400) -> tuple[int, str]:
-    proc = start_train(config, run_dir, *overrides)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-        return proc.returncode, out
-    finally:
-        cleanup(proc, run_dir)
+from tests.integration.launch import FAST, alive, child_pids, cleanup, run_train, start_train, wait_for_rows
 
 
 def test_three_iterations_role_specialised(tmp_path):
     run_dir = tmp_path / "run"
-    rc, out = _run("configs/plan_path_tiny.yaml", run_dir, "run.iterations=3", *FAST)
+    rc, out = run_train("configs/plan_path_tiny.yaml", run_dir, "run.iterations=3", *FAST)
     assert rc == 0, out
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [0, 1, 2, 3]  # 3 training iterations + the final evaluation
@@ -73,7 +64,9 @@ def _loaded_versions(log: str) -> list[str]:
 
 def test_role_sharing_one_policy_serves_both_agents(tmp_path):
     run_dir = tmp_path / "run"
-    rc, out = _run("configs/plan_path_tiny_shared.yaml", run_dir, "run.iterations=2", *FAST, "cluster.env_workers=2")
+    rc, out = run_train(
+        "configs/plan_path_tiny_shared.yaml", run_dir, "run.iterations=2", *FAST, "cluster.env_workers=2"
+    )
     assert rc == 0, out
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["policy/shared/version"] for r in rows[:2]] == [0, 1]
@@ -83,7 +76,7 @@ def test_role_sharing_one_policy_serves_both_agents(tmp_path):
 
 def test_two_replicas_share_the_load(tmp_path):
     run_dir = tmp_path / "run"
-    rc, out = _run(
+    rc, out = run_train(
         "configs/plan_path_tiny_shared.yaml", run_dir, "run.iterations=2", *FAST, "policies.shared.replicas=2"
     )
     assert rc == 0, out
@@ -93,7 +86,7 @@ def test_two_replicas_share_the_load(tmp_path):
 
 
 def test_config_error_names_the_key(tmp_path):
-    rc, out = _run("configs/plan_path_tiny.yaml", tmp_path / "run", "rollout.batchsize=3", timeout=60)
+    rc, out = run_train("configs/plan_path_tiny.yaml", tmp_path / "run", "rollout.batchsize=3", timeout=60)
     assert rc == 2
     assert "unknown key 'rollout.batchsize'" in out and "plan_path_tiny.yaml" in out
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.integration.launch import FAST, cleanup, start_train
+from tests.integration.launch import FAST, run_train
 from tests.integration.netns import netns_unavailable, two_nodes
 
 pytestmark = pytest.mark.skipif(netns_unavailable() is not None, reason=str(netns_unavailable()))
@@ -19,16 +19,12 @@ pytestmark = pytest.mark.skipif(netns_unavailable() is not None, reason=str(netn
 def test_training_across_two_network_namespaces(tmp_path):
     run_dir = tmp_path / "run"
     with two_nodes() as (a, b):
-        proc = start_train(
+        rc, out = run_train(
             "configs/plan_path_tiny.yaml", run_dir, "run.iterations=3", *FAST,
             f"cluster.nodes=[{a.as_config()}, {b.as_config()}]",
             "cluster.placement={router: a, trainer: a, inference: b, env_worker: b}",
         )  # fmt: skip
-        try:
-            out, _ = proc.communicate(timeout=400)
-        finally:
-            cleanup(proc, run_dir)
-    assert proc.returncode == 0, out
+    assert rc == 0, out
     deployment = json.loads((run_dir / "deployment.json").read_text())
     where = {name: place["address"] for name, place in deployment["nodes"].items()}
     assert where == {

@@ -33,6 +33,9 @@ class Deployment:
     """policy -> checkpoint folder whose weights replace the model folder's (resumed runs only)."""
     trainer_ports: dict[str, int] = field(default_factory=dict)
     """policy -> TCPStore port of the group of its trainer ranks (policies with trainer_ranks >= 2)."""
+    keys_dir: str | None = None
+    """The run's CURVE keys folder (RUN_DIR/keys, `mas_async.runtime.curve`), None when cluster.curve is off:
+    then every socket is plain."""
 
     def weights_path(self, policy: str) -> str:
         """Where the policy's starting weights are: its checkpoint when resuming, else its model folder."""

@@ -28,6 +28,7 @@ from mas_async.config import Config, ConfigError, dump_config, load_config
 from mas_async.deployment import Deployment, free_ports, trainer_peer
 from mas_async.launch.progress import Progress
 from mas_async.launch.roles import DEFAULT_ROLES
+from mas_async.runtime.curve import prepare_keys
 
 CLEAN_EXIT_GRACE_S = 10.0
 
@@ -125,6 +126,7 @@ def prepare_deployment(
 ) -> Deployment:
     from mas_async.model_source import resolve_model
 
+    keys_dir = prepare_keys(config, run_dir)
     host = config.cluster.host
     policies = list(config.policies)
     ports = free_ports(host, 1 + 2 * len(policies))
@@ -138,6 +140,7 @@ def prepare_deployment(
         start_version=start_version,
         weights_paths={p: str(policy_checkpoint(run_dir, p, start_version)) for p in paths} if start_version else {},
         training=training,
+        keys_dir=keys_dir,
     )
     if weights is not None:
         deployment.weights_paths = weights

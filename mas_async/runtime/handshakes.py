@@ -7,11 +7,12 @@ these events (libzmq >= 4.3):
 - HANDSHAKE_FAILED_AUTH: the router's ZAP handler refused the peer's CURVE key (status 400);
 - HANDSHAKE_FAILED_PROTOCOL: the ends do not speak the same mechanism (one uses CURVE, the other not)
   or the peer's CURVE hello does not decrypt (it holds another router public key);
-- HANDSHAKE_FAILED_NO_DETAIL: the connection closed during the handshake (what a peer with the wrong
-  router public key sees: the router just hangs up).
+- HANDSHAKE_FAILED_NO_DETAIL: the connection closed during the handshake: what a peer with the wrong
+  router public key sees (the router just hangs up), and often what the router sees of a plain peer
+  (which may hang up first, on the mechanism mismatch). So the router counts all three.
 
-`RefusedHandshakes` watches the router's socket for the whole run: each refusal (AUTH or PROTOCOL) is
-counted (the `router/refused_handshakes` metric) and logged with the peer's address when libzmq tells it (ZAP does,
+`RefusedHandshakes` watches the router's socket for the whole run: each failed handshake is counted (the
+`router/refused_handshakes` metric) and logged with the peer's address when libzmq tells it (ZAP does,
 for a refused key; a protocol failure carries no address). `HandshakeWatch` watches a peer's socket
 while it waits for the router's Welcome, and turns a refusal into `HandshakeFailed` instead of a hang.
 """
@@ -36,9 +37,7 @@ log = logging.getLogger("mas_async.handshakes")
 FAILED_AUTH = int(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 FAILED_PROTOCOL = int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
 FAILED_NO_DETAIL = int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
-REFUSALS = FAILED_AUTH | FAILED_PROTOCOL
-"""What the router counts: the handshakes it refused (a peer that hung up mid-way was not refused)."""
-HANDSHAKE_FAILURES = REFUSALS | FAILED_NO_DETAIL
+HANDSHAKE_FAILURES = FAILED_AUTH | FAILED_PROTOCOL | FAILED_NO_DETAIL
 
 NO_DETAIL_LIMIT = 3
 """A peer gives up after this many handshakes that the router closed without a reason."""
@@ -84,7 +83,7 @@ class RefusedHandshakes:
         """Monitor `sock` from now on (call it before the socket binds) and return the coroutine that
         reads its refusals until cancelled (a supervised task of the router)."""
         self.authenticator = authenticator
-        return self._read(sock.get_monitor_socket(REFUSALS))
+        return self._read(sock.get_monitor_socket(HANDSHAKE_FAILURES))
 
     async def _read(self, monitor: zmq.asyncio.Socket) -> None:
         while True:

@@ -391,9 +391,11 @@ def main(argv: list[str] | None = None) -> int:
     for middle, label in MIDDLES.items():
         rounds = ", ".join(f"{r:.0f}" for r in rates[middle])
         print(f"  {label:<44} {best[middle]:>8.0f} requests/s  {best_cpu[middle]:>5.0f} us CPU/request  ({rounds})")
-    ratio, cpu_ratio = best["router"] / best[raw], best_cpu[raw] / best_cpu["router"]
-    print(f"router ratio (router / fastest raw forwarder, {raw}, requests/s): {ratio:.3f}   (target >= 0.80)")
-    print(f"router CPU ratio ({raw} / router CPU per request): {cpu_ratio:.3f}")
+    ratio = cpu_ratio = None  # --middles may leave a side out
+    if rates[raw] and rates["router"]:
+        ratio, cpu_ratio = best["router"] / best[raw], best_cpu[raw] / best_cpu["router"]
+        print(f"router ratio (router / fastest raw forwarder, {raw}, requests/s): {ratio:.3f}   (target >= 0.80)")
+        print(f"router CPU ratio ({raw} / router CPU per request): {cpu_ratio:.3f}")
     curve_ratio = curve_cpu_ratio = None
     if rates["router-curve"] and rates["router"]:
         curve_ratio = best["router-curve"] / best["router"]

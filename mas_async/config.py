@@ -255,11 +255,30 @@ class TrainerConfig(_Section):
     against the trainer's recompute under the weights that generated them (kept for the last k versions)."""
 
 
+class NodeConfig(_Section):
+    name: str
+    """How `cluster.placement` names this node."""
+    address: str
+    """The address the node's processes bind their listeners to and advertise."""
+    prefix: list[str] = Field(default_factory=list)
+    """Command prefix that runs a command on the node with this machine's files, e.g.
+    `[nsenter, --net=/run/netns/node1]` for a network namespace (local engine only)."""
+
+
+ROLE_NAMES = ("router", "trainer", "inference", "env_worker")
+
+
 class ClusterConfig(_Section):
-    engine: Literal["local"] = "local"
-    """How processes are started: local subprocesses."""
+    engine: Literal["local", "ray", "slurm"] = "local"
+    """How processes are placed and started: local subprocesses, Ray actors on a Ray cluster's nodes, or
+    SLURM steps inside an allocation (docs/cluster.md)."""
     host: str = "127.0.0.1"
-    """Interface the router and the weight-sync stores bind to."""
+    """Address of the local engine's one node when `nodes` is empty."""
+    nodes: list[NodeConfig] = Field(default_factory=list)
+    """Nodes of the local engine (default: one, at `host`)."""
+    placement: dict[str, str] = Field(default_factory=dict)
+    """Role (router, trainer, inference, env_worker) or process (inference/P/I, ...) -> node name, for
+    the local engine; unplaced processes run on the first node."""
     env_workers: int = Field(2, ge=1)
     """Number of env worker processes."""
     torch_threads: int = Field(1, ge=1)
@@ -280,6 +299,18 @@ class ClusterConfig(_Section):
     writes a key pair per run into RUN_DIR/keys (mode 0700, files 0600) and the router accepts only peers
     holding the run's client key; refused handshakes are logged and counted (router/refused_handshakes).
     false: plain sockets (anyone who can reach the router's port can talk to it)."""
+
+    @model_validator(mode="after")
+    def _placement_names_nodes_and_roles(self) -> ClusterConfig:
+        names = [n.name for n in self.nodes] or ["local"]
+        if len(set(names)) != len(names):
+            raise ValueError(f"cluster.nodes: node names must be distinct, got {names}")
+        for key, node in self.placement.items():
+            if key.split("/")[0] not in ROLE_NAMES:
+                raise ValueError(f"cluster.placement.{key}: not a role or process (roles: {', '.join(ROLE_NAMES)})")
+            if node not in names:
+                raise ValueError(f"cluster.placement.{key}={node}: no such node (nodes: {', '.join(names)})")
+        return self
 
 
 class Config(_Section):

@@ -24,7 +24,6 @@ class Deployment:
     """policy -> TCPStore port of its weight-sync group (hosted by the policy's trainer)."""
     model_paths: dict[str, str]
     """policy -> local model folder (materialised once by the launcher)."""
-    host: str = "127.0.0.1"
     start_version: int = 0
     """Weight version every process starts at (0, or the checkpoint a resumed run starts from)."""
     training: bool = True
@@ -33,9 +32,20 @@ class Deployment:
     """policy -> checkpoint folder whose weights replace the model folder's (resumed runs only)."""
     trainer_ports: dict[str, int] = field(default_factory=dict)
     """policy -> TCPStore port of the group of its trainer ranks (policies with trainer_ranks >= 2)."""
+
+    nodes: dict[str, dict[str, str]] = field(default_factory=dict)
+    """process name -> {"node": its node's name, "address": the address it binds to and advertises}."""
     keys_dir: str | None = None
     """The run's CURVE keys folder (RUN_DIR/keys, `mas_async.runtime.curve`), None when cluster.curve is off:
     then every socket is plain."""
+
+    def address(self, process: str) -> str:
+        """The address of the node `process` runs on (127.0.0.1 for a deployment without nodes)."""
+        return self.nodes[process]["address"] if process in self.nodes else "127.0.0.1"
+
+    def store_host(self, policy: str) -> str:
+        """Where `policy`'s weight-sync and trainer-rank stores listen: its trainer rank 0's node."""
+        return self.address(trainer_peer(policy, 0))
 
     def weights_path(self, policy: str) -> str:
         """Where the policy's starting weights are: its checkpoint when resuming, else its model folder."""

@@ -53,13 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command in ("train", "eval"):
+        from mas_async.launch.engines.base import EngineError
         from mas_async.launch.launcher import launch
 
         overrides = [f"eval.{o}" if o.startswith("checkpoint=") else o for o in args.overrides]
         try:
             config = load_config(args.config, overrides)
             return launch(config, mode=args.command)
-        except (ConfigError, RegistryError, GGUFImportError) as e:
+        except (ConfigError, RegistryError, GGUFImportError, EngineError) as e:
             print(f"mas-async: {e}", file=sys.stderr)
             return 2
     if args.command == "models":

@@ -1,13 +1,16 @@
-"""The launcher: starts every process of a run on this machine, watches them, and tears them down.
+"""The launcher: places every process of a run on a node, starts them, watches them, tears them down.
 
-`launch(config)` prepares the run directory (resolved config, deployment.json with endpoints and model
-folders, one log file per process), materialises built-in models once, then starts the router,
-`trainer_ranks` trainer processes and `replicas` inference servers per policy, and `cluster.env_workers` env workers, each as
-`python -m mas_async.launch.process ROLE ...` in its own session (the actor comes from a role -> factory
-map, `mas_async.launch.roles.ROLES`; benchmarks start their own actors through the same function). It shows live progress from metrics.jsonl. If any
-process fails (or exits before the router finished the run), every other process is stopped and the
-failed role is named with the tail of its log; the exit status is non-zero. Ctrl-C (or SIGTERM) stops
-everything within seconds: SIGTERM to each child's process group by pid, SIGKILL after a grace period.
+`launch(config)` prepares the run directory (resolved config, one log file per process), materialises
+built-in models once, asks the engine of `cluster.engine` (`mas_async.launch.engines`: local
+subprocesses, Ray or SLURM) where each process runs, writes deployment.json (every process's node and
+address, the listeners' endpoints and ports, model folders), then starts the router, `trainer_ranks`
+trainers and `replicas` inference servers per policy and `cluster.env_workers` env workers, each as
+`python -m mas_async.launch.process ROLE ...` (the actor comes from a role -> factory map,
+`mas_async.launch.roles.ROLES`; benchmarks start their own actors through the same functions). It shows
+live progress from metrics.jsonl. If any process fails (or exits before the router finished the run),
+every other process is stopped and the failed role is named with its node and the tail of its log; the
+exit status is non-zero. Ctrl-C (or SIGTERM) stops everything within seconds: SIGTERM to each child and
+what it started, SIGKILL after a grace period, then the engine releases what it holds.
 """
 
 from __future__ import annotations
@@ -15,35 +18,23 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from mas_async.checkpoint import complete_versions, latest_complete, load_best, policy_checkpoint
 from mas_async.config import Config, ConfigError, dump_config, load_config
-from mas_async.deployment import Deployment, free_ports, trainer_peer
+from mas_async.deployment import Deployment, trainer_peer
+from mas_async.launch.engines.base import Child, Engine, Node, ProcessSpec
+from mas_async.launch.engines.local import LocalEngine
+from mas_async.launch.engines.registry import open_engine
 from mas_async.launch.progress import Progress
 from mas_async.launch.roles import DEFAULT_ROLES
 from mas_async.runtime.curve import prepare_keys
 
 CLEAN_EXIT_GRACE_S = 10.0
-
-
-@dataclass
-class Child:
-    name: str
-    proc: subprocess.Popen
-    log_path: Path
-
-    def tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
 
 
 def model_cache_dir() -> Path:
@@ -122,24 +113,41 @@ def eval_weights(config: Config) -> tuple[dict[str, str], int]:
 
 
 def prepare_deployment(
-    config: Config, run_dir: Path, start_version: int = 0, training: bool = True, weights: dict[str, str] | None = None
+    config: Config,
+    run_dir: Path,
+    start_version: int = 0,
+    training: bool = True,
+    weights: dict[str, str] | None = None,
+    engine: Engine | None = None,
 ) -> Deployment:
+    """Place every process on a node (the engine decides), take the listeners' ports on their nodes, and
+    write deployment.json: the router listens on its node, each policy's stores on its trainer rank 0's."""
     from mas_async.model_source import resolve_model
 
     keys_dir = prepare_keys(config, run_dir)
-    host = config.cluster.host
+    engine = engine or LocalEngine(config)
+    specs = process_specs(config, training)
+    placement = engine.place(specs)
     policies = list(config.policies)
-    ports = free_ports(host, 1 + 2 * len(policies))
+    listeners = {"router": 1, **{trainer_peer(p): 2 for p in policies}}  # a policy's weight and rank stores
+    ports: dict[str, list[int]] = {}
+    # Without trainers (eval) nothing listens on a policy's ports; they are taken on the router's node.
+    node_of = {name: placement.get(name, placement["router"]) for name in listeners}
+    for node in set(node_of.values()):
+        on_node = [name for name in listeners if node_of[name] == node]
+        free = engine.free_ports(node, sum(listeners[name] for name in on_node))
+        for name in on_node:
+            ports[name], free = free[: listeners[name]], free[listeners[name] :]
     paths = {name: str(resolve_model(spec.model, model_cache_dir())) for name, spec in config.policies.items()}
     deployment = Deployment(
-        router_endpoint=f"tcp://{host}:{ports[0]}",
-        weight_ports=dict(zip(policies, ports[1 : 1 + len(policies)], strict=True)),
-        trainer_ports=dict(zip(policies, ports[1 + len(policies) :], strict=True)),
+        router_endpoint=f"tcp://{placement['router'].address}:{ports['router'][0]}",
+        weight_ports={p: ports[trainer_peer(p)][0] for p in policies},
+        trainer_ports={p: ports[trainer_peer(p)][1] for p in policies},
         model_paths=paths,
-        host=host,
         start_version=start_version,
         weights_paths={p: str(policy_checkpoint(run_dir, p, start_version)) for p in paths} if start_version else {},
         training=training,
+        nodes={name: {"node": node.name, "address": node.address} for name, node in placement.items()},
         keys_dir=keys_dir,
     )
     if weights is not None:
@@ -148,17 +156,19 @@ def prepare_deployment(
     return deployment
 
 
-def process_specs(config: Config, training: bool = True) -> list[tuple[str, list[str]]]:
-    """(name, arguments after the run dir) for every process, router first."""
-    specs: list[tuple[str, list[str]]] = [("router", ["router"])]
+def process_specs(config: Config, training: bool = True) -> list[ProcessSpec]:
+    """Every process of the run, router first; trainers only when training."""
+    specs = [ProcessSpec("router", "router", ())]
     for policy, spec in config.policies.items():
-        if training:
-            for rank in range(spec.trainer_ranks):
-                specs.append((trainer_peer(policy, rank), ["trainer", "--policy", policy, "--index", str(rank)]))
+        for rank in range(spec.trainer_ranks if training else 0):
+            args = ("--policy", policy, "--index", str(rank))
+            specs.append(ProcessSpec(trainer_peer(policy, rank), "trainer", args, policy))
         for r in range(spec.replicas):
-            specs.append((f"inference/{policy}/{r}", ["inference", "--policy", policy, "--index", str(r)]))
+            specs.append(
+                ProcessSpec(f"inference/{policy}/{r}", "inference", ("--policy", policy, "--index", str(r)), policy)
+            )
     for i in range(config.cluster.env_workers):
-        specs.append((f"env_worker/{i}", ["env_worker", "--index", str(i)]))
+        specs.append(ProcessSpec(f"env_worker/{i}", "env_worker", ("--index", str(i))))
     return specs
 
 
@@ -169,52 +179,37 @@ def start_children(
     *,
     roles: str = DEFAULT_ROLES,
     options: dict[str, Any] | None = None,
+    engine: Engine | None = None,
 ) -> list[Child]:
-    """Start every process of the deployment, router first, each as `python -m mas_async.launch.process`
-    building its actor from the role map `roles` ("module:ATTR"; a benchmark passes its own) with the
-    keyword `options`; one log per process, each in its own session (torn down by pid)."""
-    children = []
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(config.cluster.torch_threads))
+    """Start every process of the deployment on its node (deployment.json), router first, each as
+    `python -m mas_async.launch.process` building its actor from the role map `roles` ("module:ATTR"; a
+    benchmark passes its own) with the keyword `options`; one log per process."""
+    engine = engine or LocalEngine(config)
+    deployment = Deployment.load(run_dir / "deployment.json")
+    env = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(config.cluster.torch_threads)}
     extra = ["--roles", roles, "--options", json.dumps(options or {})]
-    for name, args in process_specs(config, training):
-        log_path = run_dir / "logs" / f"{name.replace('/', '-')}.log"
-        with log_path.open("ab") as log_file:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "mas_async.launch.process", args[0], str(run_dir), *args[1:], *extra],
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                env=env,
-            )
-        children.append(Child(name, proc, log_path))
-    (run_dir / "pids.json").write_text(json.dumps({c.name: c.proc.pid for c in children}, indent=2))
+    children = []
+    for spec in process_specs(config, training):
+        place = deployment.nodes[spec.name]
+        command = [sys.executable, "-m", "mas_async.launch.process", spec.role, str(run_dir), *spec.args, *extra]
+        log_path = run_dir / "logs" / f"{spec.name.replace('/', '-')}.log"
+        children.append(engine.start(spec, Node(place["node"], place["address"]), command, env, log_path))
+    # name -> pid on its node (deployment.json says which node): what a test or an operator kills by pid.
+    (run_dir / "pids.json").write_text(json.dumps({c.name: c.pid for c in children}, indent=2))
     return children
 
 
 def stop_children(children: list[Child], grace_s: float = 5.0) -> None:
-    """SIGTERM every child's process group, then SIGKILL whatever is left after `grace_s`."""
+    """SIGTERM every child (and what it started), then SIGKILL whatever is left after `grace_s`."""
     for child in children:
-        if child.proc.poll() is None:
-            _signal_group(child.proc.pid, signal.SIGTERM)
+        child.terminate()
     deadline = time.monotonic() + grace_s
     for child in children:
-        try:
-            child.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
+        child.wait(max(0.0, deadline - time.monotonic()))
     for child in children:
-        # The group may hold grandchildren (sandboxes) even after the child itself exited.
-        _signal_group(child.proc.pid, signal.SIGKILL)
-        if child.proc.poll() is None:
-            child.proc.wait(timeout=5)
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+        child.kill()
+        if child.poll() is None:
+            child.wait(5)
 
 
 def supervise(children: list[Child], run_dir: Path, progress: Progress) -> int:
@@ -226,17 +221,17 @@ def supervise(children: list[Child], run_dir: Path, progress: Progress) -> int:
     clean_exits: dict[str, float] = {}
     while True:
         progress.update()
-        rc = router.proc.poll()
+        rc = router.poll()
         if rc == 0:
             deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and any(c.proc.poll() is None for c in children):
+            while time.monotonic() < deadline and any(c.poll() is None for c in children):
                 time.sleep(0.2)
             stop_children(children)
             progress.finish()
             return 0
         now = time.monotonic()
         for child in children:
-            code = child.proc.poll()
+            code = child.poll()
             if code is None or (code == 0 and child is router):
                 continue
             if code == 0 and now - clean_exits.setdefault(child.name, now) < CLEAN_EXIT_GRACE_S:
@@ -244,7 +239,7 @@ def supervise(children: list[Child], run_dir: Path, progress: Progress) -> int:
             progress.finish()
             stop_children(children)
             why = f"exited with status {code}" if code != 0 else "exited before the run finished"
-            print(f"\nmas-async: {child.name} (pid {child.proc.pid}) {why}. Last lines of {child.log_path}:\n")
+            print(f"\nmas-async: {child.name} ({child.where()}) {why}. Last lines of {child.log_path}:\n")
             print(child.tail())
             print(f"\nAll processes were stopped. Logs: {run_dir / 'logs'}", file=sys.stderr)
             return 1
@@ -269,9 +264,19 @@ def launch(config: Config, mode: str = "train") -> int:
     else:
         run_dir, start_version = prepare_run_dir(config), 0
     training = mode == "train"
-    prepare_deployment(config, run_dir, start_version, training, weights)
+    engine = open_engine(config)
+    try:
+        return _run(config, run_dir, start_version, training, weights, engine)
+    finally:
+        engine.close()
+
+
+def _run(
+    config: Config, run_dir: Path, start_version: int, training: bool, weights: dict[str, str] | None, engine: Engine
+) -> int:
+    prepare_deployment(config, run_dir, start_version, training, weights, engine)
     progress = Progress(config, run_dir)
-    children = start_children(config, run_dir, training)
+    children = start_children(config, run_dir, training, engine=engine)
     # Explicit handlers: a launcher started in the background of a script inherits SIGINT as ignored,
     # and Python then installs no KeyboardInterrupt handler; Ctrl-C and SIGTERM must always stop the run.
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -285,5 +290,5 @@ def launch(config: Config, mode: str = "train") -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        if any(c.proc.poll() is None for c in children):
+        if any(c.poll() is None for c in children):
             stop_children(children, grace_s=1.0)

@@ -52,7 +52,7 @@ def run_rollout(config: Config, *, warmup: int, timeout_s: float, roles: str = R
     try:
         wait_for_router(children, timeout_s)
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(c.proc.poll() is None for c in children):
+        while time.monotonic() < deadline and any(c.poll() is None for c in children):
             time.sleep(0.1)
     finally:
         stop_children(children)
@@ -64,14 +64,14 @@ def wait_for_router(children: list[Child], timeout_s: float) -> None:
     with its log tail, or the timeout."""
     router = children[0]
     deadline = time.monotonic() + timeout_s
-    while router.proc.poll() is None:
-        failed = [c for c in children if c.proc.poll() not in (None, 0)]
+    while router.poll() is None:
+        failed = [c for c in children if c.poll() not in (None, 0)]
         if failed or time.monotonic() > deadline:
             culprit = failed[0] if failed else router
-            why = f"exited with status {culprit.proc.returncode}" if failed else f"ran past {timeout_s:.0f}s"
+            why = f"exited with status {culprit.poll()}" if failed else f"ran past {timeout_s:.0f}s"
             raise RuntimeError(f"{culprit.name} {why}; last lines of {culprit.log_path}:\n{culprit.tail()}")
         time.sleep(0.1)
-    if router.proc.returncode != 0:
+    if router.poll() != 0:
         raise RuntimeError(f"the router failed; last lines of {router.log_path}:\n{router.tail()}")
 
 

@@ -14,12 +14,16 @@ timeout.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from mas_async.network import LOOPBACK_HOSTS, interface_of, local_address_towards
+from mas_async.weights.store import open_store
 
 
 class RankGroupError(RuntimeError):
@@ -46,7 +50,10 @@ class DataParallel:
         backend = "nccl" if device.startswith("cuda") else "gloo"
         timeout = timedelta(seconds=timeout_s)
         try:
-            store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
+            store = open_store(host, port, world_size, is_master=rank == 0, timeout_s=timeout_s, wait_for_workers=True)
+            if backend == "gloo" and host not in LOOPBACK_HOSTS:
+                # The default group's gloo takes its interface from the environment only.
+                os.environ.setdefault("GLOO_SOCKET_IFNAME", interface_of(local_address_towards(host)))
             dist.init_process_group(
                 backend, store=dist.PrefixStore(f"trainers/{policy}", store), rank=rank, world_size=world_size,
                 timeout=timeout,

@@ -72,7 +72,7 @@ class Trainer(Peer):
         self.dp = None
         if ranks > 1:
             self.dp = DataParallel.join(
-                policy=policy, device=config.policies[policy].device, host=deployment.host,
+                policy=policy, device=config.policies[policy].device, host=deployment.store_host(policy),
                 port=deployment.trainer_ports[policy], rank=rank, world_size=ranks,
                 timeout_s=config.trainer.group_timeout_s,
             )  # fmt: skip

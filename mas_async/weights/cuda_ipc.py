@@ -40,6 +40,7 @@ import torch.distributed as dist
 from mas_async.weights.group import ManifestMismatch, dtype_name, parse_dtype
 from mas_async.weights.receiver import check_manifest
 from mas_async.weights.sender import contiguous_region
+from mas_async.weights.store import open_store
 
 Handle = dict[str, Any]
 """A shared buffer as it travels on the control channel (msgpack-able)."""
@@ -90,9 +91,7 @@ def open_ipc_channel(
     (host, port), ranks 1..world_size-1 (its servers) connect to it, retrying until `timeout_s`."""
     if world_size < 2 or not 0 <= rank < world_size:
         raise ValueError(f"need world_size >= 2 and 0 <= rank < world_size, got rank {rank} of {world_size}")
-    store = dist.TCPStore(
-        host, port, world_size, is_master=rank == 0, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
-    )
+    store = open_store(host, port, world_size, is_master=rank == 0, timeout_s=timeout_s)
     return dist.PrefixStore(f"weights/{policy}/ipc", store)  # keeps the TCPStore (and rank 0's server) alive
 
 

@@ -18,12 +18,18 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from mas_async.network import local_address_towards
+from mas_async.weights.store import open_store
+
 if TYPE_CHECKING:
     from mas_async.config import Config
     from mas_async.deployment import Deployment
 
 WEIGHT_BACKENDS = ("gloo", "nccl")
-_LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+class WeightGroupError(RuntimeError):
+    """A rank could not join its policy's weight group in time (says which policy, rank and store)."""
 
 
 class ManifestMismatch(ValueError):
@@ -74,17 +80,30 @@ def open_weight_group(
         raise ValueError(f"unknown weight-sync backend {backend!r}; known: {list(WEIGHT_BACKENDS)}")
     if world_size < 2 or not 0 <= rank < world_size:
         raise ValueError(f"need world_size >= 2 and 0 <= rank < world_size, got rank {rank} of {world_size}")
+    try:
+        return _join(
+            policy=policy, backend=backend, host=host, port=port, rank=rank, world_size=world_size, timeout_s=timeout_s
+        )
+    except (RuntimeError, dist.DistError) as e:
+        if isinstance(e, WeightGroupError):
+            raise
+        raise WeightGroupError(
+            f"rank {rank} of policy {policy!r}'s weight group ({backend}, {world_size} ranks, store at {host}:{port}) "
+            f"could not join within {timeout_s:g}s: {e}"
+        ) from e
+
+
+def _join(
+    *, policy: str, backend: str, host: str, port: int, rank: int, world_size: int, timeout_s: float
+) -> WeightGroup:
     timeout = timedelta(seconds=timeout_s)
-    tcp_store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout, wait_for_workers=False)
+    tcp_store = open_store(host, port, world_size, is_master=rank == 0, timeout_s=timeout_s)
     store = dist.PrefixStore(f"weights/{policy}", tcp_store)
     if backend == "gloo":
         options = dist.ProcessGroupGloo._Options()
         options._timeout = timeout
-        # On one machine, pin gloo to loopback rather than whatever the hostname resolves to.
-        if host in _LOOPBACK_HOSTS:
-            options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
-        else:
-            options._devices = [dist.ProcessGroupGloo.create_default_device()]
+        # Pin gloo to the address that reaches the store, not whatever the host name resolves to.
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname=local_address_towards(host))]
         pg = dist.ProcessGroupGloo(store, rank, world_size, options)
         device = torch.device("cpu")
     else:
@@ -140,7 +159,7 @@ class WeightGroupSpec:
         return cls(
             policy=policy,
             backend=weight_backend(config, policy),
-            host=deployment.host,
+            host=deployment.store_host(policy),
             port=deployment.weight_ports[policy],
             world_size=1 + config.policies[policy].replicas,
         )

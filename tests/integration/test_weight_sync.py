@@ -270,3 +270,13 @@ def test_an_adopting_engine_is_updated_without_touching_the_weights_it_serves() 
     _assert_exact(adopting[4]["before"], 3)
     _assert_exact(adopting[3]["before"], 1)
     assert adopting[3]["ptr"] != adopting[1]["ptr"] and adopting[4]["ptr"] == adopting[1]["ptr"]
+
+
+def test_a_rank_whose_store_never_answers_gets_a_named_error():
+    """No rank 0 ever listens: rank 1 gives up after its timeout, naming the policy, rank and store."""
+    from mas_async.deployment import free_ports
+    from mas_async.weights.group import WeightGroupError
+
+    port = free_ports("127.0.0.1", 1)[0]
+    with pytest.raises(WeightGroupError, match=rf"rank 1 of policy 'pi'.*store at 127.0.0.1:{port}.*within 2s"):
+        open_weight_group(policy="pi", backend="gloo", host="127.0.0.1", port=port, rank=1, world_size=2, timeout_s=2)

@@ -13,9 +13,12 @@ of every message, balances by outstanding requests, keeps the pending map, and f
 undecoded), or one of two raw forwarders that route frames between fixed pairs (client i <-> server i)
 with no decoding at all: a ROUTER socket on uvloop + zmq.asyncio awaiting each message ("raw"), and a
 ROUTER socket in a blocking pyzmq loop ("raw-sync"). The ratio is taken against the faster of the two.
+The real router runs twice: with plain sockets ("router", the ratio above) and with CURVE ("router-curve":
+the run's keys, every client and server a CURVE client, the router's ZAP handler checking each key), which
+gives the cost of CURVE: router-curve / router requests/s (target >= 0.90, i.e. CURVE costs at most 10%).
 Each middle runs `--rounds` times, in turn; the best round of each counts (this machine is shared).
 
-    python bench/router.py                # prints both requests/s and the ratio (target >= 0.8)
+    python bench/router.py                # prints the requests/s of each, the ratio (target >= 0.8) and the CURVE ratio
     python bench/router.py --smoke        # seconds; run by the tests
 """
 
@@ -37,6 +40,7 @@ from typing import Any
 import numpy as np
 import zmq
 
+from mas_async.runtime.curve import secure_client
 from mas_async.wire.codec import pack, unpack
 from mas_async.wire.messages import (
     PROTOCOL_VERSION,
@@ -65,12 +69,15 @@ def server_name(i: int) -> str:
     return f"inference/{POLICY}/{i}"
 
 
-def _socket(ctx: zmq.Context, identity: str, endpoint: str) -> zmq.Socket:
+def _socket(ctx: zmq.Context, identity: str, endpoint: str, keys_dir: str | None) -> zmq.Socket:
+    """A DEALER connected to the middle; a CURVE client with the run's keys when `keys_dir` is given."""
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.IDENTITY, identity.encode())
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, 100_000)
     sock.setsockopt(zmq.RCVHWM, 100_000)
+    if keys_dir is not None:
+        secure_client(sock, keys_dir)
     sock.connect(endpoint)
     return sock
 
@@ -87,12 +94,14 @@ def _join(sock: zmq.Socket, role: str, identity: str, capacity: int) -> None:
         raise RuntimeError(f"{identity}: expected Welcome, got {type(reply).__name__}")
 
 
-def echo_server(endpoint: str, index: int, join: bool, n: int, completion_tokens: int, ready: Any) -> None:
+def echo_server(
+    endpoint: str, keys_dir: str | None, index: int, join: bool, n: int, completion_tokens: int, ready: Any
+) -> None:
     """Answer every Generate at once with n pre-encoded completions."""
     completion = [np.zeros(completion_tokens, np.int32), np.zeros(completion_tokens, np.float32), 0, "length"]
     payload = encode(GenerateResult(0, "", "", [completion] * n))[2]
     ctx = zmq.Context()
-    sock = _socket(ctx, server_name(index), endpoint)
+    sock = _socket(ctx, server_name(index), endpoint, keys_dir)
     if join:
         _join(sock, "inference", server_name(index), 1 << 20)
         ready.put(index)
@@ -108,6 +117,7 @@ def echo_server(endpoint: str, index: int, join: bool, n: int, completion_tokens
 
 def client(
     endpoint: str,
+    keys_dir: str | None,
     index: int,
     join: bool,
     window: int,
@@ -123,7 +133,7 @@ def client(
     request = Generate(0, POLICY, name, 0.0, np.arange(prompt_tokens, dtype=np.int32) % 50, n, 32, 1.0, 1.0, False, [0])
     payload = encode(request)[2]
     ctx = zmq.Context()
-    sock = _socket(ctx, name, endpoint)
+    sock = _socket(ctx, name, endpoint, keys_dir)
     if join:
         _join(sock, "env_worker", name, 1)
     if not go.wait(120):
@@ -197,10 +207,12 @@ def raw_sync_forwarder(endpoint: str, pairs: int, ready: Any) -> None:
         sock.send_multipart([route[frames[0].bytes], *frames[1:]], copy=False)
 
 
-def start_router(run_dir: Path, pairs: int) -> tuple[str, subprocess.Popen]:
-    """The real router as its own process, configured for `pairs` env workers and inference replicas."""
+def start_router(run_dir: Path, pairs: int, curve: bool) -> tuple[str, str | None, subprocess.Popen]:
+    """The real router as its own process, configured for `pairs` env workers and inference replicas;
+    returns its endpoint, the run's keys folder (`curve`, else None) and the process."""
     from mas_async.config import dump_config, load_config
     from mas_async.deployment import Deployment, free_ports
+    from mas_async.runtime.curve import prepare_keys
 
     overrides = [
         f"run.output_dir={run_dir}",
@@ -212,12 +224,14 @@ def start_router(run_dir: Path, pairs: int) -> tuple[str, subprocess.Popen]:
         f"policies.{POLICY}.replicas={pairs}",
         "cluster.peer_timeout_s=3600",
         "rollout.episode_timeout_s=3600",
+        f"cluster.curve={str(curve).lower()}",
     ]
     config = load_config(ROOT / "configs" / "plan_path_tiny_shared.yaml", overrides)
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     dump_config(config, run_dir / "config.yaml")
     endpoint = f"tcp://127.0.0.1:{free_ports('127.0.0.1', 1)[0]}"
-    Deployment(endpoint, {POLICY: 0}, {POLICY: ""}).save(run_dir / "deployment.json")
+    keys_dir = prepare_keys(config, run_dir)
+    Deployment(endpoint, {POLICY: 0}, {POLICY: ""}, keys_dir=keys_dir).save(run_dir / "deployment.json")
     with (run_dir / "logs" / "router.log").open("ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "mas_async.launch.process", "router", str(run_dir)],
@@ -226,7 +240,7 @@ def start_router(run_dir: Path, pairs: int) -> tuple[str, subprocess.Popen]:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-    return endpoint, proc
+    return endpoint, keys_dir, proc
 
 
 def measure(args: argparse.Namespace, middle: str, run_dir: Path) -> tuple[float, float]:
@@ -239,11 +253,13 @@ def measure(args: argparse.Namespace, middle: str, run_dir: Path) -> tuple[float
     out, ready, go = spawn.Queue(), spawn.Queue(), spawn.Event()
     procs: list[Any] = []
     router = None
-    join = middle == "router"
+    join = middle in ("router", "router-curve")
+    keys_dir = None
     try:
         if join:
-            endpoint, router = start_router(run_dir, args.pairs)
-            trainer = _socket(zmq.Context.instance(), f"trainer/{POLICY}", endpoint)  # the router waits for it
+            endpoint, keys_dir, router = start_router(run_dir, args.pairs, curve=middle == "router-curve")
+            # The router waits for every peer of its deployment, its trainer included.
+            trainer = _socket(zmq.Context.instance(), f"trainer/{POLICY}", endpoint, keys_dir)
         else:
             endpoint = f"tcp://127.0.0.1:{free_ports('127.0.0.1', 1)[0]}"
             target = raw_forwarder if middle == "raw" else raw_sync_forwarder
@@ -251,13 +267,16 @@ def measure(args: argparse.Namespace, middle: str, run_dir: Path) -> tuple[float
         for i in range(args.pairs):
             procs.append(
                 spawn.Process(
-                    target=echo_server, args=(endpoint, i, join, args.n, args.completion_tokens, ready), daemon=True
+                    target=echo_server,
+                    args=(endpoint, keys_dir, i, join, args.n, args.completion_tokens, ready),
+                    daemon=True,
                 )
             )
+        load = (args.window, args.n, args.prompt_tokens, args.warmup, args.seconds, go, out)
         clients = [
             spawn.Process(
                 target=client,
-                args=(endpoint, i, join, args.window, args.n, args.prompt_tokens, args.warmup, args.seconds, go, out),
+                args=(endpoint, keys_dir, i, join, *load),
                 daemon=True,
             )
             for i in range(args.pairs)
@@ -328,6 +347,7 @@ MIDDLES = {
     "raw": "raw pyzmq forwarder (uvloop + zmq.asyncio)",
     "raw-sync": "raw pyzmq forwarder (blocking loop)",
     "router": "mas-async router",
+    "router-curve": "mas-async router, CURVE on every socket",
 }
 
 
@@ -371,9 +391,17 @@ def main(argv: list[str] | None = None) -> int:
     for middle, label in MIDDLES.items():
         rounds = ", ".join(f"{r:.0f}" for r in rates[middle])
         print(f"  {label:<44} {best[middle]:>8.0f} requests/s  {best_cpu[middle]:>5.0f} us CPU/request  ({rounds})")
-    ratio, cpu_ratio = best["router"] / best[raw], best_cpu[raw] / best_cpu["router"]
-    print(f"router ratio (router / fastest raw forwarder, {raw}, requests/s): {ratio:.3f}   (target >= 0.80)")
-    print(f"router CPU ratio ({raw} / router CPU per request): {cpu_ratio:.3f}")
+    ratio = cpu_ratio = None  # --middles may leave a side out
+    if rates[raw] and rates["router"]:
+        ratio, cpu_ratio = best["router"] / best[raw], best_cpu[raw] / best_cpu["router"]
+        print(f"router ratio (router / fastest raw forwarder, {raw}, requests/s): {ratio:.3f}   (target >= 0.80)")
+        print(f"router CPU ratio ({raw} / router CPU per request): {cpu_ratio:.3f}")
+    curve_ratio = curve_cpu_ratio = None
+    if rates["router-curve"] and rates["router"]:
+        curve_ratio = best["router-curve"] / best["router"]
+        curve_cpu_ratio = best_cpu["router"] / best_cpu["router-curve"]
+        print(f"CURVE ratio (router with CURVE / router without, requests/s): {curve_ratio:.3f}   (target >= 0.90)")
+        print(f"CURVE CPU ratio (router without / with CURVE, CPU per request): {curve_cpu_ratio:.3f}")
     if args.json:
         result = {
             "bench": "router",
@@ -384,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
             "baseline": raw,
             "ratio": ratio,
             "cpu_ratio": cpu_ratio,
+            "curve_ratio": curve_ratio,
+            "curve_cpu_ratio": curve_cpu_ratio,
         }
         args.json.write_text(json.dumps(result, indent=1, default=str))
     return 0

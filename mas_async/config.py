@@ -294,6 +294,11 @@ class ClusterConfig(_Section):
     when the trainer and its servers are on one GPU (NCCL refuses two ranks on one device), nccl when
     they are on different GPUs (or vLLM places the servers and CUDA exists), gloo on the CPU. gloo
     works everywhere (through host memory); nccl and cuda_ipc are checked against the devices."""
+    curve: bool = True
+    """Authenticate and encrypt every ZeroMQ socket of the run with CURVE (loopback included): the launcher
+    writes a key pair per run into RUN_DIR/keys (mode 0700, files 0600) and the router accepts only peers
+    holding the run's client key; refused handshakes are logged and counted (router/refused_handshakes).
+    false: plain sockets (anyone who can reach the router's port can talk to it)."""
 
     @model_validator(mode="after")
     def _placement_names_nodes_and_roles(self) -> ClusterConfig:

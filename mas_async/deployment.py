@@ -35,6 +35,9 @@ class Deployment:
 
     nodes: dict[str, dict[str, str]] = field(default_factory=dict)
     """process name -> {"node": its node's name, "address": the address it binds to and advertises}."""
+    keys_dir: str | None = None
+    """The run's CURVE keys folder (RUN_DIR/keys, `mas_async.runtime.curve`), None when cluster.curve is off:
+    then every socket is plain."""
 
     def address(self, process: str) -> str:
         """The address of the node `process` runs on (127.0.0.1 for a deployment without nodes)."""

@@ -41,6 +41,8 @@ class Keys:
     ELAPSED_S = "time/elapsed_s"
     LATE_GROUPS = "router/late_groups"
     MALFORMED = "router/malformed"
+    REFUSED_HANDSHAKES = "router/refused_handshakes"
+    """ZeroMQ handshakes the router refused so far (a peer without the run's CURVE key; see runtime/handshakes.py)."""
     LOGPROB_DIFF = "logprob_abs_diff"
     VERSION_MISMATCH = "version_mismatch"
 

@@ -54,6 +54,7 @@ class InferenceServer(Peer):
             heartbeat_s=cluster.heartbeat_s,
             peer_timeout_s=cluster.peer_timeout_s,
             startup_timeout_s=cluster.startup_timeout_s,
+            keys_dir=deployment.keys_dir,
         )
         self.cfg = config
         self.deployment = deployment

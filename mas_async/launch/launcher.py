@@ -32,6 +32,7 @@ from mas_async.launch.engines.local import LocalEngine
 from mas_async.launch.engines.registry import open_engine
 from mas_async.launch.progress import Progress
 from mas_async.launch.roles import DEFAULT_ROLES
+from mas_async.runtime.curve import prepare_keys
 
 CLEAN_EXIT_GRACE_S = 10.0
 
@@ -123,6 +124,7 @@ def prepare_deployment(
     write deployment.json: the router listens on its node, each policy's stores on its trainer rank 0's."""
     from mas_async.model_source import resolve_model
 
+    keys_dir = prepare_keys(config, run_dir)
     engine = engine or LocalEngine(config)
     specs = process_specs(config, training)
     placement = engine.place(specs)
@@ -146,6 +148,7 @@ def prepare_deployment(
         weights_paths={p: str(policy_checkpoint(run_dir, p, start_version)) for p in paths} if start_version else {},
         training=training,
         nodes={name: {"node": node.name, "address": node.address} for name, node in placement.items()},
+        keys_dir=keys_dir,
     )
     if weights is not None:
         deployment.weights_paths = weights

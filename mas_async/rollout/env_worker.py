@@ -74,6 +74,7 @@ class EnvWorker(Peer):
             heartbeat_s=cluster.heartbeat_s,
             peer_timeout_s=cluster.peer_timeout_s,
             startup_timeout_s=cluster.startup_timeout_s,
+            keys_dir=deployment.keys_dir,
         )
         self.cfg = config
         self.env_cls = resolve(config.env.name, ENVS, "env")

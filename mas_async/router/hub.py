@@ -42,6 +42,8 @@ from mas_async.router.idle import IdleTimer
 from mas_async.router.peers import PeerInfo, PeerTable
 from mas_async.router.report import iteration_row
 from mas_async.runtime.actor import Actor, PeerDead, make_socket
+from mas_async.runtime.curve import RunAuthenticator, secure_server
+from mas_async.runtime.handshakes import RefusedHandshakes
 from mas_async.runtime.router_socket import RouterSocket
 from mas_async.wire.codec import CodecError
 from mas_async.wire.messages import (
@@ -112,6 +114,8 @@ class Router(Actor):
         self.metrics = MetricsWriter(run_dir / "metrics.jsonl")
         self.started = time.monotonic()
         self._step_done = asyncio.Event()
+        self.refusals = RefusedHandshakes()
+        """ZeroMQ handshakes refused so far (peers without the run's CURVE key), a logged counter."""
         self.best = load_best(run_dir) if deployment.training else None
         """{"version", "score"} of the best held-out evaluation so far (its checkpoint is kept)."""
 
@@ -125,10 +129,19 @@ class Router(Actor):
         """Socket: ROUTER bound at the deployment's endpoint, driven by `RouterSocket` (plain pyzmq
         calls woken by the event loop). ROUTER_MANDATORY makes a send to an unknown or vanished
         identity an error (logged) instead of a silent drop; at the high-water mark sends wait in an
-        outbox rather than drop."""
+        outbox rather than drop. With the deployment's keys it is a CURVE server whose context's ZAP
+        handler accepts only the run's client key (started before the bind, so no handshake goes
+        unchecked); every refused handshake is counted and logged, and the run goes on."""
         assert self.ctx is not None
         sock = make_socket(self.ctx, zmq.ROUTER)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        authenticator = None
+        if self.deployment.keys_dir is not None:
+            secure_server(sock, self.deployment.keys_dir)
+            authenticator = RunAuthenticator(self.ctx, self.deployment.keys_dir)
+            authenticator.start()
+            self.spawn(authenticator.serve(), "zap")
+        self.spawn(self.refusals.watch(sock, authenticator), "refused-handshakes")
         sock.bind(self.deployment.router_endpoint)
         self.io = RouterSocket(zmq.Socket.shadow(sock.underlying), self._on_frames)
         self._sock = sock  # owns the socket (closed with the context)
@@ -403,7 +416,8 @@ class Router(Actor):
         now = time.monotonic()
         row = iteration_row(
             book, eval_k=self.cfg.eval.k, train=train, trained=trained, version=book.version, rollout_s=rollout_s,
-            step_s=step_s, malformed=self.malformed, elapsed_s=now - self.started,
+            step_s=step_s, malformed=self.malformed, refused_handshakes=self.refusals.count,
+            elapsed_s=now - self.started,
         )  # fmt: skip
         # The overlap of rollouts and steps: the trainers wait for the rollout (wait_s) in every mode;
         # the servers are idle while no episode runs (the step of a strict run, env-bound stretches).

@@ -6,8 +6,9 @@ peer or a failed handler is a named error, never a hang). Teardown closes every 
 the context with a hard timeout before the process exits: zero-copy sends crash a process that exits
 with a live context.
 
-`Peer` is an actor with one DEALER socket connected to the router. Its life: connect, send Hello (role,
-id, policy, capacity, protocol version), wait for Welcome, then run its work while a heartbeat task
+`Peer` is an actor with one DEALER socket connected to the router (a CURVE client when the deployment
+has keys: `mas_async.runtime.curve`). Its life: connect, send Hello (role, id, policy, capacity, protocol
+version), wait for Welcome (a refused handshake is `HandshakeFailed`, not a hang), then run its work while a heartbeat task
 sends a Heartbeat every `heartbeat_s` and declares the router dead after `peer_timeout_s` of silence.
 Socket IO lives in its own tasks: the receive task decodes and dispatches, the send task drains a queue,
 so handlers never await a socket. Blocking calls (torch compute, torch.distributed collectives) go to
@@ -29,6 +30,8 @@ import uvloop
 import zmq
 import zmq.asyncio
 
+from mas_async.runtime.curve import secure_client
+from mas_async.runtime.handshakes import HandshakeWatch
 from mas_async.wire.codec import MAX_FRAME_BYTES, CodecError
 from mas_async.wire.messages import (
     PROTOCOL_VERSION,
@@ -151,7 +154,8 @@ class Peer(Actor):
 
     Socket: DEALER, identity = peer_id, connected to the router's ROUTER socket. Messages to the router
     are never dropped by ZMQ (DEALER blocks at the high-water mark). The ready barrier against slow
-    joiners is the Hello/Welcome exchange: nothing but Hello is sent before Welcome arrives.
+    joiners is the Hello/Welcome exchange: nothing but Hello is sent before Welcome arrives. With
+    `keys_dir` (the deployment's) the socket is a CURVE client holding the run's client key pair.
     """
 
     def __init__(
@@ -164,6 +168,7 @@ class Peer(Actor):
         heartbeat_s: float = 1.0,
         peer_timeout_s: float = 30.0,
         startup_timeout_s: float = 300.0,
+        keys_dir: str | None = None,
     ) -> None:
         super().__init__(peer_id)
         self.router_endpoint = router_endpoint
@@ -172,6 +177,7 @@ class Peer(Actor):
         self.heartbeat_s = heartbeat_s
         self.peer_timeout_s = peer_timeout_s
         self.startup_timeout_s = startup_timeout_s
+        self.keys_dir = keys_dir
         self._outbox: asyncio.Queue[list[bytes]] = asyncio.Queue()
         self._router_seen = time.monotonic()
         self.sock: zmq.asyncio.Socket | None = None
@@ -179,12 +185,21 @@ class Peer(Actor):
     async def setup(self) -> None:
         assert self.ctx is not None
         self.sock = make_socket(self.ctx, zmq.DEALER, self.peer_id)
-        self.sock.connect(self.router_endpoint)
-        await self.sock.send_multipart(
-            encode(Hello(self.role, self.peer_id, self.policy, self.capacity, PROTOCOL_VERSION, os.getpid()))
-        )
-        if not await self.sock.poll(timeout=self.startup_timeout_s * 1000):
-            raise PeerDead(f"no Welcome from the router at {self.router_endpoint} in {self.startup_timeout_s}s")
+        if self.keys_dir is not None:
+            secure_client(self.sock, self.keys_dir)
+        handshakes = HandshakeWatch(self.sock, self.router_endpoint, self.keys_dir)
+        try:
+            self.sock.connect(self.router_endpoint)
+            await self.sock.send_multipart(
+                encode(Hello(self.role, self.peer_id, self.policy, self.capacity, PROTOCOL_VERSION, os.getpid()))
+            )
+            if not await handshakes.wait_readable(self.startup_timeout_s):
+                failed = f" ({handshakes.failures} handshake(s) closed by the router)" if handshakes.failures else ""
+                raise PeerDead(
+                    f"no Welcome from the router at {self.router_endpoint} in {self.startup_timeout_s}s{failed}"
+                )
+        finally:
+            handshakes.close()
         reply = decode(await self.sock.recv_multipart())
         if not isinstance(reply, Welcome):
             raise RuntimeError(f"expected Welcome from the router, got {type(reply).__name__}")

@@ -62,6 +62,7 @@ class Trainer(Peer):
             heartbeat_s=cluster.heartbeat_s,
             peer_timeout_s=cluster.peer_timeout_s,
             startup_timeout_s=cluster.startup_timeout_s,
+            keys_dir=deployment.keys_dir,
         )
         self.cfg = config
         self.deployment = deployment

@@ -47,6 +47,7 @@ def test_router_smoke(tmp_path: Path) -> None:
     rates = figures["rates"]
     assert rates["raw"][0] > 0 and rates["raw-sync"][0] > 0 and rates["router"][0] > 0
     assert figures["baseline"] in ("raw", "raw-sync") and figures["ratio"] > 0
+    assert "CURVE ratio" in stdout and rates["router-curve"][0] > 0 and figures["curve_ratio"] > 0
 
 
 def test_gpu_check_smoke(tmp_path: Path) -> None:

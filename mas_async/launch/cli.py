@@ -20,6 +20,7 @@ import sys
 from mas_async.api.registry import RegistryError
 from mas_async.config import ConfigError, load_config
 from mas_async.gguf_import import GGUFImportError
+from mas_async.launch.engines.base import EngineError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
         except (ConfigError, RegistryError, GGUFImportError) as e:
             print(f"mas-async: {e}", file=sys.stderr)
             return 2
+        except EngineError as e:  # the cluster could not connect, place or start (not the config's wording)
+            print(f"mas-async: {e}", file=sys.stderr)
+            return 1
     if args.command == "models":
         from mas_async.launch.launcher import model_cache_dir
         from mas_async.model_source import resolve_model

@@ -14,6 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+class EngineError(RuntimeError):
+    """An engine could not do what the run needs (connect to its cluster, place or start a process), in
+    one sentence that names what and where."""
+
+
 @dataclass(frozen=True)
 class Node:
     """A machine (or network namespace) processes run on."""

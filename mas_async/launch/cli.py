@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         except (ConfigError, RegistryError, GGUFImportError) as e:
             print(f"mas-async: {e}", file=sys.stderr)
             return 2
-        except EngineError as e:  # the cluster could not connect, place or start (not the config's wording)
+        except EngineError as e:  # the cluster could not be joined, or could not place or start a process
             print(f"mas-async: {e}", file=sys.stderr)
             return 1
     if args.command == "models":

@@ -1,8 +1,8 @@
 """Ray for real (`cluster.engine: ray`): a local multi-node Ray cluster (`ray.cluster_utils.Cluster`: a head
 and two nodes, each offering its own custom resource) runs `mas-async train` with the router and trainers
 pinned to one node and the inference servers and env workers to the other; SIGINT to the launcher once
-every process runs leaves no process of the run, no actor and no placement group; resources no node has are
-a named error.
+every process runs leaves no process of the run, no actor and no placement group; the engine's `close`
+itself kills a process and releases its actor and group; resources no node has are a named error.
 
 The cluster is shared by the module's tests and torn down by `Cluster.shutdown`, then by pid whatever it
 started that is still alive (never `ray stop`: it kills every Ray process on the machine)."""
@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
+import subprocess
+import sys
+import textwrap
 import time
 
 import psutil
@@ -40,7 +44,11 @@ def ray_cluster():
     with pytest.MonkeyPatch.context() as env:
         # Ray's processes inherit this environment: its workers import this checkout's mas_async.
         env.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+        # Ray's own backstop (a worker kills its children as it exits) off: what the tests see is the engine's.
+        # No dashboard and no idle workers started ahead (they cost half a minute of CPU on 2 cores).
+        system = {"kill_child_processes_on_worker_exit": False, "enable_worker_prestart": False}
+        head = {"num_cpus": 0, "include_dashboard": False, "_system_config": system}
+        cluster = Cluster(initialize_head=True, head_node_args=head)
         try:
             nodes = {name: cluster.add_node(num_cpus=4, resources={name: 8}) for name in ("node_a", "node_b")}
             cluster.wait_for_nodes(timeout=60)
@@ -110,6 +118,67 @@ def test_sigint_leaves_no_process_and_no_placement_group(ray_cluster, tmp_path):
         assert list(_groups_of(proc.pid).values()) == ["REMOVED"]
     finally:
         cleanup(proc, run_dir)
+
+
+# The engine alone, driven by a script that waits for a line on stdin between steps. It keeps its connection
+# after `close` (ray.shutdown a no-op), so what is seen released is what `close` released: Ray would
+# release a finished driver's group and actors by itself.
+ENGINE_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    import ray
+    ray.shutdown = lambda: None
+    from mas_async.config import load_config
+    from mas_async.launch.engines.base import ProcessSpec
+    from mas_async.launch.engines.ray import RayEngine
+
+    address, log = sys.argv[1:]
+    overrides = ["cluster.engine=ray", f"cluster.ray.address={address}", "cluster.ray.resources.env_worker.node_b=1"]
+    engine = RayEngine(load_config("configs/plan_path_tiny.yaml", overrides))
+    spec = ProcessSpec("env_worker/0", "env_worker", ())
+    node = engine.place([spec])[spec.name]
+    child = engine.start(spec, node, ["sleep", "300"], {}, Path(log))
+    print(json.dumps({"pid": child.pid, "node": node.name, "status": child.poll()}), flush=True)
+    sys.stdin.readline()
+    engine.close()
+    print("closed", flush=True)
+    sys.stdin.readline()
+    """
+)
+
+
+def test_close_kills_the_process_and_releases_actors_and_group(ray_cluster, tmp_path):
+    address, node_ids = ray_cluster
+    script = [sys.executable, "-c", ENGINE_SCRIPT, address, str(tmp_path / "sleep.log")]
+    driver = subprocess.Popen(script, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        started = json.loads(_line(driver, timeout=120))
+        assert started["node"] == node_ids["node_b"] and started["status"] is None
+        host = psutil.Process(started["pid"]).ppid()
+        assert psutil.Process(host).cmdline()[0] == "ray::ProcessHost"
+        assert list(_groups_of(driver.pid).values()) == ["CREATED"]
+        driver.stdin.write("\n")
+        driver.stdin.flush()
+        assert _line(driver, timeout=60) == "closed\n"
+        assert not alive(started["pid"])  # close killed the process (its actor reaped it)...
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and alive(host):
+            time.sleep(0.1)
+        assert not alive(host)  # ...the actor is gone, and the group released while the driver still runs
+        assert list(_groups_of(driver.pid).values()) == ["REMOVED"]
+        driver.stdin.write("\n")
+        driver.stdin.flush()
+        assert driver.wait(timeout=30) == 0
+    finally:
+        driver.kill()
+        driver.wait(timeout=10)
+
+
+def _line(driver: subprocess.Popen, timeout: float) -> str:
+    if not select.select([driver.stdout], [], [], timeout)[0]:
+        raise TimeoutError(f"the engine script said nothing in {timeout:.0f} s")
+    return driver.stdout.readline()
 
 
 def test_resources_no_node_has_are_named(ray_cluster, tmp_path):

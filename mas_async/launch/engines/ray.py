@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mas_async.config import Config, ConfigError
+from mas_async.config import Config, ConfigError, RayConfig
 from mas_async.launch.engines.base import Child, Engine, EngineError, Node, ProcessSpec
 from mas_async.launch.engines.ray_host import ProcessHost
 
@@ -35,8 +35,8 @@ CONNECT_TIMEOUT_S = 10.0
 ACTOR_REPLY_S = 30.0
 """Every call to a host actor answers within this time (plus the wait it was asked for)."""
 ACTOR_DIED_STATUS = -signal.SIGKILL
-"""The exit status reported for a process whose host actor died: the process is gone with it (its parent
-changed, so it shut down; Ray kills a dead worker's children)."""
+"""The exit status reported for a process whose host actor died (its node or worker lost): the process
+shuts itself down when it sees its parent change (`PARENT_PID_ENV`), if Ray did not kill it first."""
 FORWARDED_ENV_PREFIXES = ("PYTHONPATH", "MAS_ASYNC_")
 """Variables of the launcher's environment that the processes get too; the rest of their environment is the
 Ray worker's. (Not given to the actors as a Ray runtime_env: that doubles their start-up time. The actors
@@ -73,11 +73,25 @@ def connect(address: str) -> None:
             f"cluster.ray.address={address}: the Ray cluster at {resolved} did not accept a connection within "
             f"{CONNECT_TIMEOUT_S:.0f} s ({e})"
         ) from e
-    ray.init(address=resolved, log_to_driver=False, logging_level=logging.WARNING)
+    try:
+        ray.init(address=resolved, log_to_driver=False, logging_level=logging.WARNING)
+    except (ConnectionError, RuntimeError) as e:  # e.g. another Ray version on the cluster
+        raise EngineError(f"cluster.ray.address={address}: could not join the Ray cluster at {resolved}: {e}") from e
 
 
 def _forwarded_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIXES)}
+
+
+def bundle_of(ray_config: RayConfig, spec: ProcessSpec) -> dict[str, float]:
+    """The resources reserved for `spec`: its role's CPUs and GPUs, its role's and its own custom ones."""
+    rc = ray_config
+    cpus = {"router": rc.router_cpus, "trainer": rc.trainer_cpus}
+    cpus |= {"inference": rc.inference_cpus, "env_worker": rc.env_worker_cpus}
+    gpus = {"trainer": rc.trainer_gpus, "inference": rc.inference_gpus}.get(spec.role, 0.0)
+    custom = {**rc.resources.get(spec.role, {}), **rc.resources.get(spec.name, {})}
+    resources = {"CPU": cpus[spec.role], "GPU": gpus, **custom}
+    return {key: amount for key, amount in resources.items() if amount > 0}
 
 
 class RayChild(Child):
@@ -145,16 +159,6 @@ class RayEngine(Engine):
         self.nodes: dict[str, Node] = {}  # process name -> the node its actor runs on
         connect(self.ray_config.address)
 
-    def bundle(self, spec: ProcessSpec) -> dict[str, float]:
-        """The resources reserved for `spec`: its role's CPUs and GPUs, its role's and its own custom ones."""
-        rc = self.ray_config
-        cpus = {"router": rc.router_cpus, "trainer": rc.trainer_cpus}
-        cpus |= {"inference": rc.inference_cpus, "env_worker": rc.env_worker_cpus}
-        gpus = {"trainer": rc.trainer_gpus, "inference": rc.inference_gpus}.get(spec.role, 0.0)
-        custom = {**rc.resources.get(spec.role, {}), **rc.resources.get(spec.name, {})}
-        resources = {"CPU": cpus[spec.role], "GPU": gpus, **custom}
-        return {key: amount for key, amount in resources.items() if amount > 0}
-
     def place(self, specs: list[ProcessSpec]) -> dict[str, Node]:
         ray = _ray()
         from ray.util.placement_group import placement_group
@@ -162,7 +166,7 @@ class RayEngine(Engine):
 
         timeout = self.ray_config.placement_timeout_s
         deadline = time.monotonic() + timeout
-        bundles = [self.bundle(spec) for spec in specs]
+        bundles = [bundle_of(self.ray_config, spec) for spec in specs]
         self.group = placement_group(bundles, strategy=self.ray_config.strategy, name=self.group_name)
         if not self.group.wait(timeout_seconds=timeout):
             raise EngineError(self._unplaced(specs, bundles))

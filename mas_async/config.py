@@ -268,10 +268,48 @@ class NodeConfig(_Section):
 ROLE_NAMES = ("router", "trainer", "inference", "env_worker")
 
 
+class RayConfig(_Section):
+    """Placement on a Ray cluster (`cluster.engine: ray`, docs/ray.md): one placement-group bundle per
+    process, holding the resources below; Ray places and starts the processes, it carries no messages."""
+
+    address: str = "auto"
+    """The running Ray cluster to connect to: "auto" (RAY_ADDRESS, else the cluster `ray start` last
+    started on this machine), or its GCS address HOST:PORT. A cluster is never started implicitly."""
+    strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    """How the placement group spreads the bundles over nodes (Ray's placement strategies)."""
+    placement_timeout_s: float = Field(120.0, gt=0)
+    """The placement group must be reserved, and a host actor be up on every bundle, within this time."""
+    router_cpus: float = Field(1.0, gt=0)
+    """CPUs reserved for the router."""
+    trainer_cpus: float = Field(1.0, gt=0)
+    """CPUs reserved for each trainer rank."""
+    trainer_gpus: float = Field(0.0, ge=0)
+    """GPUs reserved for each trainer rank (Ray sets its CUDA_VISIBLE_DEVICES)."""
+    inference_cpus: float = Field(1.0, gt=0)
+    """CPUs reserved for each inference replica."""
+    inference_gpus: float = Field(0.0, ge=0)
+    """GPUs reserved for each inference replica (Ray sets its CUDA_VISIBLE_DEVICES)."""
+    env_worker_cpus: float = Field(1.0, gt=0)
+    """CPUs reserved for each env worker."""
+    resources: dict[str, dict[str, float]] = Field(default_factory=dict)
+    """Role (router, trainer, inference, env_worker) or process (inference/P/I, ...) -> extra custom
+    resources of its bundle, e.g. `{trainer: {node_a: 1}}` pins the trainers to nodes that offer `node_a`
+    (`ray start --resources='{"node_a": 8}'`); a process's entry adds to (and overrides) its role's."""
+
+    @model_validator(mode="after")
+    def _resources_name_roles(self) -> RayConfig:
+        for key in self.resources:
+            if key.split("/")[0] not in ROLE_NAMES:
+                raise ValueError(f"cluster.ray.resources.{key}: not a role or process (roles: {', '.join(ROLE_NAMES)})")
+        if self.address == "local":
+            raise ValueError('cluster.ray.address=local would start a Ray instance; give "auto" or HOST:PORT')
+        return self
+
+
 class ClusterConfig(_Section):
-    engine: Literal["local"] = "local"
+    engine: Literal["local", "ray"] = "local"
     """How processes are placed and started: local subprocesses, on this machine or on the nodes of
-    `nodes` (docs/cluster.md). The Ray and SLURM engines are on the branches `ray` and `slurm`."""
+    `nodes`, or Ray actors on a Ray cluster's nodes (docs/cluster.md)."""
     host: str = "127.0.0.1"
     """Address of the local engine's one node when `nodes` is empty."""
     nodes: list[NodeConfig] = Field(default_factory=list)
@@ -279,6 +317,8 @@ class ClusterConfig(_Section):
     placement: dict[str, str] = Field(default_factory=dict)
     """Role (router, trainer, inference, env_worker) or process (inference/P/I, ...) -> node name, for
     the local engine; unplaced processes run on the first node."""
+    ray: RayConfig = Field(default_factory=RayConfig)
+    """The Ray engine's cluster address, placement strategy and resources per role (`engine: ray`)."""
     env_workers: int = Field(2, ge=1)
     """Number of env worker processes."""
     torch_threads: int = Field(1, ge=1)

@@ -46,6 +46,10 @@ from mas_async.wire.messages import (
 
 log = logging.getLogger("mas_async")
 
+PARENT_PID_ENV = "MAS_ASYNC_PARENT_PID"
+"""Set by an engine that starts a process (the pid of the starter): a process orphaned before its actor is
+built would otherwise take its new parent (init) for the one to watch, and outlive the run."""
+
 
 class PeerDead(RuntimeError):
     """A peer (or the router) stayed silent past the timeout."""
@@ -63,12 +67,12 @@ class Actor:
         self.malformed = 0
         """Messages dropped because they could not be decoded (a logged counter, never a crash)."""
         self._tasks: list[asyncio.Task] = []
-        self._parent_pid = os.getppid()
+        self._parent_pid = int(os.environ.get(PARENT_PID_ENV) or os.getppid())
 
     # -- to implement ------------------------------------------------------------------------------
 
     async def setup(self) -> None:
-        """Create sockets and connect; runs before any task starts."""
+        """Create sockets and connect; runs before `main` (the parent watch and a stop already apply)."""
 
     async def main(self) -> None:
         """The actor's work; the process stops when it returns."""
@@ -103,10 +107,16 @@ class Actor:
             loop.add_signal_handler(sig, self.stop)
         self.ctx = zmq.asyncio.Context()
         try:
-            await self.setup()
+            # The parent is watched (and a stop obeyed) from the start: a process orphaned while it sets up
+            # (its peers gone) must not wait out its startup timeouts.
             self.spawn(self._watch_parent(), "watch-parent")
-            main = self.spawn(self.main(), "main")
             stop = loop.create_task(self.stopping.wait())
+            setup = self.spawn(self.setup(), "setup")
+            await asyncio.wait([setup, stop], return_when=asyncio.FIRST_COMPLETED)
+            if not setup.done():
+                return
+            setup.result()
+            main = self.spawn(self.main(), "main")
             while True:
                 done, _ = await asyncio.wait([*self._tasks, stop], return_when=asyncio.FIRST_COMPLETED)
                 failed = [t for t in done if t is not stop and not t.cancelled() and t.exception()]

@@ -3,6 +3,7 @@ call, malformed input, clean shutdown, and a silent router detected as a named e
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -10,14 +11,15 @@ import time
 import zmq
 
 from mas_async.deployment import free_ports
+from mas_async.runtime.actor import PARENT_PID_ENV
 from mas_async.wire.messages import PROTOCOL_VERSION, Heartbeat, Hello, Shutdown, Welcome, decode, encode
 from tests.support.paths import ROOT
 
 
-def _start_peer(endpoint: str, peer_timeout_s: float) -> subprocess.Popen:
+def _start_peer(endpoint: str, peer_timeout_s: float, env: dict[str, str] | None = None) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "tests.integration.runtime_peer", endpoint, str(peer_timeout_s)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})},
     )  # fmt: skip
 
 
@@ -82,3 +84,18 @@ def test_a_silent_router_is_a_named_error_not_a_hang():
             proc.kill()
         sock.close(linger=0)
         ctx.term()
+
+
+def test_a_process_whose_starter_is_gone_stops_while_it_still_sets_up():
+    # Its starter (an engine's actor, say) died before the process got going: it must not take its new
+    # parent for the one to watch, nor wait out its startup timeout for a router that will never answer.
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    endpoint = f"tcp://127.0.0.1:{free_ports('127.0.0.1', 1)[0]}"  # nobody listens: setup waits for Welcome
+    proc = _start_peer(endpoint, peer_timeout_s=30, env={PARENT_PID_ENV: str(gone.pid)})
+    try:
+        out, _ = proc.communicate(timeout=20)
+        assert f"parent process {gone.pid} is gone; shutting down" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()

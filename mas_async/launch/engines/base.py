@@ -15,7 +15,8 @@ from pathlib import Path
 
 
 class EngineError(RuntimeError):
-    """The engine could not place, reach or start the run's processes; the message names the node."""
+    """An engine could not do what the run needs (join its cluster, place, reach or start a process); the
+    message names what and where."""
 
 
 @dataclass(frozen=True)

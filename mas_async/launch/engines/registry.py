@@ -1,5 +1,4 @@
-"""`cluster.engine` -> the engine that runs the processes (today: local subprocesses; Ray and SLURM engines
-are on their branches)."""
+"""`cluster.engine` -> the engine that runs the processes: local subprocesses, Ray actors or SLURM steps."""
 
 from __future__ import annotations
 
@@ -10,6 +9,7 @@ from mas_async.launch.engines.base import Engine
 
 ENGINES = {
     "local": "mas_async.launch.engines.local:LocalEngine",
+    "ray": "mas_async.launch.engines.ray:RayEngine",
 }
 
 

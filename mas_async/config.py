@@ -306,10 +306,40 @@ class RayConfig(_Section):
         return self
 
 
+class SlurmConfig(_Section):
+    """`cluster.engine: slurm`: how the roles of a run are laid out on the nodes of a SLURM allocation
+    (docs/slurm.md). Nodes are named by their index in the allocation's node list, 0 being the first one,
+    where the batch script and the launcher run."""
+
+    placement: dict[str, int] = Field(default_factory=dict)
+    """Role (router, trainer, inference, env_worker) or process (inference/P/I, ...) -> node index. Unplaced
+    processes: the router and trainers on node 0, inference servers round-robin over nodes 1.. (node 0 in
+    a one-node allocation), env workers round-robin over all nodes."""
+    step_args: dict[str, list[str]] = Field(default_factory=dict)
+    """Role or process -> extra `srun` arguments of its step (the resources it needs), e.g.
+    `{trainer: ["--gpus=1"], inference: ["--gpus=1", "--cpus-per-task=4"]}`; a process's entry is added
+    after its role's."""
+    command_timeout_s: float = Field(60.0, gt=0)
+    """Bound on every SLURM command the launcher waits for (scontrol, the free-ports step, scancel)."""
+
+    @model_validator(mode="after")
+    def _keys_name_roles(self) -> SlurmConfig:
+        for field, keys in (("placement", self.placement), ("step_args", self.step_args)):
+            for key in keys:
+                if key.split("/")[0] not in ROLE_NAMES:
+                    raise ValueError(
+                        f"cluster.slurm.{field}.{key}: not a role or process (roles: {', '.join(ROLE_NAMES)})"
+                    )
+        for key, index in self.placement.items():
+            if index < 0:
+                raise ValueError(f"cluster.slurm.placement.{key}={index}: a node index is 0 or more")
+        return self
+
+
 class ClusterConfig(_Section):
-    engine: Literal["local", "ray"] = "local"
-    """How processes are placed and started: local subprocesses, on this machine or on the nodes of
-    `nodes`, or Ray actors on a Ray cluster's nodes (docs/cluster.md)."""
+    engine: Literal["local", "ray", "slurm"] = "local"
+    """How processes are placed and started: local subprocesses (on this machine or on the nodes of
+    `nodes`), Ray actors on a Ray cluster's nodes, or `srun` steps in a SLURM allocation (docs/cluster.md)."""
     host: str = "127.0.0.1"
     """Address of the local engine's one node when `nodes` is empty."""
     nodes: list[NodeConfig] = Field(default_factory=list)
@@ -329,6 +359,8 @@ class ClusterConfig(_Section):
     """A peer (or the router) silent for this long is declared dead."""
     startup_timeout_s: float = Field(300.0, gt=0)
     """Every process must have said Hello within this time."""
+    slurm: SlurmConfig = Field(default_factory=SlurmConfig)
+    """Placement and step resources of `engine: slurm`."""
     weight_backend: Literal["auto", "gloo", "nccl", "cuda_ipc"] = "auto"
     """How each policy's trainer sends its weights to its inference servers. auto, per policy: cuda_ipc
     when the trainer and its servers are on one GPU (NCCL refuses two ranks on one device), nccl when

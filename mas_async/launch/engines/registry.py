@@ -10,6 +10,7 @@ from mas_async.launch.engines.base import Engine
 ENGINES = {
     "local": "mas_async.launch.engines.local:LocalEngine",
     "ray": "mas_async.launch.engines.ray:RayEngine",
+    "slurm": "mas_async.launch.engines.slurm:SlurmEngine",
 }
 
 

@@ -1,0 +1,219 @@
+"""`cluster.engine: slurm` on a real 2-node SLURM cluster on this machine (tests/integration/slurm_cluster.py):
+the engine's steps (placement, free ports, pids, graceful and hard stops, a failed step's log) inside an
+allocation, and the script of `mas-async slurm` submitted with sbatch, training across both nodes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mas_async.config import ConfigError, load_config
+from mas_async.launch.engines.base import Node, ProcessSpec
+from mas_async.launch.launcher import process_specs
+from tests.integration.launch import FAST, ROOT, alive
+from tests.integration.slurm_cluster import running_slurm_cluster, skip_reason
+from tests.support.run_processes import run_process
+
+pytestmark = [pytest.mark.slurm, pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
+
+JOB_TIMEOUT_S = 300.0
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with running_slurm_cluster() as cluster:
+        yield cluster
+
+
+def job_state(cluster, job: str) -> dict[str, str]:
+    line = cluster.command("scontrol", "show", "job", "--oneliner", job)
+    return dict(f.split("=", 1) for f in line.split() if "=" in f)
+
+
+def wait_for_job(cluster, job: str, timeout: float) -> dict[str, str]:
+    deadline = time.monotonic() + timeout
+    while (state := job_state(cluster, job))["JobState"] not in ENDED:
+        if time.monotonic() > deadline:
+            cluster.command("scancel", job)
+            raise TimeoutError(f"job {job} still {state['JobState']} after {timeout:.0f} s (cancelled)")
+        time.sleep(1.0)
+    return state
+
+
+@pytest.fixture
+def allocation(cluster, monkeypatch):
+    """A 2-node allocation without a shell (`salloc --no-shell`), this process's environment inside it."""
+    out = subprocess.run(
+        ["salloc", "--no-shell", "--nodes=2", "--ntasks-per-node=1", "--job-name=engine-test", "--immediate=30"],
+        env=cluster.env, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    job = out.stderr.split("Granted job allocation")[1].split()[0]
+    monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
+    monkeypatch.setenv("SLURM_JOB_ID", job)
+    monkeypatch.setenv("SLURM_JOB_NODELIST", job_state(cluster, job)["NodeList"])
+    yield job
+    cluster.command("scancel", job)
+
+
+# A step's task: says where it runs, leaves a double-forked grandchild behind, and on SIGTERM says so and exits.
+PROBE = """
+import os, signal, sys, time
+out = sys.argv[1]
+def on_term(signum, frame):
+    open(out + ".term", "w").write("SIGTERM"); sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        open(out + ".grandchild", "w").write(str(os.getpid())); time.sleep(300); os._exit(0)
+    os._exit(0)
+while not os.path.exists(out + ".grandchild"):
+    time.sleep(0.01)
+open(out + ".ready", "w").write(os.environ["SLURMD_NODENAME"])
+time.sleep(300)
+"""
+
+
+@pytest.fixture
+def leftovers():
+    """Pids a test started on the nodes: whatever of them still runs at its end is killed by pid."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def start_probe(engine, tmp_path: Path, name: str, node: Node, leftovers: list[int]):
+    """The child, its output prefix, and the pids of its task and of the task's escaped grandchild."""
+    out = tmp_path / name
+    command = [sys.executable, "-c", PROBE, str(out)]
+    child = engine.start(ProcessSpec(name, "env_worker", ()), node, command, {}, tmp_path / f"{name}.log")
+    deadline = time.monotonic() + 30
+    while not (out.parent / f"{name}.ready").exists():
+        assert time.monotonic() < deadline and child.poll() is None, child.tail()
+        time.sleep(0.1)
+    pids = [child.pid, int((out.parent / f"{name}.grandchild").read_text())]
+    leftovers.extend(pids)
+    assert all(alive(p) for p in pids)
+    return child, out, pids
+
+
+def test_engine_places_starts_and_stops_steps(allocation, leftovers, tmp_path):
+    from mas_async.launch.engines.slurm import SlurmEngine
+
+    config = load_config(ROOT / "configs/plan_path_tiny.yaml")
+    engine = SlurmEngine(config)
+    assert engine.nodes == [Node("node1", "127.0.0.1"), Node("node2", "127.0.0.1")]
+    placed = {name: node.name for name, node in engine.place(process_specs(config)).items()}
+    assert placed == {
+        "router": "node1",
+        "trainer/vertical": "node1",
+        "trainer/horizontal": "node1",
+        "inference/vertical/0": "node2",
+        "inference/horizontal/0": "node2",
+        "env_worker/0": "node1",
+        "env_worker/1": "node2",
+    }
+    config.cluster.slurm.placement = {"inference": 0, "env_worker/0": 1}
+    placed = engine.place(process_specs(config))
+    assert placed["inference/vertical/0"].name == "node1" and placed["env_worker/0"].name == "node2"
+    config.cluster.slurm.placement = {"router": 2}
+    with pytest.raises(ConfigError, match=r"cluster.slurm.placement.router=2: the allocation has 2 nodes"):
+        engine.place(process_specs(config))
+
+    ports = engine.free_ports(engine.nodes[1], 3)
+    assert len(set(ports)) == 3 and all(1024 < p < 65536 for p in ports)
+
+    # terminate(): the task itself gets SIGTERM (scancel --signal=TERM), and the step's end kills the
+    # double-forked grandchild (proctrack/cgroup).
+    gentle, out, pids = start_probe(engine, tmp_path, "gentle", engine.nodes[1], leftovers)
+    assert (out.parent / "gentle.ready").read_text() == "node2"
+    gentle.terminate()
+    assert gentle.wait(20) is not None
+    assert (out.parent / "gentle.term").read_text() == "SIGTERM"
+    wait_dead(pids)
+
+    # kill(): SIGTERM to srun, which SIGKILLs the step: the task gets no SIGTERM, nothing is left.
+    hard, out, pids = start_probe(engine, tmp_path, "hard", engine.nodes[0], leftovers)
+    hard.kill()
+    assert hard.wait(20) not in (None, 0)
+    assert not (out.parent / "hard.term").exists()
+    wait_dead(pids)
+
+    # A failed step: a non-zero status, and srun's report of it in the process's log.
+    failed = engine.start(
+        ProcessSpec("failing", "env_worker", ()), engine.nodes[1],
+        [sys.executable, "-c", "raise SystemExit(3)"], {}, tmp_path / "failing.log",
+    )  # fmt: skip
+    assert failed.wait(30) not in (None, 0)
+    assert "node2: task 0: Exited with exit code 3" in failed.tail()
+    engine.close()
+
+
+def wait_dead(pids: list[int], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while any(alive(p) for p in pids):
+        assert time.monotonic() < deadline, f"still alive: {[p for p in pids if alive(p)]}"
+        time.sleep(0.1)
+
+
+def test_submitted_script_trains_across_two_nodes(cluster, tmp_path):
+    run_dir = tmp_path / "run"
+    job_name = f"mas-async-test-{os.getpid()}"
+    # What an earlier, ended job of this name left (a process and shared memory), and another job name's.
+    shm, other_shm = Path(f"/dev/shm/{job_name}.queue"), Path(f"/dev/shm/other-{job_name}.queue")
+    for path in (shm, other_shm):
+        path.write_bytes(b"\0" * 4096)
+    stale, other = run_process(job_name, "999999"), run_process(f"other-{job_name}", "999999")
+    try:
+        _train_across_two_nodes(cluster, run_dir, job_name)
+        assert stale.wait(timeout=10) is not None and other.poll() is None
+        assert not shm.exists() and other_shm.exists()
+    finally:
+        for proc in (stale, other):
+            proc.kill()
+            proc.wait(timeout=10)
+        for path in (shm, other_shm):
+            path.unlink(missing_ok=True)
+
+
+def _train_across_two_nodes(cluster, run_dir: Path, job_name: str) -> None:
+    out = subprocess.run(
+        [
+            sys.executable, "-m", "mas_async", "slurm", "configs/plan_path_tiny.yaml", "--nodes", "2",
+            "--job-name", job_name, "--time", "10:00", "run.iterations=3", *FAST, f"run.output_dir={run_dir}",
+        ],
+        cwd=ROOT, env=cluster.env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    job = out.stdout.split("submitted job ")[1].split()[0]
+    state = wait_for_job(cluster, job, JOB_TIMEOUT_S)
+    output = (run_dir / f"slurm-{job}.out").read_text()
+    assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", output
+    assert state["JobName"] == job_name and state["NumNodes"] == "2"
+    assert output.count("mas-async slurm_stale on node") == 2  # the clearing ran once per node
+    assert "stopped 1 stale processes" in output
+
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [0, 1, 2, 3]
+    for row in rows[:3]:
+        for policy in ("vertical", "horizontal"):
+            assert row[f"policy/{policy}/version_mismatch"] == 0
+            assert row[f"policy/{policy}/logprob_abs_diff"] < 1e-4
+    deployment = json.loads((run_dir / "deployment.json").read_text())
+    nodes = {name: where["node"] for name, where in deployment["nodes"].items()}
+    assert {nodes["router"], nodes["trainer/vertical"], nodes["env_worker/0"]} == {"node1"}
+    assert {nodes["inference/vertical/0"], nodes["inference/horizontal/0"], nodes["env_worker/1"]} == {"node2"}
+    # Every role recorded its pid on its node; none of them outlives the job.
+    pids = json.loads((run_dir / "pids.json").read_text())
+    assert set(pids) == set(nodes) and all(isinstance(p, int) for p in pids.values())
+    assert not [name for name, pid in pids.items() if alive(pid)]

@@ -12,8 +12,13 @@ It prints rollout tokens/s, episodes/s, env steps/s, generation latency p50/p99,
 busy fraction and the overhead ratio = framework tokens/s / standalone tokens/s (target >= 0.90). For any
 other config, use `mas-async bench CONFIG --baseline`.
 
+The framework runs with CURVE on every ZeroMQ socket (`cluster.curve`, the default). `--curve-ratio` runs
+the same workload once more with plain sockets, in the same invocation, and prints the CURVE ratio =
+median phase tokens/s with CURVE / without (target >= 0.90).
+
     python bench/rollout_throughput.py --backend mock --mock-step-ms 10    # a ~1.7B model on a GPU
     python bench/rollout_throughput.py --backend hf --model builtin:small-char
+    python bench/rollout_throughput.py --curve-ratio                       # + the cost of CURVE
     python bench/rollout_throughput.py --smoke                             # seconds; run by the tests
 """
 
@@ -40,7 +45,11 @@ POLICY = "shared"
 
 
 def build_config(args: argparse.Namespace, run_dir: Path) -> Config:
-    overrides = [
+    return load_config(CONFIG, _overrides(args, run_dir))
+
+
+def _overrides(args: argparse.Namespace, run_dir: Path) -> list[str]:
+    return [
         f"run.output_dir={run_dir}",
         f"run.iterations={args.iterations}",
         "eval.every=0",
@@ -55,15 +64,15 @@ def build_config(args: argparse.Namespace, run_dir: Path) -> Config:
         f"cluster.torch_threads={args.torch_threads}",
         *args.set,
     ]
-    return load_config(CONFIG, overrides)
 
 
 # -- the measurement -------------------------------------------------------------------------------
 
 
-def run(config: Config, warmup: int, timeout_s: float) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The framework's figures and the standalone engine's, in the shape this script reports."""
-    result = measure(config, warmup=warmup, with_baseline=True, timeout_s=timeout_s)
+def run(config: Config, warmup: int, timeout_s: float, *, with_baseline: bool = True) -> tuple[dict, dict | None]:
+    """The framework's figures and the standalone engine's (None without the baseline), in the shape this
+    script reports."""
+    result = measure(config, warmup=warmup, with_baseline=with_baseline, timeout_s=timeout_s)
     total = result["total"]
     framework = {
         "seconds": total["seconds"],
@@ -77,13 +86,15 @@ def run(config: Config, warmup: int, timeout_s: float) -> tuple[dict[str, Any], 
         "busy_fraction": float(np.mean([r["busy_fraction"] for r in result["replicas"].values()])),
         "dropped": total["dropped"],
     }
-    return framework, result["baseline"][POLICY]
+    return framework, result["baseline"][POLICY] if with_baseline else None
 
 
 # -- report ----------------------------------------------------------------------------------------
 
 
-def report(args: argparse.Namespace, framework: dict[str, Any], standalone: dict[str, Any]) -> dict[str, Any]:
+def report(
+    args: argparse.Namespace, framework: dict[str, Any], standalone: dict[str, Any], plain: dict[str, Any] | None
+) -> dict[str, Any]:
     # Medians over the phases: one phase slowed by another job on a shared machine does not decide it.
     ours, raw = float(np.median(framework["phase_tokens_per_s"])), float(np.median(standalone["phase_tokens_per_s"]))
     ratio = ours / raw
@@ -113,14 +124,22 @@ def report(args: argparse.Namespace, framework: dict[str, Any], standalone: dict
         phases = ", ".join(f"{x:.0f}" for x in figures["phase_tokens_per_s"])
         print(f"  {'tokens/s per phase':<36} {name:<10} {phases}")
     print(f"overhead ratio (median phase tokens/s, framework / standalone): {ratio:.3f}   (target >= 0.90)")
-    return {
+    result = {
         "bench": "rollout_throughput",
         "date": datetime.now().isoformat(timespec="seconds"),
         "args": vars(args),
+        "curve": args.curve,
         "framework": framework,
         "standalone": standalone,
         "overhead_ratio": ratio,
     }
+    if plain is not None:
+        phases = ", ".join(f"{x:.0f}" for x in plain["phase_tokens_per_s"])
+        print(f"  {'tokens/s per phase':<36} {'no CURVE':<10} {phases}")
+        curve_ratio = ours / float(np.median(plain["phase_tokens_per_s"]))
+        print(f"CURVE ratio (median phase tokens/s, with / without CURVE): {curve_ratio:.3f}   (target >= 0.90)")
+        result |= {"framework_without_curve": plain, "curve_ratio": curve_ratio}
+    return result
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -148,6 +167,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds the framework run may take")
     p.add_argument("--json", type=Path, help="also write the figures to this file")
     p.add_argument("--run-dir", type=Path, help="keep the framework's run directory here (default: a temp dir)")
+    p.add_argument(
+        "--curve-ratio", action="store_true", help="run the framework again with cluster.curve=false (same workload)"
+    )
     p.add_argument("--smoke", action="store_true", help="a tiny run (seconds), for the tests")
     args = p.parse_args(argv)
     if args.smoke:
@@ -167,8 +189,15 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="mas-async-bench-") as tmp:
         run_dir = args.run_dir or Path(tmp) / "framework"
         config = build_config(args, run_dir)
+        args.curve = config.cluster.curve
         framework, standalone = run(config, args.warmup, args.timeout)
-    result = report(args, framework, standalone)
+        plain = None
+        if args.curve_ratio:
+            if not config.cluster.curve:
+                raise SystemExit("--curve-ratio compares with the run with CURVE: drop cluster.curve=false")
+            plain_config = load_config(CONFIG, [*_overrides(args, Path(tmp) / "plain"), "cluster.curve=false"])
+            plain, _ = run(plain_config, args.warmup, args.timeout, with_baseline=False)
+    result = report(args, framework, standalone, plain)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1, default=str))
     return 0

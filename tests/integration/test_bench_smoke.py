@@ -25,10 +25,12 @@ def _run(script: str, tmp_path: Path, *extra: str) -> tuple[str, dict]:
 
 
 def test_rollout_throughput_smoke(tmp_path: Path) -> None:
-    stdout, figures = _run("rollout_throughput.py", tmp_path)
-    assert "overhead ratio" in stdout
+    stdout, figures = _run("rollout_throughput.py", tmp_path, "--curve-ratio")
+    assert "overhead ratio" in stdout and "CURVE ratio" in stdout
     framework, standalone = figures["framework"], figures["standalone"]
     assert framework["tokens"] == standalone["tokens"] > 0  # the same prompts, exactly max_tokens each
+    assert figures["curve"] is True and figures["framework_without_curve"]["tokens"] == framework["tokens"]
+    assert figures["curve_ratio"] > 0
     assert framework["dropped"] == 0 and 0 < framework["busy_fraction"] <= 1.0
     assert figures["overhead_ratio"] > 0
 

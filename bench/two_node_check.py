@@ -7,6 +7,9 @@ multi-node run, one process per node (docs/gpu.md, "Two nodes before a long run"
     python bench/two_node_check.py --rank 0 --store HOST:PORT      # on node 0
     python bench/two_node_check.py --rank 1 --store HOST:PORT      # on node 1
 
+Each node needs mas-async installed in the Python it runs (`pip install -e .`) or PYTHONPATH set to the
+checkout.
+
 The two processes form a weight group as a run does (`mas_async.weights.group`: rank 0 hosts the TCPStore
 on its own address; gloo is pinned to the interface that routes to the peer), NCCL when CUDA is available
 (each rank on its local GPU), else gloo; `--backend` overrides. Rank 0 broadcasts `--mb` megabytes

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import time
 import traceback
 from collections import defaultdict
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -48,9 +50,22 @@ class GenerateError(RuntimeError):
 
 
 def load_tokenizer(path: str):
-    from transformers import AutoTokenizer
+    """The tokenizer of a model folder: the class its tokenizer_config.json names, loaded directly when
+    transformers has it (AutoTokenizer loads the same class, but only after importing the configs of every
+    model family: ~5 s of CPU in each env worker), else through AutoTokenizer."""
+    import transformers
 
-    return AutoTokenizer.from_pretrained(path)
+    try:
+        name = json.loads((Path(path) / "tokenizer_config.json").read_text()).get("tokenizer_class")
+    except (OSError, ValueError):
+        name = None
+    try:
+        cls = getattr(transformers, name) if isinstance(name, str) else None
+    except (AttributeError, ImportError):  # not a class of this transformers, or its backend is missing
+        cls = None
+    if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedTokenizerBase)):
+        cls = transformers.AutoTokenizer
+    return cls.from_pretrained(path)
 
 
 def stop_token_ids(tokenizer) -> list[int]:

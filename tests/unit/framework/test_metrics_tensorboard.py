@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 from mas_async.metrics import TENSORBOARD_DIR, MetricsWriter, read_metrics
@@ -30,3 +32,14 @@ def test_tensorboard_can_be_turned_off(tmp_path: Path) -> None:
     writer.write({"iteration": 0, "x": 1.0})
     writer.close()
     assert not (tmp_path / TENSORBOARD_DIR).exists()
+
+
+def test_the_writer_does_not_import_torch(tmp_path: Path) -> None:
+    """The router writes the metrics: torch would cost it seconds of CPU at every start."""
+    code = (
+        "import sys; from pathlib import Path; from mas_async.metrics import MetricsWriter; import mas_async.router.hub; "
+        f"w = MetricsWriter(Path({str(tmp_path / 'metrics.jsonl')!r})); w.write({{'iteration': 0, 'x': 1.0}}); "
+        "w.close(); print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr

@@ -21,7 +21,7 @@ demo: install
 	$(PYTHON) -m mas_async train configs/plan_path_tiny.yaml
 
 test: install
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q --durations=25
 
 lint:
 	$(PYTHON) -m ruff check . && $(PYTHON) -m ruff format --check .

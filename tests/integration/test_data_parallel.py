@@ -115,9 +115,10 @@ def _resume_rank(rank: int, world: int, port: int, model_path: str, shares: list
         resumed.step(shares[rank], 1)
         if rank == 0:
             out["diff"] = max(
-                float((a - b).abs().max())
+                float((a - b).detach().abs().max())
                 for a, b in zip(learner.model.parameters(), resumed.model.parameters(), strict=True)
             )
+        dp.gather(None)  # no rank tears the group down while another still works (a rare SIGABRT at exit)
     finally:
         dp.close()
 

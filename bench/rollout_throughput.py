@@ -136,7 +136,8 @@ def report(
     if plain is not None:
         phases = ", ".join(f"{x:.0f}" for x in plain["phase_tokens_per_s"])
         print(f"  {'tokens/s per phase':<36} {'no CURVE':<10} {phases}")
-        curve_ratio = ours / float(np.median(plain["phase_tokens_per_s"]))
+        with_curve = float(np.median(framework["phase_tokens_per_s"]))
+        curve_ratio = with_curve / float(np.median(plain["phase_tokens_per_s"]))
         print(f"CURVE ratio (median phase tokens/s, with / without CURVE): {curve_ratio:.3f}   (target >= 0.90)")
         result |= {"framework_without_curve": plain, "curve_ratio": curve_ratio}
     return result

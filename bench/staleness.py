@@ -45,6 +45,7 @@ from typing import Any
 
 from bench.lockstep import ScriptedEngine, run_phase
 from mas_async.config import Config, load_config
+from mas_async.launch.engines.local import LocalEngine
 from mas_async.launch.launcher import prepare_deployment, prepare_run_dir, start_children, stop_children
 from mas_async.launch.roles import ROLES as TRAINING_ROLES
 from mas_async.router.hub import Router
@@ -118,11 +119,15 @@ def run_training(config: Config, timeout_s: float) -> Path:
     tail) or the timeout. Every process is stopped by pid before this returns."""
     run_dir = prepare_run_dir(config)
     prepare_deployment(config, run_dir, training=True)
-    children = start_children(config, run_dir, training=True, roles="bench.staleness:ROLES")
+    engine = LocalEngine(config)
     try:
-        wait_for_router(children, timeout_s)
+        children = start_children(config, run_dir, training=True, roles="bench.staleness:ROLES", engine=engine)
+        try:
+            wait_for_router(children, timeout_s)
+        finally:
+            stop_children(children)
     finally:
-        stop_children(children)
+        engine.close()
     return run_dir
 
 

@@ -179,12 +179,12 @@ def start_children(
     *,
     roles: str = DEFAULT_ROLES,
     options: dict[str, Any] | None = None,
-    engine: Engine | None = None,
+    engine: Engine,
 ) -> list[Child]:
-    """Start every process of the deployment on its node (deployment.json), router first, each as
-    `python -m mas_async.launch.process` building its actor from the role map `roles` ("module:ATTR"; a
-    benchmark passes its own) with the keyword `options`; one log per process."""
-    engine = engine or LocalEngine(config)
+    """Start every process of the deployment on its node (deployment.json) with `engine`, router first,
+    each as `python -m mas_async.launch.process` building its actor from the role map `roles`
+    ("module:ATTR"; a benchmark passes its own) with the keyword `options`; one log per process. The
+    caller stops them (`stop_children`), then closes the engine."""
     deployment = Deployment.load(run_dir / "deployment.json")
     env = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(config.cluster.torch_threads)}
     extra = ["--roles", roles, "--options", json.dumps(options or {})]

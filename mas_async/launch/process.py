@@ -21,10 +21,15 @@ from pathlib import Path
 from mas_async.launch.roles import DEFAULT_ROLES
 
 
-def setup_logging(name: str) -> None:
-    # Progress bars and warnings of libraries would be lines without the role and id: bars off,
-    # warnings through logging.
+def quiet_progress_bars() -> None:
+    """Progress bars of libraries would be lines without the role and id: off, before the libraries are
+    imported (they read it then)."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+def setup_logging(name: str) -> None:
+    # Warnings of libraries go through logging, so they carry the role and id too.
+    quiet_progress_bars()
     logging.captureWarnings(True)
     logging.basicConfig(
         level=os.environ.get("MAS_ASYNC_LOG_LEVEL", "INFO"),

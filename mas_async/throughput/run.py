@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mas_async.launch.engines.local import LocalEngine
 from mas_async.launch.launcher import (
     Child,
     eval_weights,
@@ -37,10 +38,12 @@ def prepare_rollout(config: Config) -> tuple[Path, Deployment]:
     return run_dir, prepare_deployment(config, run_dir, training=False, weights=weights)
 
 
-def start_rollout(config: Config, run_dir: Path, *, warmup: int, roles: str = ROLES) -> list[Child]:
-    """Start a rollout-only deployment (router first) through the launcher, with the actors of the
-    role map `roles`; the caller stops it with `stop_children`."""
-    return start_children(config, run_dir, training=False, roles=roles, options={"warmup": warmup})
+def start_rollout(
+    config: Config, run_dir: Path, engine: LocalEngine, *, warmup: int, roles: str = ROLES
+) -> list[Child]:
+    """Start a rollout-only deployment (router first) through the launcher on `engine`, with the actors of
+    the role map `roles`; the caller stops it with `stop_children` and then closes the engine."""
+    return start_children(config, run_dir, training=False, roles=roles, options={"warmup": warmup}, engine=engine)
 
 
 def run_rollout(config: Config, *, warmup: int, timeout_s: float, roles: str = ROLES) -> tuple[Path, Deployment]:
@@ -48,14 +51,18 @@ def run_rollout(config: Config, *, warmup: int, timeout_s: float, roles: str = R
     as they exit); raise naming the process that failed, with its log tail, or the timeout. Every
     process is stopped by pid before this returns."""
     run_dir, deployment = prepare_rollout(config)
-    children = start_rollout(config, run_dir, warmup=warmup, roles=roles)
+    engine = LocalEngine(config)
     try:
-        wait_for_router(children, timeout_s)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(c.poll() is None for c in children):
-            time.sleep(0.1)
+        children = start_rollout(config, run_dir, engine, warmup=warmup, roles=roles)
+        try:
+            wait_for_router(children, timeout_s)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and any(c.poll() is None for c in children):
+                time.sleep(0.1)
+        finally:
+            stop_children(children)
     finally:
-        stop_children(children)
+        engine.close()
     return run_dir, deployment
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -63,11 +64,18 @@ def _loaded_versions(log: str) -> list[str]:
 
 
 def test_role_sharing_one_policy_serves_both_agents(tmp_path):
+    """Also the local engine without its fork server: every process a fresh interpreter."""
     run_dir = tmp_path / "run"
     rc, out = run_train(
-        "configs/plan_path_tiny_shared.yaml", run_dir, "run.iterations=2", *FAST, "cluster.env_workers=2"
+        "configs/plan_path_tiny_shared.yaml",
+        run_dir,
+        "run.iterations=2",
+        *FAST,
+        "cluster.env_workers=2",
+        "cluster.fork_server=false",
     )
     assert rc == 0, out
+    assert not (run_dir / "logs" / "fork-server-local.log").exists()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["policy/shared/version"] for r in rows[:2]] == [0, 1]
     assert all(r["policy/shared/version_mismatch"] == 0 for r in rows[:2])
@@ -112,16 +120,24 @@ def test_a_crashed_role_stops_everything_and_is_named(tmp_path):
         cleanup(proc, run_dir)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
 def test_interrupt_leaves_no_process_behind(tmp_path, sig):
+    """Ctrl-C or SIGTERM: the launcher stops everything. SIGKILL: its fork server sees its stdin close and
+    ends, and every role sees its parent change and stops."""
     run_dir = tmp_path / "run"
     proc = start_train("configs/plan_path_tiny.yaml", run_dir, "run.iterations=500", *FAST)
     try:
         pids = child_pids(run_dir)
         wait_for_rows(run_dir, 1, timeout=300)
+        # Everything the launcher started, the fork server included (the roles are its children).
+        started = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        pids.update({f"launcher child {pid}": int(pid) for pid in started})
+        assert len(pids) > len(child_pids(run_dir))
         t0 = time.monotonic()
         proc.send_signal(sig)  # what Ctrl-C does to the launcher
         proc.communicate(timeout=30)
+        while time.monotonic() - t0 < 15 and any(alive(pid) for pid in pids.values()):
+            time.sleep(0.1)
         assert time.monotonic() - t0 < 15
         assert proc.returncode != 0
         assert not [name for name, pid in pids.items() if alive(pid)]

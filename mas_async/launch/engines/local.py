@@ -2,8 +2,10 @@
 command prefix reaches with this machine's file system (a network namespace: `nsenter --net=...`).
 
 Nodes come from `cluster.nodes` (default: one node at `cluster.host`); `cluster.placement` puts a role or
-one process on a node by name (default: the first node). Each child runs in its own session, so stopping
-it signals its process group (its sandboxes and engine workers too).
+one process on a node by name (default: the first node). With `cluster.fork_server` (the default) each
+node's processes are forks of that node's fork server (`fork_server.py`), which imported torch and the
+actors once; otherwise each is a new interpreter. Each child runs in its own session, so stopping it
+signals its process group (its sandboxes and engine workers too).
 """
 
 from __future__ import annotations
@@ -17,12 +19,16 @@ from pathlib import Path
 
 from mas_async.config import Config
 from mas_async.deployment import free_ports
+from mas_async.launch import process
 from mas_async.launch.engines.base import Child, Engine, EngineError, Node, ProcessSpec
+from mas_async.launch.fork_server import ForkServer
 
 FREE_PORTS_TIMEOUT_S = 30.0
 
 
 class LocalChild(Child):
+    """A child started as a new interpreter (`subprocess.Popen`)."""
+
     def __init__(self, name: str, node: Node, log_path: Path, proc: subprocess.Popen) -> None:
         super().__init__(name, node, log_path)
         self.proc = proc
@@ -49,6 +55,32 @@ class LocalChild(Child):
             return None
 
 
+class ForkedChild(Child):
+    """A child forked by its node's fork server, which tells its exit status."""
+
+    def __init__(self, name: str, node: Node, log_path: Path, server: ForkServer, pid: int) -> None:
+        super().__init__(name, node, log_path)
+        self.server = server
+        self._pid = pid
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    def poll(self) -> int | None:
+        return self.server.returncode(self._pid)
+
+    def terminate(self) -> None:
+        if self.poll() is None:
+            _signal_group(self._pid, signal.SIGTERM)
+
+    def kill(self) -> None:
+        _signal_group(self._pid, signal.SIGKILL)
+
+    def wait(self, timeout: float) -> int | None:
+        return self.server.wait(self._pid, timeout)
+
+
 def _signal_group(pid: int, sig: int) -> None:
     try:
         os.killpg(pid, sig)
@@ -62,6 +94,9 @@ class LocalEngine(Engine):
         self.nodes = [Node(n.name, n.address) for n in cluster.nodes] or [Node("local", cluster.host)]
         self.prefixes = {n.name: list(n.prefix) for n in cluster.nodes}
         self.placement = dict(cluster.placement)
+        self.use_fork_server = cluster.fork_server
+        self.startup_timeout_s = cluster.startup_timeout_s
+        self.fork_servers: dict[str, ForkServer] = {}
 
     def place(self, specs: list[ProcessSpec]) -> dict[str, Node]:
         by_name = {n.name: n for n in self.nodes}
@@ -83,6 +118,10 @@ class LocalEngine(Engine):
         return json.loads(out.stdout)
 
     def start(self, spec: ProcessSpec, node: Node, command: list[str], env: dict[str, str], log_path: Path) -> Child:
+        if self.use_fork_server and command[:3] == [sys.executable, "-m", process.__name__]:
+            server = self._fork_server(node, env, log_path.parent)
+            pid = server.start(spec.name, command[3:], {**os.environ, **env}, log_path)
+            return ForkedChild(spec.name, node, log_path, server, pid)
         with log_path.open("ab") as log_file:
             proc = subprocess.Popen(
                 [*self.prefixes.get(node.name, []), *command],
@@ -93,3 +132,19 @@ class LocalEngine(Engine):
                 env={**os.environ, **env},
             )
         return LocalChild(spec.name, node, log_path, proc)
+
+    def _fork_server(self, node: Node, env: dict[str, str], logs: Path) -> ForkServer:
+        if node.name not in self.fork_servers:
+            self.fork_servers[node.name] = ForkServer(
+                node.name,
+                self.prefixes.get(node.name, []),
+                env,
+                logs / f"fork-server-{node.name}.log",
+                self.startup_timeout_s,
+            )
+        return self.fork_servers[node.name]
+
+    def close(self) -> None:
+        for server in self.fork_servers.values():
+            server.close()
+        self.fork_servers.clear()

@@ -1,0 +1,264 @@
+"""The fork server of a node: imports torch, transformers and the actors once, then starts each process of
+the run on that node as a fork of itself (`python -m mas_async.launch.fork_server`).
+
+Without it every process of a run spends seconds of CPU importing the same libraries. The local engine
+starts one server per node (through the node's command prefix, so its forks live in the node's network
+namespace) and asks it for every `mas_async.launch.process` of that node (`cluster.fork_server`). The
+server reads JSON lines on stdin, one per process to start (its arguments, environment, working folder
+and log file), and writes JSON lines on stdout: the pid of each process it started (or why it could not)
+and the exit status of each that ended. A child is in its own session before its pid is sent, so
+stopping its process group cannot miss it. The server ends when its stdin closes (the launcher closed
+it, or died, even by SIGKILL); its children then see their parent change and stop.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import io
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import traceback
+from pathlib import Path
+from typing import Any
+
+from mas_async.launch import process
+from mas_async.launch.engines.base import EngineError
+from mas_async.runtime.actor import PARENT_PID_ENV
+
+PRELOAD = (
+    "torch",
+    "transformers.modeling_utils",
+    "transformers.generation.utils",
+    "transformers.tokenization_utils_fast",
+    "numpy",
+    "zmq.asyncio",
+    "msgpack",
+    "uvloop",
+    "mas_async.launch.process",
+    "mas_async.router.hub",
+    "mas_async.rollout.env_worker",
+    "mas_async.inference.server",
+    "mas_async.training.trainer",
+)
+"""What every process of a run imports anyway; a module that fails to import is left to the child."""
+
+READY_TIMEOUT_S = 10.0
+"""How long the server waits for a new child to enter its own session."""
+
+
+# -- the server ------------------------------------------------------------------------------------
+
+
+def serve(requests_fd: int = 0, replies_fd: int = 1) -> int:
+    """Preload, then start a child per request until `requests_fd` closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher stops the children; the server ends on EOF
+    process.quiet_progress_bars()
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001 - the child that needs it fails with the real error
+            print(f"fork server: preloading {name} failed: {e}", file=sys.stderr, flush=True)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    own_fds = (wake_r, wake_w)
+
+    def reply(message: dict[str, Any]) -> None:
+        os.write(replies_fd, json.dumps(message).encode() + b"\n")
+
+    buffer = b""
+    while True:
+        ready, _, _ = select.select([requests_fd, wake_r], [], [], 1.0)
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+        _reap(reply)
+        if requests_fd not in ready:
+            continue
+        chunk = os.read(requests_fd, 1 << 16)
+        if not chunk:
+            return 0
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            request = json.loads(line)
+            try:
+                reply({"id": request["id"], "pid": _fork(request, own_fds)})
+            except OSError as e:
+                reply({"id": request["id"], "error": f"{type(e).__name__}: {e}"})
+
+
+def _reap(reply: Any) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        reply({"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def _fork(request: dict[str, Any], own_fds: tuple[int, ...]) -> int:
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(ready_r)
+        _child(request, ready_w, own_fds)  # never returns
+    os.close(ready_w)
+    try:
+        if not select.select([ready_r], [], [], READY_TIMEOUT_S)[0] or os.read(ready_r, 1) != b"1":
+            raise OSError(f"child {pid} did not enter its own session within {READY_TIMEOUT_S:.0f} s")
+    finally:
+        os.close(ready_r)
+    return pid
+
+
+def _child(request: dict[str, Any], ready_w: int, own_fds: tuple[int, ...]) -> None:
+    code = 1
+    try:
+        os.setsid()
+        os.write(ready_w, b"1")
+        os.close(ready_w)
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for fd in own_fds:
+            os.close(fd)
+        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        os.close(null)
+        # Fresh streams on the new descriptors: none of the server's buffered bytes reach the log.
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115
+        sys.stdout = io.TextIOWrapper(open(1, "wb", buffering=0, closefd=False), write_through=True)  # noqa: SIM115
+        sys.stderr = io.TextIOWrapper(open(2, "wb", buffering=0, closefd=False), write_through=True)  # noqa: SIM115
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.environ[PARENT_PID_ENV] = str(os.getppid())
+        sys.argv = [process.__file__, *request["argv"]]
+        code = process.main(request["argv"])
+    except SystemExit as e:
+        if isinstance(e.code, int) or e.code is None:
+            code = e.code or 0
+        else:
+            print(e.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - the process boundary: logged, status 1
+        traceback.print_exc()
+    finally:
+        try:
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+# -- the launcher's side ----------------------------------------------------------------------------
+
+
+class ForkServer:
+    """The launcher's handle on the fork server of one node: starts children, tells their exit status."""
+
+    def __init__(self, node: str, prefix: list[str], env: dict[str, str], log_path: Path, timeout_s: float) -> None:
+        self.node = node
+        self.log_path = log_path
+        self.timeout_s = timeout_s
+        with log_path.open("ab") as log_file:
+            self.proc = subprocess.Popen(
+                [*prefix, sys.executable, "-m", __name__],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log_file,
+                env={**os.environ, **env},
+            )
+        self._lock = threading.Condition()
+        self._replies: dict[int, dict[str, Any]] = {}
+        self._codes: dict[int, int] = {}
+        self._gone = False
+        self._next_id = 0
+        self._reader = threading.Thread(target=self._read, name=f"fork-server-{node}", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            message = json.loads(line)
+            with self._lock:
+                if "exited" in message:
+                    self._codes[message["exited"]] = message["code"]
+                else:
+                    self._replies[message["id"]] = message
+                self._lock.notify_all()
+        with self._lock:
+            self._gone = True
+            self._lock.notify_all()
+
+    def start(self, name: str, argv: list[str], env: dict[str, str], log_path: Path) -> int:
+        """Fork a `mas_async.launch.process` with `argv` and `env`, output into `log_path`; its pid."""
+        assert self.proc.stdin is not None
+        with self._lock:
+            request_id = self._next_id
+            self._next_id += 1
+        request = {"id": request_id, "argv": argv, "env": env, "cwd": os.getcwd(), "log": str(log_path)}
+        try:
+            self.proc.stdin.write(json.dumps(request).encode() + b"\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, ValueError):
+            pass  # the server is gone (or closed): said below
+        with self._lock:
+            self._lock.wait_for(lambda: request_id in self._replies or self._gone, self.timeout_s)
+            reply = self._replies.pop(request_id, None)
+        if reply is None:
+            why = "exited" if self._gone else f"did not answer within {self.timeout_s:.0f} s"
+            raise EngineError(f"the fork server of node {self.node} {why} when starting {name} (log: {self.log_path})")
+        if "error" in reply:
+            raise EngineError(f"the fork server of node {self.node} could not start {name}: {reply['error']}")
+        return reply["pid"]
+
+    def returncode(self, pid: int) -> int | None:
+        """The exit status of child `pid`, None while it runs. If the server died first (its children stop
+        when their parent goes), a child that has ended reports 1: its real status went with the server."""
+        with self._lock:
+            if pid in self._codes:
+                return self._codes[pid]
+            if not self._gone:
+                return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return 1
+        return None
+
+    def wait(self, pid: int, timeout: float) -> int | None:
+        with self._lock:
+            self._lock.wait_for(lambda: pid in self._codes or self._gone, timeout)
+        return self.returncode(pid)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """End the server (its children are stopped already)."""
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+            except BrokenPipeError:
+                pass
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._reader.join(timeout=timeout_s)
+
+
+if __name__ == "__main__":
+    sys.exit(serve())

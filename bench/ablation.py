@@ -8,10 +8,20 @@ Rows (each over several seeds; success = mean held-out `eval/team_success_rate` 
   grouping=agent_turn, std_scope=agent; A = (r - group mean) / agent k's own std)
 plus the role-swap probe: the AT-GRPO run's two trained policies evaluated with their roles swapped.
 
+`--team toolplan`: Stronger-MAS's own two probes for its tool + plan team on Plan-Path (the paper:
+jointly trained 96, roles trained as single agents then combined 16, roles swapped 6; Qwen3-1.7B):
+- tool + plan, trained jointly (AT-GRPO on `--toolplan-config`)
+- tool alone and plan alone, each trained as a single agent (envs `plan_path_tool_alone`,
+  `plan_path_plan_alone`: the same config with one role), then the two policies combined in the team
+- the jointly trained policies with their roles swapped
+On CPU the tiny model cannot write programs, so these rows check the plumbing; the figures need the GPU
+config (`--toolplan-config configs/plan_path_qwen3_1.7b.yaml`).
+
     python bench/ablation.py                      # 3 seeds x 200 iterations (about 40 min on 2 cores)
     python bench/ablation.py --seeds 0 --iterations 20 --out /tmp/ablation   # a quick look
     python bench/ablation.py --smoke              # 2 iterations per row: checks the plumbing only
     python bench/ablation.py --variants at-grpo-agent-std --iterations 100   # one row (ids: --help)
+    python bench/ablation.py --team toolplan --smoke                         # the tool + plan probes
 
 Prints a markdown table (mean and spread over seeds) and writes OUT/ablation.json and OUT/ablation.png.
 """
@@ -24,6 +34,8 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,6 +60,13 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
 }
 VARIANT_IDS = dict(zip(["single-grpo", "multi-grpo", "at-grpo", "at-grpo-agent-std"], VARIANTS, strict=True))
 AT_GRPO = "multi-agent + AT-GRPO"
+TOOLPLAN_ROWS = (
+    "tool + plan, trained jointly (AT-GRPO)",
+    "tool alone, trained as a single agent",
+    "plan alone, trained as a single agent",
+    "tool + plan, each trained alone, then combined",
+    "tool + plan, jointly trained, roles swapped",
+)
 
 
 def run(command: list[str], log: Path) -> None:
@@ -65,19 +84,85 @@ def final_success(run_dir: Path, last: int = 3) -> float:
     return statistics.fmean(evals[-last:])
 
 
-def role_swap(run_dir: Path, out: Path, iterations: int, eval_size: int) -> float:
-    ckpt = run_dir / "checkpoints"
-    version = f"v{iterations:06d}"
-    swap_dir = out / f"{run_dir.name}-swapped"
+def train(config: str, run_dir: Path, args: argparse.Namespace, seed: int, overrides: list[str]) -> float:
+    """Train `config` into `run_dir` (unless a finished run is there); its final held-out success."""
+    rows = run_dir / "metrics.jsonl"
+    if not rows.exists() or len([1 for line in rows.read_text().splitlines() if line]) <= args.iterations:
+        extra = ["rollout.batch_size=4", "algorithm.k=4"] if args.smoke else []
+        run(
+            [
+                "train", config, *overrides, *extra, f"run.seed={seed}", f"run.iterations={args.iterations}",
+                f"run.output_dir={run_dir}", f"eval.size={args.eval_size}", "eval.every=5",
+            ],
+            run_dir.parent / f"{run_dir.name}.log",
+        )  # fmt: skip
+    return final_success(run_dir)
+
+
+def evaluate(config: str, weights: dict[str, Path], out_dir: Path, eval_size: int) -> float:
+    """Held-out success of the team of `config` playing with the given weights (agent -> checkpoint)."""
     run(
         [
-            "eval", "configs/plan_path_tiny.yaml", f"run.output_dir={swap_dir}", f"eval.size={eval_size}",
-            f"eval.weights.vertical={ckpt / 'horizontal' / version}",
-            f"eval.weights.horizontal={ckpt / 'vertical' / version}",
+            "eval", config, f"run.output_dir={out_dir}", f"eval.size={eval_size}",
+            *(f"eval.weights.{agent}={path}" for agent, path in weights.items()),
         ],
-        out / f"{run_dir.name}-swapped.log",
+        out_dir.parent / f"{out_dir.name}.log",
     )  # fmt: skip
-    return json.loads((swap_dir / "eval.json").read_text())["eval/team_success_rate"]
+    return json.loads((out_dir / "eval.json").read_text())["eval/team_success_rate"]
+
+
+def checkpoint(run_dir: Path, policy: str, iterations: int) -> Path:
+    return run_dir / "checkpoints" / policy / f"v{iterations:06d}"
+
+
+def role_swap(run_dir: Path, out: Path, iterations: int, eval_size: int) -> float:
+    swapped = {"vertical": checkpoint(run_dir, "horizontal", iterations)}
+    swapped["horizontal"] = checkpoint(run_dir, "vertical", iterations)
+    return evaluate("configs/plan_path_tiny.yaml", swapped, out / f"{run_dir.name}-swapped", eval_size)
+
+
+def alone_config(team_config: str, role: str, out: Path) -> str:
+    """The team config with `role` alone: its agent and policy only, on the env where it plays alone."""
+    raw = yaml.safe_load((ROOT / team_config).read_text())
+    if raw["env"]["name"] != "plan_path_toolplan" or set(raw["agents"]) != {"tool", "plan"}:
+        raise SystemExit(f"ablation: {team_config} is not a Plan-Path tool + plan team (agents tool and plan)")
+    policy = raw["agents"][role]["policy"]
+    raw["agents"] = {role: {**raw["agents"][role], "node": f"plan_path_{role}_alone"}}
+    raw["policies"] = {policy: raw["policies"][policy]}
+    raw["env"]["name"] = f"plan_path_{role}_alone"
+    raw["run"]["name"] = f"{raw['run'].get('name', 'toolplan')}-{role}-alone"
+    path = out / f"{Path(team_config).stem}-{role}-alone.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return str(path)
+
+
+def toolplan_probes(args: argparse.Namespace) -> dict[str, list[float]]:
+    """Stronger-MAS's probes for the tool + plan team (see the module docstring), per seed."""
+    config = args.toolplan_config
+    raw = yaml.safe_load((ROOT / config).read_text())
+    policy = {role: raw["agents"][role]["policy"] for role in ("tool", "plan")}
+    alone = {role: alone_config(config, role, args.out) for role in ("tool", "plan")}
+    table: dict[str, list[float]] = {name: [] for name in TOOLPLAN_ROWS}
+    for seed in args.seeds:
+        joint = args.out / f"toolplan-joint-seed{seed}"
+        table[TOOLPLAN_ROWS[0]].append(train(config, joint, args, seed, []))
+        alone_dirs = {role: args.out / f"toolplan-{role}-alone-seed{seed}" for role in ("tool", "plan")}
+        table[TOOLPLAN_ROWS[1]].append(train(alone["tool"], alone_dirs["tool"], args, seed, []))
+        table[TOOLPLAN_ROWS[2]].append(train(alone["plan"], alone_dirs["plan"], args, seed, []))
+        combined = {role: checkpoint(alone_dirs[role], policy[role], args.iterations) for role in ("tool", "plan")}
+        table[TOOLPLAN_ROWS[3]].append(
+            evaluate(config, combined, args.out / f"toolplan-combined-seed{seed}", args.eval_size)
+        )
+        swapped = {
+            "tool": checkpoint(joint, policy["plan"], args.iterations),
+            "plan": checkpoint(joint, policy["tool"], args.iterations),
+        }
+        table[TOOLPLAN_ROWS[4]].append(
+            evaluate(config, swapped, args.out / f"toolplan-swapped-seed{seed}", args.eval_size)
+        )
+        for name, values in table.items():
+            print(f"seed {seed}  {name:<58} success {values[-1]:.3f}", flush=True)
+    return table
 
 
 def main() -> None:
@@ -87,6 +172,12 @@ def main() -> None:
     parser.add_argument("--eval-size", type=int, default=64)
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "ablation")
     parser.add_argument("--smoke", action="store_true", help="2 iterations, 1 seed, tiny batches")
+    parser.add_argument("--team", choices=["movers", "toolplan"], default="movers", help="whose ablation to run")
+    parser.add_argument(
+        "--toolplan-config",
+        default="configs/plan_path_toolplan_tiny.yaml",
+        help="the tool + plan team of --team toolplan (the paper's setting: configs/plan_path_qwen3_1.7b.yaml)",
+    )
     parser.add_argument(
         "--variants",
         nargs="+",
@@ -95,36 +186,12 @@ def main() -> None:
         help="rows to run (default: all): " + "; ".join(f"{key} = {name}" for key, name in VARIANT_IDS.items()),
     )
     args = parser.parse_args()
-    selected = {VARIANT_IDS[key]: VARIANTS[VARIANT_IDS[key]] for key in args.variants}
     if args.smoke:
         args.seeds, args.iterations, args.eval_size = [0], 2, 4
     args.out.mkdir(parents=True, exist_ok=True)
-    extra = ["rollout.batch_size=4", "algorithm.k=4"] if args.smoke else []
-
-    results: dict[str, list[float]] = {name: [] for name in selected}
-    swapped: list[float] = []
-    for seed in args.seeds:
-        for name, (config, overrides) in selected.items():
-            run_dir = args.out / f"{name.replace(' ', '_').replace('+', 'p')}-seed{seed}"
-            if (
-                not (run_dir / "metrics.jsonl").exists()
-                or len([1 for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]) <= args.iterations
-            ):
-                run(
-                    [
-                        "train", config, *overrides, *extra, f"run.seed={seed}", f"run.iterations={args.iterations}",
-                        f"run.output_dir={run_dir}", f"eval.size={args.eval_size}", "eval.every=5",
-                    ],
-                    args.out / f"{run_dir.name}.log",
-                )  # fmt: skip
-            results[name].append(final_success(run_dir))
-            print(f"seed {seed}  {name:<42} success {results[name][-1]:.3f}", flush=True)
-            if name == AT_GRPO:
-                swapped.append(role_swap(run_dir, args.out, args.iterations, args.eval_size))
-                print(f"seed {seed}  {'  role-swapped policies':<42} success {swapped[-1]:.3f}", flush=True)
-
-    table = dict(results, **({"AT-GRPO policies with roles swapped": swapped} if swapped else {}))
-    print(f"\nPlan-Path, tiny model, {args.iterations} iterations, seeds {args.seeds}; held-out success:\n")
+    table = toolplan_probes(args) if args.team == "toolplan" else movers(args)
+    model = args.toolplan_config if args.team == "toolplan" else "tiny model"
+    print(f"\nPlan-Path ({model}), {args.iterations} iterations, seeds {args.seeds}; held-out success:\n")
     print("| variant | success (mean) | spread (min-max) | per seed |")
     print("|---|---|---|---|")
     for name, values in table.items():
@@ -132,6 +199,22 @@ def main() -> None:
         print(f"| {name} | {statistics.fmean(values):.3f} | {min(values):.2f}-{max(values):.2f} | {per_seed} |")
     (args.out / "ablation.json").write_text(json.dumps({"iterations": args.iterations, "seeds": args.seeds, **table}))
     plot(table, args.out / "ablation.png")
+
+
+def movers(args: argparse.Namespace) -> dict[str, list[float]]:
+    """The variants' rows and the role-swap probe for the movers team (see the module docstring)."""
+    selected = {VARIANT_IDS[key]: VARIANTS[VARIANT_IDS[key]] for key in args.variants}
+    results: dict[str, list[float]] = {name: [] for name in selected}
+    swapped: list[float] = []
+    for seed in args.seeds:
+        for name, (config, overrides) in selected.items():
+            run_dir = args.out / f"{name.replace(' ', '_').replace('+', 'p')}-seed{seed}"
+            results[name].append(train(config, run_dir, args, seed, overrides))
+            print(f"seed {seed}  {name:<42} success {results[name][-1]:.3f}", flush=True)
+            if name == AT_GRPO:
+                swapped.append(role_swap(run_dir, args.out, args.iterations, args.eval_size))
+                print(f"seed {seed}  {'  role-swapped policies':<42} success {swapped[-1]:.3f}", flush=True)
+    return dict(results, **({"AT-GRPO policies with roles swapped": swapped} if swapped else {}))
 
 
 def plot(table: dict[str, list[float]], path: Path) -> None:

@@ -10,7 +10,8 @@ agents and their actions:
   this process) and reads the action list it printed after `**Actions List**:` (else the last line that
   is a list literal). The state does not move: the program and what it printed are recorded for the
   plan agent, and `achieves(actions)` says whether they would solve the problem (applied on a clone).
-  `infos["tool"]` = {"status": the sandbox status, "parsed": whether an action list was read}.
+  `infos["tool"]` = {"status": the sandbox status, "parsed": whether an action list was read, "actions":
+  the list read, or None}.
 - "plan": a macro action. Plan-Path and Sokoban: a list of moves "U", "D", "L", "R", applied in order,
   stopping at the goal (solved level) or at the first blocked move; Sudoku: a complete grid, written if it
   is the solution (checked mode), else nothing changes. `infos["plan"]` = {"solved", ...}.
@@ -18,6 +19,11 @@ agents and their actions:
 The reference's rewards are binary, and so is `team_reward()` here (1.0 when solved). Unlike the
 reference, a macro action stops at a blocked move (the reference skips it and goes on) and Sokoban has
 no step limit or deadlock end: the workflow's turn limit ends the episode.
+
+Each role alone, for the paper's probe "trained as single agents, then combined" (`bench/ablation.py`):
+`plan_path_tool_alone` (agent "tool" only: the actions its program prints are applied as the macro
+action) and `plan_path_plan_alone` (agent "plan" only: the task and the history, no program). Policies
+trained there play together in `plan_path_toolplan`.
 
 The observation is the task (the current grid as text), the previous turns' history (each turn's code,
 first and last 250 characters, its output, first and last 150, the tool's and the plan's actions, as
@@ -168,7 +174,7 @@ class ToolPlanEnv(Env):
         actions = self.read_actions(printed_list(result.stdout)) if result.ok else None
         output = result.stdout if result.ok else f"{result.stdout}\n{result.stderr}\n[{result.status}: {result.detail}]"
         self.turns = (*self.turns, {"code": code, "output": output.strip(), "tool": actions, "plan": None})
-        self.infos["tool"] = {"status": result.status, "parsed": actions is not None}
+        self.infos["tool"] = {"status": result.status, "parsed": actions is not None, "actions": actions}
 
     def step(self, agent: str, action: Any) -> None:
         """The plan's macro action; the tool's program runs through `astep` (synchronously here)."""
@@ -259,6 +265,44 @@ class PlanPathToolPlanEnv(ToolPlanEnv, PlanPathEnv):
                     cell = nxt
                     break
         return path
+
+
+class PlanPathToolAloneEnv(PlanPathToolPlanEnv):
+    """Plan-Path played by the tool agent alone: the actions its program prints are the macro action."""
+
+    possible_agents = ["tool"]
+
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
+        super().reset(seed=seed, options=options)
+        self.infos = {"tool": self.infos["tool"]}
+
+    async def astep(self, agent: str, action: Any) -> None:
+        """Run the program, then apply the actions it printed; `infos["tool"]["applied"]` says how far
+        they went (the plan's infos in the team)."""
+        await super().astep(agent, action)
+        actions = self.infos["tool"]["actions"]
+        applied = self.apply(actions) if actions is not None else {"solved": False}
+        self.infos.pop("plan", None)
+        self.infos["tool"] = {**self.infos["tool"], "applied": applied}
+        self.turns = (*self.turns[:-1], {**self.turns[-1], "plan": actions})
+
+    def action_examples(self, agent: str) -> list[Any]:
+        _check_agent(agent, self.possible_agents)
+        return super().action_examples(agent)
+
+
+class PlanPathPlanAloneEnv(PlanPathToolPlanEnv):
+    """Plan-Path played by the plan agent alone: it sees the task and the history of its own answers."""
+
+    possible_agents = ["plan"]
+
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
+        super().reset(seed=seed, options=options)
+        self.infos = {"plan": self.infos["plan"]}
+
+    def action_examples(self, agent: str) -> list[Any]:
+        _check_agent(agent, self.possible_agents)
+        return super().action_examples(agent)
 
 
 class SokobanToolPlanEnv(ToolPlanEnv, SokobanEnv):
@@ -358,9 +402,9 @@ class SudokuToolPlanEnv(ToolPlanEnv, SudokuEnv):
         return [[0] * self.size for _ in range(self.size)]
 
 
-def _check_agent(agent: str) -> None:
-    if agent not in AGENTS:
-        raise ValueError(f"tool_plan: unknown agent {agent!r}: agents are {', '.join(AGENTS)}")
+def _check_agent(agent: str, agents: list[str] | tuple[str, ...] = AGENTS) -> None:
+    if agent not in agents:
+        raise ValueError(f"tool_plan: unknown agent {agent!r}: agents are {', '.join(agents)}")
 
 
 def _history(turns: tuple[dict[str, Any], ...]) -> str:

@@ -11,7 +11,9 @@
   it as one macro action. Local reward: 1.0 when the problem is solved after it, else 0.0; no `####`
   line, or no action list after it, is a ParseError (`invalid_penalty`).
 - `ToolPlanWorkflow` ("tool_plan"): each turn the tool acts, then the plan on the tool's branch, until
-  the problem is solved or `max_turns` turns (default 4, the reference's `env.max_turns` for the games).
+  the problem is solved or `max_turns` turns (default 4, the reference's `env.max_turns` for the games);
+  with one node only, that role plays alone (the envs and nodes `plan_path_tool_alone` and
+  `plan_path_plan_alone`, whose prompts tell the agent it solves alone).
 
 The rewards are the reference's (agents/tool_agent.py, agents/plan_agent.py): each agent's own binary
 success, and the team term `alpha * team_reward()` on top (the reference adds the env's reward to each
@@ -42,6 +44,15 @@ the tool agent's code, its execution output and the actions it printed. Check th
 they are correct, adopt them; otherwise correct them with your own reasoning. Think step by step, \
 briefly, then give the final action list on the LAST line, after ####.
 """
+TOOL_ALONE_SYSTEM = """You solve a planning problem alone, by writing code: the action list your program prints \
+is applied to the grid.
+Write ONE ```python program that solves the task below and prints the result with print(). The program \
+reads no input: copy what it needs from the task into the code. Use an algorithm such as BFS or A*; \
+do not just guess the answer.
+"""
+PLAN_ALONE_SYSTEM = """You solve a planning problem alone: the action list you answer is applied to the grid. \
+Think step by step, briefly, then give the final action list on the LAST line, after ####.
+"""
 MOVES_TOOL = """Moves are "U" (up), "D" (down), "L" (left), "R" (right). If your algorithm numbers them, \
 convert them with action_map = {0: "U", 1: "D", 2: "L", 3: "R"} before printing. The program must print \
 the move list (all of it, or the part you are sure of) in exactly this format:
@@ -61,13 +72,14 @@ that is not a target."""
 class ToolAgent(Node):
     """Writes a program whose printed action list is scored on a clone (see the module docstring)."""
 
+    system = TOOL_SYSTEM
     answer_format = MOVES_TOOL
 
     def __init__(self, agent: str = "tool") -> None:
         super().__init__(agent)
 
     def prompt(self, obs: Any) -> list[dict[str, str]]:
-        return [{"role": "system", "content": TOOL_SYSTEM + self.answer_format}, {"role": "user", "content": str(obs)}]
+        return [{"role": "system", "content": self.system + self.answer_format}, {"role": "user", "content": str(obs)}]
 
     def parse(self, text: str) -> dict[str, str]:
         return {"code": python_block(text, self.agent)}
@@ -75,12 +87,14 @@ class ToolAgent(Node):
     def local_reward(self, before: ToolPlanEnv, action: Any, after: ToolPlanEnv) -> float:
         if not after.infos[self.agent]["parsed"]:
             return self.invalid_penalty
-        return 1.0 if after.achieves(after.tool_actions) else 0.0
+        # Scored from the state it acted on (alone, the tool's actions have moved the board since).
+        return 1.0 if before.achieves(after.infos[self.agent]["actions"]) else 0.0
 
 
 class PlanAgent(Node):
     """Answers with the final action list after `####` (see the module docstring)."""
 
+    system = PLAN_SYSTEM
     answer_format = MOVES_PLAN
     expected = "a list of moves U, D, L, R"
 
@@ -88,7 +102,7 @@ class PlanAgent(Node):
         super().__init__(agent)
 
     def prompt(self, obs: Any) -> list[dict[str, str]]:
-        return [{"role": "system", "content": PLAN_SYSTEM + self.answer_format}, {"role": "user", "content": str(obs)}]
+        return [{"role": "system", "content": self.system + self.answer_format}, {"role": "user", "content": str(obs)}]
 
     def parse(self, text: str) -> Any:
         marked = [line.lstrip()[4:] for line in strip_thinking(text).splitlines() if line.lstrip().startswith("####")]
@@ -112,6 +126,18 @@ class PlanPathTool(ToolAgent):
 
 class PlanPathPlan(PlanAgent):
     """Plan-Path's plan agent: answers a list of moves."""
+
+
+class PlanPathToolAlone(PlanPathTool):
+    """Plan-Path's tool agent playing alone (env `plan_path_tool_alone`): told its printed actions are applied."""
+
+    system = TOOL_ALONE_SYSTEM
+
+
+class PlanPathPlanAlone(PlanPathPlan):
+    """Plan-Path's plan agent playing alone (env `plan_path_plan_alone`): shown no program."""
+
+    system = PLAN_ALONE_SYSTEM
 
 
 class SokobanTool(ToolAgent):
@@ -142,9 +168,13 @@ class SudokuPlan(PlanAgent):
 
 class ToolPlanWorkflow(SequentialWorkflow):
     """Each turn the tool acts, then the plan on the tool's committed branch; the episode stops when the
-    problem is solved or after `max_turns` turns."""
+    problem is solved or after `max_turns` turns. Given one of the two nodes only (a role alone:
+    `plan_path_tool_alone`, `plan_path_plan_alone`), that one acts each turn."""
 
     agents = ("tool", "plan")
 
     def __init__(self, nodes: dict[str, Node], max_turns: int = 4) -> None:
+        present = tuple(agent for agent in type(self).agents if agent in nodes)
+        if len(present) == 1 and set(nodes) == set(present):
+            self.agents = present
         super().__init__(nodes, max_turns)

@@ -44,6 +44,8 @@ ENVS: dict[str, str] = {
     "sudoku": "envs.sudoku:SudokuEnv",
     # the tool + plan team (Stronger-MAS): agents "tool" and "plan"
     "plan_path_toolplan": "envs.tool_plan:PlanPathToolPlanEnv",
+    "plan_path_tool_alone": "envs.tool_plan:PlanPathToolAloneEnv",
+    "plan_path_plan_alone": "envs.tool_plan:PlanPathPlanAloneEnv",
     "sokoban_toolplan": "envs.tool_plan:SokobanToolPlanEnv",
     "sudoku_toolplan": "envs.tool_plan:SudokuToolPlanEnv",
     # code and math
@@ -78,6 +80,8 @@ NODES: dict[str, str] = {
     # the tool + plan team (Stronger-MAS)
     "plan_path_tool": "nodes.tool_plan:PlanPathTool",
     "plan_path_plan": "nodes.tool_plan:PlanPathPlan",
+    "plan_path_tool_alone": "nodes.tool_plan:PlanPathToolAlone",
+    "plan_path_plan_alone": "nodes.tool_plan:PlanPathPlanAlone",
     "sokoban_tool": "nodes.tool_plan:SokobanTool",
     "sokoban_plan": "nodes.tool_plan:SokobanPlan",
     "sudoku_tool": "nodes.tool_plan:SudokuTool",

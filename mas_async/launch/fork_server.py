@@ -27,6 +27,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import setproctitle
+
 from mas_async.launch import process
 from mas_async.launch.engines.base import EngineError
 from mas_async.runtime.actor import PARENT_PID_ENV
@@ -55,8 +57,11 @@ READY_TIMEOUT_S = 10.0
 # -- the server ------------------------------------------------------------------------------------
 
 
-def serve(requests_fd: int = 0, replies_fd: int = 1) -> int:
-    """Preload, then start a child per request until `requests_fd` closes."""
+def serve(requests_fd: int = 0) -> int:
+    """Preload, then start a child per request until `requests_fd` closes; replies go to stdout."""
+    # The replies keep the pipe of stdout; what anything else prints goes to the log (stderr).
+    replies_fd = os.dup(1)
+    os.dup2(2, 1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher stops the children; the server ends on EOF
     process.quiet_progress_bars()
     for name in PRELOAD:
@@ -68,7 +73,7 @@ def serve(requests_fd: int = 0, replies_fd: int = 1) -> int:
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
-    own_fds = (wake_r, wake_w)
+    own_fds = (wake_r, wake_w, replies_fd)
 
     def reply(message: dict[str, Any]) -> None:
         os.write(replies_fd, json.dumps(message).encode() + b"\n")
@@ -143,10 +148,13 @@ def _child(request: dict[str, Any], ready_w: int, own_fds: tuple[int, ...]) -> N
         sys.stdout = io.TextIOWrapper(open(1, "wb", buffering=0, closefd=False), write_through=True)  # noqa: SIM115
         sys.stderr = io.TextIOWrapper(open(2, "wb", buffering=0, closefd=False), write_through=True)  # noqa: SIM115
         os.chdir(request["cwd"])
+        # `ps` shows the command line the process would have had as a new interpreter (set before the
+        # environment changes: setproctitle finds the space it rewrites next to the environment's).
+        sys.argv = [process.__file__, *request["argv"]]
+        setproctitle.setproctitle(" ".join([sys.executable, "-m", process.__name__, *request["argv"]]))
         os.environ.clear()
         os.environ.update(request["env"])
         os.environ[PARENT_PID_ENV] = str(os.getppid())
-        sys.argv = [process.__file__, *request["argv"]]
         code = process.main(request["argv"])
     except SystemExit as e:
         if isinstance(e.code, int) or e.code is None:
@@ -193,7 +201,7 @@ class ForkServer:
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            message = json.loads(line)
+            message = json.loads(line)  # only the server writes there (anything printed goes to its log)
             with self._lock:
                 if "exited" in message:
                     self._codes[message["exited"]] = message["code"]

@@ -1,6 +1,6 @@
 """`mas-async eval` (avg@k, pass@k from a run's checkpoint) and the ablation bench's smoke mode, which
 runs every variant (single agent, parallel sampling with trajectory groups, AT-GRPO, per-agent
-normalisation) and the role-swap probe through real deployments."""
+normalisation) and the role-swap probe, and the tool + plan team's probes, through real deployments."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+from bench.ablation import TOOLPLAN_ROWS
 from tests.integration.launch import FAST, ROOT, cleanup, start_train
 
 
@@ -58,3 +59,28 @@ def test_ablation_smoke_runs_every_variant(tmp_path):
         assert len(table[name]) == 1 and 0.0 <= table[name][0] <= 1.0
     assert (tmp_path / "ablation.png").stat().st_size > 1000
     assert "| multi-agent + AT-GRPO |" in result.stdout
+
+
+def test_ablation_smoke_runs_the_tool_plan_probes(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "bench/ablation.py", "--smoke", "--team", "toolplan", "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    table = json.loads((tmp_path / "ablation.json").read_text())
+    assert set(table) == {"iterations", "seeds", *TOOLPLAN_ROWS}
+    for name in TOOLPLAN_ROWS:
+        assert len(table[name]) == 1 and 0.0 <= table[name][0] <= 1.0
+    # each role trained alone, on its own env, with only its own agent
+    for role, other in (("tool", "plan"), ("plan", "tool")):
+        rows = [json.loads(line) for line in (tmp_path / f"toolplan-{role}-alone-seed0/metrics.jsonl").open()]
+        assert f"reward/{role}" in rows[0] and f"reward/{other}" not in rows[0]
+    # the combined team plays with the alone runs' weights; the swapped one with the joint run's, crossed
+    combined = json.loads((tmp_path / "toolplan-combined-seed0/deployment.json").read_text())["weights_paths"]
+    assert combined == {
+        p: str(tmp_path / f"toolplan-{p}-alone-seed0/checkpoints/{p}/v000002") for p in ("tool", "plan")
+    }
+    swapped = json.loads((tmp_path / "toolplan-swapped-seed0/deployment.json").read_text())["weights_paths"]
+    assert swapped == {"tool": str(tmp_path / "toolplan-joint-seed0/checkpoints/plan/v000002"),
+                       "plan": str(tmp_path / "toolplan-joint-seed0/checkpoints/tool/v000002")}  # fmt: skip
+    assert "| tool + plan, each trained alone, then combined |" in result.stdout

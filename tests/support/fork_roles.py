@@ -26,6 +26,7 @@ class _Probe:
             "env": dict(os.environ),
             "torch_was_loaded": self.torch_was_loaded,
             "stdin": sys.stdin.read(),
+            "cmdline": Path("/proc/self/cmdline").read_text(),
         }
         Path(self.out).write_text(json.dumps(facts))
 

@@ -125,7 +125,7 @@ def test_the_tool_step_runs_the_program_and_records_what_it_printed() -> None:
     env = reset(PlanPathToolPlanEnv(), DETOUR)
     env.step("tool", {"code": f"print('**Actions List**:', {SOLVE!r})"})
     assert env.position == (0, 0) and not env.done  # the tool's actions are not applied
-    assert env.infos["tool"] == {"status": "ok", "parsed": True}
+    assert env.infos["tool"] == {"status": "ok", "parsed": True, "actions": SOLVE}
     assert env.tool_actions == SOLVE and env.achieves(SOLVE) and not env.achieves(SOLVE[:3])
     assert f"Here are the actions it printed: {SOLVE}" in env.observe("plan")
     assert "Here is the tool agent's code" not in env.observe("tool")
@@ -139,7 +139,7 @@ def test_a_failing_or_hanging_tool_program_parses_nothing() -> None:
     env = reset(PlanPathToolPlanEnv(), DETOUR)
     env.tool_limits = Limits(timeout_s=1.0, cpu_s=1)
     env.step("tool", {"code": "raise SystemExit(3)"})
-    assert env.infos["tool"] == {"status": "error", "parsed": False} and env.tool_actions is None
+    assert env.infos["tool"] == {"status": "error", "parsed": False, "actions": None} and env.tool_actions is None
     env.step("tool", {"code": "while True:\n    pass\n"})
-    assert env.infos["tool"] == {"status": "timeout", "parsed": False}
+    assert env.infos["tool"] == {"status": "timeout", "parsed": False, "actions": None}
     assert "[timeout" in env.observe("plan")

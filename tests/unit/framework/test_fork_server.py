@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -61,6 +62,7 @@ def test_a_child_is_a_preloaded_fork_in_its_own_session_with_its_own_environment
     assert facts["env"]["ASKED_FOR"] == "yes" and "ONLY_IN_THE_SERVER" not in facts["env"]
     assert facts["cwd"] == str(tmp_path)
     assert facts["stdin"] == ""
+    assert facts["cmdline"].startswith(f"{sys.executable} -m mas_async.launch.process probe {run_dir} --roles")
     text = log.read_text()
     assert "probe says hello" in text and "[probe/0] mas_async: probe/0 exited cleanly" in text
 

@@ -10,10 +10,25 @@ import numpy as np
 import pytest
 
 from envs.sandbox import Limits
-from envs.tool_plan import PlanPathToolPlanEnv, SokobanToolPlanEnv, SudokuToolPlanEnv
+from envs.tool_plan import (
+    PlanPathPlanAloneEnv,
+    PlanPathToolAloneEnv,
+    PlanPathToolPlanEnv,
+    SokobanToolPlanEnv,
+    SudokuToolPlanEnv,
+)
 from mas_async.api import ParseError, resolve
 from nodes import NODES, WORKFLOWS
-from nodes.tool_plan import PlanPathPlan, PlanPathTool, SokobanPlan, SokobanTool, SudokuPlan, SudokuTool
+from nodes.tool_plan import (
+    PlanPathPlan,
+    PlanPathPlanAlone,
+    PlanPathTool,
+    PlanPathToolAlone,
+    SokobanPlan,
+    SokobanTool,
+    SudokuPlan,
+    SudokuTool,
+)
 from tests.support.chat_fakes import ScriptedGenerate, make_episode
 from tests.unit.envs.test_macro_actions import DETOUR, PUSH, SOLVE
 
@@ -236,3 +251,36 @@ def test_the_plan_answer_is_the_list_after_the_last_marker() -> None:
         SudokuPlan().parse("#### [1, 2, 3, 4]")
     with pytest.raises(ParseError, match="code block"):
         PlanPathTool().parse("print('**Actions List**:', ['U'])")
+
+
+def test_the_tool_alone_plays_the_actions_its_program_prints() -> None:
+    env = PlanPathToolAloneEnv()
+    env.reset(options={"problem": DETOUR})
+    env.tool_limits = SHORT
+    stuck = ["D", "R", "R", "U", "U"]  # blocked at the 2nd move; from where it stops, it would solve
+    generate = ScriptedGenerate({"tool": [[printing(["D", "D"]), printing(stuck), bfs(DETOUR)]]})
+    episode = make_episode(env, ("tool",), generate, k=3)
+    alone = resolve("tool_plan", WORKFLOWS, "workflow")({"tool": PlanPathToolAlone()}, max_turns=2)
+    assert alone.agents == ("tool",)
+    asyncio.run(alone.run(episode))
+    # the BFS path is applied: team term 1 + its own success 1; the others stop short: 0 + 0 (scored from
+    # the state they acted on, not from where they left the walker)
+    assert rewards(episode, "tool", 0) == [0.0, 0.0, 2.0]
+    assert episode.env.success() and episode.finish()["turns"] == 1
+    assert generate.calls == [("tool", 3)]
+    assert "the action list your program prints is applied" in prompt_text(episode, "tool", 0)
+
+
+def test_the_plan_alone_sees_no_program_and_its_answer_is_applied() -> None:
+    env = PlanPathPlanAloneEnv()
+    env.reset(options={"problem": DETOUR})
+    generate = ScriptedGenerate({"plan": [['#### ["D"]'], [f"#### {SOLVE[1:]}"]]})
+    episode = make_episode(env, ("plan",), generate, k=1)
+    asyncio.run(resolve("tool_plan", WORKFLOWS, "workflow")({"plan": PlanPathPlanAlone()}, max_turns=2).run(episode))
+    assert rewards(episode, "plan", 0) == [0.0] and rewards(episode, "plan", 1) == [2.0]
+    second = prompt_text(episode, "plan", 1)
+    assert "Plan Agent's Action: ['D']" in second and "Tool Agent's Code" not in second
+    assert "tool agent's code" not in second and "You solve a planning problem alone" in second
+    assert episode.env.success()
+    with pytest.raises(ValueError, match="agents are plan"):
+        env.action_examples("tool")

@@ -75,6 +75,8 @@ NODES: dict[str, str] = {
     "sudoku_placer": "nodes.sudoku:DigitPlacer",
     "sokoban_vertical_chat": "nodes.sokoban:ChatVerticalPusher",
     "sokoban_horizontal_chat": "nodes.sokoban:ChatHorizontalPusher",
+    "sokoban_vertical_answer": "nodes.sokoban_answer:AnswerVerticalPusher",
+    "sokoban_horizontal_answer": "nodes.sokoban_answer:AnswerHorizontalPusher",
     "sudoku_chooser_chat": "nodes.sudoku:ChatCellChooser",
     "sudoku_placer_chat": "nodes.sudoku:ChatDigitPlacer",
     # the tool + plan team (Stronger-MAS)

@@ -240,3 +240,39 @@ def test_three_iterations_of_the_config_through_real_processes(smollm2: Path, tm
             assert diff < TOLERANCE
         assert 0.0 <= row.get("parse/invalid_rate/vertical", 0.0) <= 1.0
     assert "parse/invalid_rate/horizontal" in rows[0] and "eval/parse/invalid_rate/vertical" in rows[-1]  # held out
+
+
+def test_the_tool_plan_team_runs_two_iterations_on_smollm2(smollm2: Path, tmp_path: Path) -> None:
+    """The paper's tool + plan team (issue 18) with the real chat model: its prompts through SmolLM2's own
+    chat template, the tool's replies run in the sandbox (what the untrained model writes is mostly not a
+    program: the penalty), both agents trained on-version."""
+    from tests.integration.launch import cleanup, start_train
+
+    run_dir = tmp_path / "run"
+    proc = start_train(
+        "configs/plan_path_toolplan_tiny.yaml",
+        run_dir,
+        "run.iterations=2",
+        "rollout.batch_size=1",
+        "algorithm.k=2",
+        "workflow.options.max_turns=1",
+        "rollout.max_tokens=48",
+        "eval.every=2",
+        "eval.size=1",
+        *(f"policies.{p}.model={smollm2}" for p in ("tool", "plan")),
+    )
+    try:
+        out, _ = proc.communicate(timeout=900)
+    finally:
+        cleanup(proc, run_dir)
+    assert proc.returncode == 0, out[-5000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [0, 1, 2]
+    for i, row in enumerate(rows[:2]):
+        assert row["rollout/episodes"] == 1 and row["rollout/dropped"] == 0, row
+        for policy in ("tool", "plan"):
+            assert row[f"policy/{policy}/version"] == i and row[f"policy/{policy}/version_mismatch"] == 0
+            assert row[f"policy/{policy}/samples"] > 0
+            assert row[f"policy/{policy}/logprob_abs_diff"] < TOLERANCE
+            assert 0.0 <= row[f"parse/invalid_rate/{policy}"] <= 1.0
+    assert "eval/team_success_rate" in rows[2]

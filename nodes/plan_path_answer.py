@@ -43,16 +43,20 @@ class AnswerMover(Mover):
             partner=" or ".join(WORDS[m] for m in MOVES[partner] if m != "S"),
             letters=" or ".join(self.moves),
         )
-        example_move = self.moves[0]
-        return [
-            {"role": "system", "content": rules},
-            {"role": "user", "content": EXAMPLE[self.agent]},
-            {"role": "assistant", "content": f"Answer: {example_move}"},
-            {"role": "user", "content": describe(obs)},
-        ]
+        return answer_prompt(rules, EXAMPLE[self.agent], self.moves[0], describe(obs))
 
     def parse(self, text: str) -> str:
         return answer_move(text, self.moves, self.agent)
+
+
+def answer_prompt(rules: str, example: str, example_move: str, question: str) -> list[dict[str, str]]:
+    """The rules, one worked exchange (a small model copies the reply format from it), then the question."""
+    return [
+        {"role": "system", "content": rules},
+        {"role": "user", "content": example},
+        {"role": "assistant", "content": f"Answer: {example_move}"},
+        {"role": "user", "content": question},
+    ]
 
 
 def describe(obs: str) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from envs.sokoban import MOVES
-from nodes.plan_path_answer import WORDS, answer_move
+from nodes.plan_path_answer import WORDS, answer_move, answer_prompt
 from nodes.sokoban import Pusher
 
 RULES = (
@@ -40,12 +40,7 @@ class AnswerPusher(Pusher):
             partner=" or ".join(WORDS[m] for m in MOVES[self.partner]),
             letters=" or ".join(self.moves),
         )
-        return [
-            {"role": "system", "content": rules},
-            {"role": "user", "content": EXAMPLE[self.agent]},
-            {"role": "assistant", "content": f"Answer: {self.moves[0]}"},
-            {"role": "user", "content": describe(obs)},
-        ]
+        return answer_prompt(rules, EXAMPLE[self.agent], self.moves[0], describe(obs))
 
     def parse(self, text: str) -> str:
         return answer_move(text, self.moves, self.agent)

@@ -209,10 +209,10 @@ def test_hf_and_vllm_agree_then_a_trainer_step_reaches_vllm(smollm2: Path, vllm_
 
 
 def test_three_iterations_of_the_config_through_real_processes(smollm2: Path, tmp_path: Path) -> None:
-    from tests.integration.launch import cleanup, start_train
+    from tests.integration.launch import run_train
 
     run_dir = tmp_path / "run"
-    proc = start_train(
+    rc, out = run_train(
         "configs/plan_path_smollm2.yaml",
         run_dir,
         "run.iterations=3",
@@ -222,12 +222,9 @@ def test_three_iterations_of_the_config_through_real_processes(smollm2: Path, tm
         "eval.every=3",
         "eval.size=2",
         *(f"policies.{p}.model={smollm2}" for p in ("vertical", "horizontal")),
+        timeout=900,
     )
-    try:
-        out, _ = proc.communicate(timeout=900)
-    finally:
-        cleanup(proc, run_dir)
-    assert proc.returncode == 0, out[-5000:]
+    assert rc == 0, out[-5000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows if "team/success_rate" in r] == [0, 1, 2]
     for row in rows:
@@ -246,10 +243,10 @@ def test_the_tool_plan_team_runs_two_iterations_on_smollm2(smollm2: Path, tmp_pa
     """The paper's tool + plan team (issue 18) with the real chat model: its prompts through SmolLM2's own
     chat template, the tool's replies run in the sandbox (what the untrained model writes is mostly not a
     program: the penalty), both agents trained on-version."""
-    from tests.integration.launch import cleanup, start_train
+    from tests.integration.launch import run_train
 
     run_dir = tmp_path / "run"
-    proc = start_train(
+    rc, out = run_train(
         "configs/plan_path_toolplan_tiny.yaml",
         run_dir,
         "run.iterations=2",
@@ -260,12 +257,9 @@ def test_the_tool_plan_team_runs_two_iterations_on_smollm2(smollm2: Path, tmp_pa
         "eval.every=2",
         "eval.size=1",
         *(f"policies.{p}.model={smollm2}" for p in ("tool", "plan")),
+        timeout=900,
     )
-    try:
-        out, _ = proc.communicate(timeout=900)
-    finally:
-        cleanup(proc, run_dir)
-    assert proc.returncode == 0, out[-5000:]
+    assert rc == 0, out[-5000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [0, 1, 2]
     for i, row in enumerate(rows[:2]):

@@ -362,6 +362,12 @@ class ClusterConfig(_Section):
     """A peer (or the router) silent for this long is declared dead."""
     startup_timeout_s: float = Field(300.0, gt=0)
     """Every process must have said Hello within this time."""
+    max_restarts: int = Field(3, ge=0)
+    """A lost env worker is restarted (its episodes run again from their start elsewhere), and a lost trainer
+    or router restarts the whole run from its last complete checkpoint, each up to this many times per role
+    within `restart_window_s` (docs/faults.md). 0: any lost process stops the run."""
+    restart_window_s: float = Field(600.0, gt=0)
+    """The window of `max_restarts`: restarts older than this no longer count."""
     slurm: SlurmConfig = Field(default_factory=SlurmConfig)
     """Placement and step resources of `engine: slurm`."""
     weight_backend: Literal["auto", "gloo", "nccl", "cuda_ipc"] = "auto"

@@ -47,6 +47,10 @@ class Keys:
     """ZeroMQ handshakes the router refused so far (a peer without the run's CURVE key; see runtime/handshakes.py)."""
     LOGPROB_DIFF = "logprob_abs_diff"
     VERSION_MISMATCH = "version_mismatch"
+    REISSUED_EPISODES = "faults/reissued_episodes"
+    """Episodes of a lost env worker that went back to the queue in the iteration (run again from their start)."""
+    RECOVERY_S = "faults/recovery_s"
+    """The longest recovery completed in the iteration: from a process found dead to its replacement's first result."""
 
     PARSE_PREFIX = "parse/"
 
@@ -55,6 +59,11 @@ class Keys:
         """Fraction of an agent's candidates whose reply did not parse (a ParseError: penalty reward),
         averaged over the iteration's episodes; in the row as is (training) and under eval/ (held out)."""
         return f"parse/invalid_rate/{agent}"
+
+    @staticmethod
+    def restarts(role: str) -> str:
+        """Restarts of lost `role` processes seen in the iteration (a trainer's or router's: of the whole run)."""
+        return f"faults/restarts/{role}"
 
     @staticmethod
     def policy(policy: str, key: str) -> str:

@@ -7,9 +7,11 @@ address, the listeners' endpoints and ports, model folders), then starts the rou
 trainers and `replicas` inference servers per policy and `cluster.env_workers` env workers, each as
 `python -m mas_async.launch.process ROLE ...` (the actor comes from a role -> factory map,
 `mas_async.launch.roles.ROLES`; benchmarks start their own actors through the same functions). It shows
-live progress from metrics.jsonl. If any process fails (or exits before the router finished the run),
-every other process is stopped and the failed role is named with its node and the tail of its log; the
-exit status is non-zero. Ctrl-C (or SIGTERM) stops everything within seconds: SIGTERM to each child and
+live progress from metrics.jsonl. A lost env worker is started again (the router runs its episodes
+elsewhere meanwhile); a lost trainer or router restarts the whole run from its last complete checkpoint;
+both within `cluster.max_restarts` per role (`restarts.py`, docs/faults.md). Any other failure, or one past
+that budget, stops every other process and names the failed role with its node and the tail of its log;
+the exit status is non-zero. Ctrl-C (or SIGTERM) stops everything within seconds: SIGTERM to each child and
 what it started, SIGKILL after a grace period, then the engine releases what it holds.
 """
 
@@ -20,6 +22,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -31,7 +34,10 @@ from mas_async.launch.engines.base import Child, Engine, Node, ProcessSpec
 from mas_async.launch.engines.local import LocalEngine
 from mas_async.launch.engines.registry import open_engine
 from mas_async.launch.progress import Progress
+from mas_async.launch.restarts import RESTART_THE_RUN, RESTARTED_ALONE, RestartBudget
 from mas_async.launch.roles import DEFAULT_ROLES
+from mas_async.router.faults import RUN_RESTART_ENV
+from mas_async.runtime.actor import DIED_AT_ENV
 from mas_async.runtime.curve import prepare_keys
 
 CLEAN_EXIT_GRACE_S = 10.0
@@ -172,6 +178,44 @@ def process_specs(config: Config, training: bool = True) -> list[ProcessSpec]:
     return specs
 
 
+@dataclass(frozen=True)
+class ProcessLaunch:
+    """Everything needed to start one process of the deployment (again, when it is lost)."""
+
+    spec: ProcessSpec
+    node: Node
+    command: list[str]
+    env: dict[str, str]
+    log_path: Path
+
+    def start(self, engine: Engine, extra_env: dict[str, str] | None = None) -> Child:
+        return engine.start(self.spec, self.node, self.command, {**self.env, **(extra_env or {})}, self.log_path)
+
+
+def process_launches(
+    config: Config,
+    run_dir: Path,
+    training: bool = True,
+    *,
+    roles: str = DEFAULT_ROLES,
+    options: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+) -> list[ProcessLaunch]:
+    """Every process of the deployment on its node (deployment.json), router first, each as
+    `python -m mas_async.launch.process` building its actor from the role map `roles` ("module:ATTR"; a
+    benchmark passes its own) with the keyword `options`, with the extra environment `env`; one log each."""
+    deployment = Deployment.load(run_dir / "deployment.json")
+    env = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(config.cluster.torch_threads), **(env or {})}
+    extra = ["--roles", roles, "--options", json.dumps(options or {})]
+    launches = []
+    for spec in process_specs(config, training):
+        place = deployment.nodes[spec.name]
+        command = [sys.executable, "-m", "mas_async.launch.process", spec.role, str(run_dir), *spec.args, *extra]
+        log_path = run_dir / "logs" / f"{spec.name.replace('/', '-')}.log"
+        launches.append(ProcessLaunch(spec, Node(place["node"], place["address"]), command, env, log_path))
+    return launches
+
+
 def start_children(
     config: Config,
     run_dir: Path,
@@ -181,22 +225,18 @@ def start_children(
     options: dict[str, Any] | None = None,
     engine: Engine,
 ) -> list[Child]:
-    """Start every process of the deployment on its node (deployment.json) with `engine`, router first,
-    each as `python -m mas_async.launch.process` building its actor from the role map `roles`
-    ("module:ATTR"; a benchmark passes its own) with the keyword `options`; one log per process. The
-    caller stops them (`stop_children`), then closes the engine."""
-    deployment = Deployment.load(run_dir / "deployment.json")
-    env = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(config.cluster.torch_threads)}
-    extra = ["--roles", roles, "--options", json.dumps(options or {})]
-    children = []
-    for spec in process_specs(config, training):
-        place = deployment.nodes[spec.name]
-        command = [sys.executable, "-m", "mas_async.launch.process", spec.role, str(run_dir), *spec.args, *extra]
-        log_path = run_dir / "logs" / f"{spec.name.replace('/', '-')}.log"
-        children.append(engine.start(spec, Node(place["node"], place["address"]), command, env, log_path))
-    # name -> pid on its node (deployment.json says which node): what a test or an operator kills by pid.
-    (run_dir / "pids.json").write_text(json.dumps({c.name: c.pid for c in children}, indent=2))
+    """Start every process of the deployment with `engine` (`process_launches`). The caller stops them
+    (`stop_children`), then closes the engine."""
+    launches = process_launches(config, run_dir, training, roles=roles, options=options)
+    children = [launch.start(engine) for launch in launches]
+    write_pids(run_dir, children)
     return children
+
+
+def write_pids(run_dir: Path, children: list[Child]) -> None:
+    """RUN_DIR/pids.json: name -> pid on its node (deployment.json says which node), what a test or an
+    operator kills by pid; rewritten when a lost process is replaced."""
+    (run_dir / "pids.json").write_text(json.dumps({c.name: c.pid for c in children}, indent=2))
 
 
 def stop_children(children: list[Child], grace_s: float = 5.0) -> None:
@@ -212,8 +252,32 @@ def stop_children(children: list[Child], grace_s: float = 5.0) -> None:
             child.wait(5)
 
 
-def supervise(children: list[Child], run_dir: Path, progress: Progress) -> int:
-    """Watch the children until the router finishes (0) or something fails (1).
+class RunLost(Exception):
+    """The run lost a process that cannot be replaced alone (a trainer or the router); it restarts from its
+    last complete checkpoint."""
+
+    def __init__(self, child: Child, status: int | None, died_at: float) -> None:
+        super().__init__(f"{child.name} ({child.where()}) exited with status {status}")
+        self.role = child.name.split("/")[0]
+        self.died_at = died_at
+
+
+@dataclass
+class Restarts:
+    """What `supervise` needs to replace lost processes: the engine, how each process was started, and the
+    budget left (`cluster.max_restarts` per role in the window)."""
+
+    engine: Engine
+    launches: dict[str, ProcessLaunch]
+    budget: RestartBudget
+    whole_run: bool
+    """Whether a lost trainer or router restarts the run (training runs; an evaluation just stops)."""
+
+
+def supervise(children: list[Child], run_dir: Path, progress: Progress, restarts: Restarts | None = None) -> int:
+    """Watch the children until the router finishes (0) or something fails (1). With `restarts`, a lost env
+    worker is started again in place and a lost trainer or router raises `RunLost` (after stopping every
+    process), each while the role's budget lasts.
 
     Peers exit cleanly a moment before the router when it ends the run (it sends Shutdown first), so a
     clean exit of a peer is a failure only if the router is still running `CLEAN_EXIT_GRACE_S` later."""
@@ -236,8 +300,22 @@ def supervise(children: list[Child], run_dir: Path, progress: Progress) -> int:
                 continue
             if code == 0 and now - clean_exits.setdefault(child.name, now) < CLEAN_EXIT_GRACE_S:
                 continue
+            role, died_at = child.name.split("/")[0], time.time()
+            if restarts is not None and role in RESTARTED_ALONE and restarts.budget.take(role):
+                replacement = restarts.launches[child.name].start(restarts.engine, {DIED_AT_ENV: repr(died_at)})
+                children[children.index(child)] = replacement
+                clean_exits.pop(child.name, None)
+                write_pids(run_dir, children)
+                progress.note(
+                    f"{child.name} ({child.where()}) exited with status {code}; started it again as pid "
+                    f"{replacement.pid} ({restarts.budget.used(role)} of {restarts.budget.max_restarts} restarts "
+                    "of the role in the window)"
+                )
+                break  # the list changed: look again from the start
             progress.finish()
             stop_children(children)
+            if restarts is not None and restarts.whole_run and role in RESTART_THE_RUN and restarts.budget.take(role):
+                raise RunLost(child, code, died_at)
             why = f"exited with status {code}" if code != 0 else "exited before the run finished"
             print(f"\nmas-async: {child.name} ({child.where()}) {why}. Last lines of {child.log_path}:\n")
             print(child.tail())
@@ -252,7 +330,8 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def launch(config: Config, mode: str = "train") -> int:
     """Run a whole training job (mode "train") or one evaluation pass (mode "eval"); returns the exit
-    status. An evaluation runs the router, inference servers and env workers, no trainers."""
+    status. An evaluation runs the router, inference servers and env workers, no trainers. A training run
+    that loses a trainer or its router starts again from its last complete checkpoint (`RunLost`)."""
     weights = None
     if mode == "eval":
         weights, start_version = eval_weights(config)
@@ -265,23 +344,45 @@ def launch(config: Config, mode: str = "train") -> int:
         run_dir, start_version = prepare_run_dir(config), 0
     training = mode == "train"
     engine = open_engine(config)
+    budget = RestartBudget(config.cluster.max_restarts, config.cluster.restart_window_s)
+    env: dict[str, str] = {}
     try:
-        return _run(config, run_dir, start_version, training, weights, engine)
+        while True:
+            try:
+                return _run(config, run_dir, start_version, training, weights, engine, budget, env)
+            except RunLost as lost:
+                start_version = latest_complete(run_dir, list(config.policies)) or 0
+                env = {RUN_RESTART_ENV: json.dumps({"role": lost.role, "died_at": lost.died_at})}
+                print(
+                    f"\nmas-async: {lost}; restarting the run from its checkpoint of version {start_version} "
+                    f"({budget.used(lost.role)} of {budget.max_restarts} restarts of the role in the window)",
+                    file=sys.stderr,
+                )
     finally:
         engine.close()
 
 
 def _run(
-    config: Config, run_dir: Path, start_version: int, training: bool, weights: dict[str, str] | None, engine: Engine
+    config: Config,
+    run_dir: Path,
+    start_version: int,
+    training: bool,
+    weights: dict[str, str] | None,
+    engine: Engine,
+    budget: RestartBudget,
+    env: dict[str, str],
 ) -> int:
     prepare_deployment(config, run_dir, start_version, training, weights, engine)
     progress = Progress(config, run_dir)
-    children = start_children(config, run_dir, training, engine=engine)
+    launches = process_launches(config, run_dir, training, env=env)
+    children = [launch.start(engine) for launch in launches]
+    write_pids(run_dir, children)
+    restarts = Restarts(engine, {launch.spec.name: launch for launch in launches}, budget, whole_run=training)
     # Explicit handlers: a launcher started in the background of a script inherits SIGINT as ignored,
     # and Python then installs no KeyboardInterrupt handler; Ctrl-C and SIGTERM must always stop the run.
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return supervise(children, run_dir, progress)
+        return supervise(children, run_dir, progress, restarts)
     except KeyboardInterrupt:
         progress.finish()
         print("\nmas-async: interrupted; stopping every process", file=sys.stderr)

@@ -88,6 +88,11 @@ class Progress:
         if self.live is not None:
             self.live.update(self._table())
 
+    def note(self, text: str) -> None:
+        """A line about the run itself (e.g. a lost process started again), above the live table or
+        among the iteration lines."""
+        self.console.print(f"mas-async: {text}", markup=False, highlight=False, soft_wrap=True)
+
     def _line(self, row: dict[str, Any], history: list[dict[str, Any]]) -> str:
         parts = [f"iter {row['iteration']:>4}/{self.cfg.run.iterations}"]
         if Keys.TRAIN_SUCCESS in row:

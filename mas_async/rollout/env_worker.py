@@ -15,6 +15,7 @@ import asyncio
 import itertools
 import json
 import logging
+import random
 import time
 import traceback
 from collections import defaultdict
@@ -99,7 +100,9 @@ class EnvWorker(Peer):
         self.policy_of = config.policy_of()
         self.tokenizers = {p: load_tokenizer(deployment.model_paths[p]) for p in config.policies}
         self.stop_ids = {p: stop_token_ids(tok) for p, tok in self.tokenizers.items()}
-        self._ids = itertools.count()
+        # Request ids start at random: a restarted worker's requests never take the ids of its
+        # predecessor's, whose late results the router still forwards to this identity (they are dropped).
+        self._ids = itertools.count(random.SystemRandom().getrandbits(48))
         self._pending: dict[int, asyncio.Future[list[Completion]]] = {}
         self._episodes: dict[str, asyncio.Task] = {}
 

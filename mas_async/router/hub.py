@@ -38,6 +38,7 @@ from mas_async.deployment import Deployment, trainer_peer, trainer_rank
 from mas_async.metrics import Keys, MetricsWriter, keep_rows_before
 from mas_async.router.clock import ClockError, VersionClock
 from mas_async.router.episodes import EpisodeBook, EpisodeTask, plan_episodes
+from mas_async.router.faults import FaultLog, run_restart_from_env
 from mas_async.router.idle import IdleTimer
 from mas_async.router.peers import PeerInfo, PeerTable
 from mas_async.router.report import iteration_row
@@ -109,7 +110,7 @@ class Router(Actor):
         random.Random(config.run.seed).shuffle(self._order)
         self.start = deployment.start_version
         """The first iteration of this run; iteration v trains the step from version v."""
-        if self.start:
+        if (run_dir / "metrics.jsonl").exists():  # a resumed or restarted run: rows from `start` on are redone
             keep_rows_before(run_dir / "metrics.jsonl", self.start)
         self.metrics = MetricsWriter(run_dir / "metrics.jsonl")
         self.started = time.monotonic()
@@ -118,6 +119,10 @@ class Router(Actor):
         """ZeroMQ handshakes refused so far (peers without the run's CURVE key), a logged counter."""
         self.best = load_best(run_dir) if deployment.training else None
         """{"version", "score"} of the best held-out evaluation so far (its checkpoint is kept)."""
+        self.faults = FaultLog()
+        restart = run_restart_from_env()
+        if restart is not None:  # the launcher restarted the whole run after losing this role
+            self.faults.restarted(*restart)
 
     @property
     def peers(self) -> dict[bytes, PeerInfo]:
@@ -135,6 +140,9 @@ class Router(Actor):
         assert self.ctx is not None
         sock = make_socket(self.ctx, zmq.ROUTER)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # A restarted peer reconnects under its predecessor's identity: it takes the identity over even
+        # if the old connection is not closed yet (a lost node; only holders of the run's key connect).
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         authenticator = None
         if self.deployment.keys_dir is not None:
             secure_server(sock, self.deployment.keys_dir)
@@ -233,11 +241,18 @@ class Router(Actor):
         if name not in self.table.expected:
             log.warning("ignoring Hello from unexpected peer %s", name)
             return
+        previous = self.peers.get(identity)
+        if previous is not None and (msg.died_at or previous.pid != msg.pid):  # a replacement of a lost process
+            if previous.alive:
+                self._lose(identity, previous, f"replaced by pid {msg.pid}")
+            self.faults.restarted(msg.role, msg.died_at or time.time(), identity)
         self.table.join(identity, PeerInfo(msg.role, msg.policy, msg.capacity, msg.pid))
         self.send_to(identity, Welcome(PROTOCOL_VERSION))
         log.info("%s joined (pid %d); %d/%d peers", name, msg.pid, len(self.peers), len(self.table.expected))
         if self.table.all_joined():
             self.all_joined.set()
+        if msg.role == "env_worker":
+            self._dispatch()  # a replacement takes queued episodes (its predecessor's among them) at once
 
     def _on_episode_done(self, msg: EpisodeDone) -> None:
         book = self.books.get(msg.iteration)
@@ -250,6 +265,8 @@ class Router(Actor):
             self.peers[task.worker].outstanding -= 1
         if msg.error:
             log.error("episode %s failed: %s", msg.episode_id, msg.error)
+        elif task.worker is not None and (recovered := self.faults.result_from(task.worker)) is not None:
+            log.info("recovered from a lost process in %.1fs (first episode done since: %s)", recovered, msg.episode_id)
         # All of an episode's groups of a policy go to one trainer rank, the one with the fewest tokens so
         # far: groups stay whole (their advantages are group-relative) and the ranks balanced.
         ranks: dict[str, int] = {}
@@ -297,8 +314,9 @@ class Router(Actor):
         while True:
             await asyncio.sleep(self.cfg.cluster.heartbeat_s)
             now = time.monotonic()
-            for ident in self.peers:
-                self.send_to(ident, Heartbeat(time.time()))
+            for ident, info in self.peers.items():
+                if info.alive:
+                    self.send_to(ident, Heartbeat(time.time()))
             for ident, info in self.table.silent(now, self.cfg.cluster.peer_timeout_s):
                 self._peer_died(ident, info)
             for book in list(self.books.values()):
@@ -310,12 +328,23 @@ class Router(Actor):
                     )
 
     def _peer_died(self, ident: bytes, info: PeerInfo) -> None:
-        self.table.mark_dead(ident)
-        name = ident.decode()
+        """A peer silent past `peer_timeout_s`: an env worker's episodes run again elsewhere and it is told to
+        exit (non-zero: the launcher restarts it); any other role stops the run."""
+        silent = f"silent for over {self.cfg.cluster.peer_timeout_s}s"
         if info.role != "env_worker":
-            raise PeerDead(f"{name} (pid {info.pid}) has been silent for over {self.cfg.cluster.peer_timeout_s}s")
+            raise PeerDead(f"{ident.decode()} (pid {info.pid}) has been {silent}")
+        self._lose(ident, info, silent)
+        self.send_to(ident, Shutdown(f"declared dead by the router: {silent}", True))
+
+    def _lose(self, ident: bytes, info: PeerInfo, why: str) -> None:
+        """Take a lost env worker out of service: its in-flight episodes go back to the queue as new
+        attempts (whatever its old attempts still send is dropped) and run on the live workers."""
+        self.table.mark_dead(ident)
         lost = sum(book.requeue(ident) for book in self.books.values())
-        log.error("%s is silent; dispatching its %d episodes again as new attempts", name, lost)
+        self.faults.reissued(lost)
+        log.error(
+            "%s (pid %d) is lost (%s); its %d episodes run again as new attempts", ident.decode(), info.pid, why, lost
+        )
         self._dispatch()
 
     # -- the iteration barrier ---------------------------------------------------------------------
@@ -423,6 +452,7 @@ class Router(Actor):
         # the servers are idle while no episode runs (the step of a strict run, env-bound stretches).
         row[Keys.TRAINER_IDLE_S] = wait_s
         row[Keys.INFERENCE_IDLE_S] = self.idle.take(now, busy=any(b.in_flight for b in self.books.values()))
+        row.update(self.faults.take())
         del self.books[iteration]
         self.metrics.write(row)
         return row

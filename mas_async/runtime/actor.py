@@ -50,6 +50,10 @@ PARENT_PID_ENV = "MAS_ASYNC_PARENT_PID"
 """Set by an engine that starts a process (the pid of the starter): a process orphaned before its actor is
 built would otherwise take its new parent (init) for the one to watch, and outlive the run."""
 
+DIED_AT_ENV = "MAS_ASYNC_DIED_AT"
+"""Set by the launcher when it restarts a lost process: the unix time its predecessor was found dead. The
+process says it in its Hello, so the router knows a replacement (and times its recovery)."""
+
 
 class PeerDead(RuntimeError):
     """A peer (or the router) stayed silent past the timeout."""
@@ -201,7 +205,17 @@ class Peer(Actor):
         try:
             self.sock.connect(self.router_endpoint)
             await self.sock.send_multipart(
-                encode(Hello(self.role, self.peer_id, self.policy, self.capacity, PROTOCOL_VERSION, os.getpid()))
+                encode(
+                    Hello(
+                        self.role,
+                        self.peer_id,
+                        self.policy,
+                        self.capacity,
+                        PROTOCOL_VERSION,
+                        os.getpid(),
+                        float(os.environ.get(DIED_AT_ENV) or 0.0),
+                    )  # fmt: skip
+                )
             )
             if not await handshakes.wait_readable(self.startup_timeout_s):
                 failed = f" ({handshakes.failures} handshake(s) closed by the router)" if handshakes.failures else ""
@@ -243,6 +257,8 @@ class Peer(Actor):
             if isinstance(msg, Heartbeat):
                 continue
             if isinstance(msg, Shutdown):
+                if msg.failed:  # e.g. declared dead after a silence: exit non-zero, so the launcher restarts it
+                    raise PeerDead(f"the router stopped this process: {msg.reason}")
                 log.info("shutdown requested by the router: %s", msg.reason)
                 self.stop()
                 continue

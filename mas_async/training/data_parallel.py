@@ -100,7 +100,8 @@ def merge_metrics(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     samples = sum(m.get("samples", 0) for m in per_rank)
     tokens = sum(m.get("tokens", 0) for m in per_rank)
     for key in ("samples", "tokens", "active_samples", "micro_batches", "version_mismatch", "stale_dropped",
-                "stale_samples", "stale_checked_samples", "stale_unchecked_samples", "loss", "kl", "entropy"):  # fmt: skip
+                "stale_samples", "stale_checked_samples", "stale_unchecked_samples", "loss", "kl", "entropy",
+                "episodes", "repeated_episodes"):  # fmt: skip
         if key in merged:
             merged[key] = sum(m.get(key, 0) for m in per_rank)
     for key in ("logprob_abs_diff_max", "staleness_max", "is_weight_max"):

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 from mas_async.checkpoint import STATE, checkpoint_due, load_policy_state, policy_checkpoint, save_policy
@@ -84,6 +84,8 @@ class Trainer(Peer):
         """Only its sample rule is used here: the router's clock runs the barrier."""
         self.learner.keep_weights(self.version)
         self.buffers: dict[int, list[Sample]] = defaultdict(list)
+        self.episodes: dict[int, Counter[str]] = defaultdict(Counter)
+        """iteration -> Groups messages received per episode id (one each, unless an episode came twice)."""
         """iteration -> its samples, waiting for the step that trains them (checked by the rule then)."""
         self.stepped = self.version - 1
         """The last iteration stepped (iteration v steps from version v)."""
@@ -108,6 +110,8 @@ class Trainer(Peer):
     async def on_message(self, msg: Message) -> None:
         if isinstance(msg, Groups):
             self.receive([sample_from_wire(s) for s in msg.samples], msg.iteration)
+            if msg.iteration > self.stepped:  # each episode's groups of this policy come in one message
+                self.episodes[msg.iteration][msg.episode_id] += 1
         elif isinstance(msg, TrainStep):
             self.spawn(self._step(msg), f"step-{msg.iteration}")
         else:
@@ -142,10 +146,12 @@ class Trainer(Peer):
 
     async def _step(self, msg: TrainStep) -> None:
         version = msg.version
+        log.info("iteration %d: stepping from v%d", msg.iteration, version)
         try:
             if version != self.version:
                 raise RuntimeError(f"TrainStep for version {version}, but the trainer holds {self.version}")
             received = self.buffers.pop(msg.iteration, [])
+            episodes = self.episodes.pop(msg.iteration, Counter())
             if len(received) != msg.expected_samples:
                 raise RuntimeError(
                     f"received {len(received)} samples of iteration {msg.iteration}, "
@@ -180,6 +186,9 @@ class Trainer(Peer):
                     "version_mismatch": refused,
                     **({"stale_dropped": stale_dropped} if self.clock.max_staleness else {}),
                     "empty_steps": self.empty_steps,
+                    # By episode id: an episode whose groups came twice (run twice, forwarded twice) shows here.
+                    "episodes": len(episodes),
+                    "repeated_episodes": sum(count - 1 for count in episodes.values()),
                     "time/train_s": train_s,
                 }
             )

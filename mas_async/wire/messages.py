@@ -25,7 +25,7 @@ import numpy as np
 from mas_async.wire.codec import MAX_HEADER_BYTES, CodecError, pack, unpack
 from mas_async.wire.samples import Completion, Sample
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 
 
 class Kind(IntEnum):
@@ -66,6 +66,7 @@ class Hello(Message):
     capacity: int  # concurrent episodes (env worker) or sequences per batch (inference)
     protocol: int
     pid: int
+    died_at: float = 0.0  # a restarted process: unix time its predecessor was found dead (0: first start)
 
 
 @dataclass(slots=True)

@@ -175,3 +175,14 @@ def test_learner_step_moves_probability_towards_the_better_candidate(setup):
     metrics = learner.step(samples)
     assert metrics["active_samples"] == 8
     assert logprob(good) - logprob(bad) > before
+
+
+def test_the_trainer_counts_episodes_by_id_and_any_that_came_twice(setup):
+    """Each episode's groups of a policy come in one message: a second one (an episode run or forwarded
+    twice) is counted, which the fault tests check in every row."""
+    trainer, sent = _stepping_trainer(setup, lambda: None)
+    for episode in ("train0-0", "train0-1", "train0-1"):
+        groups = Groups("vertical", 0, episode, 0, 1, 5, [sample_to_wire(_sample(0))])
+        asyncio.run(trainer.on_message(groups))
+    asyncio.run(trainer._step(TrainStep("vertical", 0, 0, 3)))
+    assert sent[-1].metrics["episodes"] == 2 and sent[-1].metrics["repeated_episodes"] == 1

@@ -1,0 +1,75 @@
+"""The router's record of lost processes and what recovering from them cost, one metrics row at a time.
+
+A lost process shows up at the router in one of two ways: its replacement says Hello (the launcher
+restarted it; the Hello carries when its predecessor was found dead), or a whole run restarted from a
+checkpoint (the launcher tells the new router which role was lost, and when). Recovery is timed from
+that death to the first result of the replacement: an episode done by the restarted env worker, or any
+episode done in the restarted run. Keys: `faults/restarts/<role>`, `faults/reissued_episodes`,
+`faults/recovery_s` (the longest recovery completed in the iteration, 0 if none), reported per
+iteration (docs/faults.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from typing import Any
+
+from mas_async.metrics import Keys
+
+ROLES = ("env_worker", "inference", "trainer", "router")
+"""Every role has its restart count in every row, so rows keep one shape."""
+
+RUN_RESTART = b"(the run)"
+"""The replacement of a whole run: recovered at its first finished episode, whoever ran it."""
+
+RUN_RESTART_ENV = "MAS_ASYNC_RUN_RESTART"
+"""Set by the launcher for a run it restarted from a checkpoint: JSON {"role": lost role, "died_at": unix time}."""
+
+
+def run_restart_from_env() -> tuple[str, float] | None:
+    """(lost role, when it was found dead) when this router's run is a restart, else None."""
+    raw = os.environ.get(RUN_RESTART_ENV)
+    if not raw:
+        return None
+    restart = json.loads(raw)
+    return str(restart["role"]), float(restart["died_at"])
+
+
+class FaultLog:
+    """Restarts, reissued work and recovery times since the last row."""
+
+    def __init__(self) -> None:
+        self.restarts: Counter[str] = Counter()
+        self.reissued_episodes = 0
+        self.recovery_s: list[float] = []
+        self._recovering: dict[bytes, float] = {}
+        """Identity of a replacement (or RUN_RESTART) -> unix time its predecessor was found dead."""
+
+    def restarted(self, role: str, died_at: float, identity: bytes = RUN_RESTART) -> None:
+        """A replacement of a lost `role` process joined (or the run restarted after losing one)."""
+        self.restarts[role] += 1
+        self._recovering[identity] = died_at
+
+    def reissued(self, episodes: int) -> None:
+        """Episodes of a lost env worker went back to the queue, to run again from their start."""
+        self.reissued_episodes += episodes
+
+    def result_from(self, identity: bytes) -> float | None:
+        """An episode finished on `identity`: the recovery time if this ends one, else None."""
+        died_at = self._recovering.pop(identity, None) or self._recovering.pop(RUN_RESTART, None)
+        if died_at is None:
+            return None
+        seconds = max(0.0, time.time() - died_at)
+        self.recovery_s.append(seconds)
+        return seconds
+
+    def take(self) -> dict[str, Any]:
+        """This row's faults/* metrics; counting starts again from zero."""
+        row: dict[str, Any] = {Keys.restarts(role): self.restarts[role] for role in ROLES}
+        row[Keys.REISSUED_EPISODES] = self.reissued_episodes
+        row[Keys.RECOVERY_S] = max(self.recovery_s, default=0.0)
+        self.restarts, self.reissued_episodes, self.recovery_s = Counter(), 0, []
+        return row

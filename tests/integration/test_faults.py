@@ -1,0 +1,120 @@
+"""Lost processes in a real run, by real SIGKILLs: env workers are started again while the run goes on (their
+episodes run again from the start elsewhere, none lost, none twice), and a lost trainer or router
+restarts the whole run from its last complete checkpoint (every iteration exactly once in metrics.jsonl)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import time
+from pathlib import Path
+
+from mas_async.metrics import Keys
+from tests.integration.launch import alive, child_pids, cleanup, start_train, wait_for_rows
+
+CONFIG = "configs/plan_path_tiny.yaml"
+POLICIES = ("vertical", "horizontal")
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def _joined(run_dir: Path, name: str, pid: int) -> bool:
+    """The router saw process `name` with `pid` say Hello (so a kill of it is a restart the router counts)."""
+    log = (run_dir / "logs" / "router.log").read_text(errors="replace")
+    return f"{name} joined (pid {pid})" in log
+
+
+def _check_every_iteration_once(rows: list[dict], iterations: int, batch_size: int) -> None:
+    assert [r[Keys.ITERATION] for r in rows] == list(range(iterations + 1))  # none lost, none repeated
+    for row in rows[:iterations]:
+        assert row[Keys.TRAIN_EPISODES] == batch_size and row[Keys.TRAIN_DROPPED] == 0, row
+        for policy in POLICIES:
+            assert row[Keys.policy(policy, "version")] == row[Keys.ITERATION]
+            assert row[Keys.policy(policy, "episodes")] == batch_size, row  # by episode id, at the trainer
+            assert row[Keys.policy(policy, "repeated_episodes")] == 0, row
+            assert row[Keys.policy(policy, Keys.VERSION_MISMATCH)] == 0
+            assert row[Keys.policy(policy, Keys.LOGPROB_DIFF)] < 1e-4
+
+
+def test_env_workers_killed_at_random_lose_and_repeat_nothing(tmp_path):
+    """Chaos, seeded and bounded: SIGKILL a random env worker (one the router has seen join) every 1-2.5 s."""
+    run_dir, iterations, batch = tmp_path / "run", 20, 4
+    args = [f"run.iterations={iterations}", f"rollout.batch_size={batch}", "algorithm.k=4", "eval.every=5",
+            "eval.size=4", "cluster.env_workers=2", "cluster.max_restarts=30"]  # fmt: skip
+    proc = start_train(CONFIG, run_dir, *args)
+    rng, kills = random.Random(7), []
+    try:
+        child_pids(run_dir)
+        wait_for_rows(run_dir, 1, timeout=120)
+        deadline = time.monotonic() + 240
+        while len(_rows(run_dir)) < iterations - 4 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(rng.uniform(1.0, 2.5))
+            name = rng.choice(["env_worker/0", "env_worker/1"])
+            pid = json.loads((run_dir / "pids.json").read_text())[name]
+            if _joined(run_dir, name, pid) and alive(pid):
+                os.kill(pid, signal.SIGKILL)
+                kills.append((name, pid))
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        cleanup(proc, run_dir)
+    assert proc.returncode == 0, out[-3000:]
+    assert len(kills) >= 5, kills
+    assert len({name for name, _ in kills}) == 2  # both workers were lost at least once
+    rows = _rows(run_dir)
+    _check_every_iteration_once(rows, iterations, batch)
+    assert sum(r[Keys.restarts("env_worker")] for r in rows) == len(kills)  # every kill, counted once
+    assert sum(r[Keys.restarts(role)] for r in rows for role in ("inference", "trainer", "router")) == 0
+    assert sum(r[Keys.REISSUED_EPISODES] for r in rows) >= 1
+    recoveries = [r[Keys.RECOVERY_S] for r in rows if r[Keys.RECOVERY_S] > 0]
+    assert recoveries and max(recoveries) < 30
+    assert out.count("started it again as pid") == len(kills)
+
+
+def _kill_when(run_dir: Path, name: str, watched: str, pattern: str, delay_s: float = 0.0) -> int:
+    """SIGKILL process `name` as soon as process `watched`'s log matches `pattern` (and `delay_s` later)."""
+    deadline = time.monotonic() + 180
+    log = run_dir / "logs" / f"{watched.replace('/', '-')}.log"
+    while time.monotonic() < deadline:
+        if log.exists() and re.search(pattern, log.read_text(errors="replace")):
+            time.sleep(delay_s)
+            pid = json.loads((run_dir / "pids.json").read_text())[name]
+            os.kill(pid, signal.SIGKILL)
+            return pid
+        time.sleep(0.02)
+    raise TimeoutError(f"{watched}'s log never matched {pattern!r}")
+
+
+def _run_restarted_after(tmp_path: Path, name: str, watched: str, pattern: str, delay_s: float = 0.0) -> None:
+    run_dir, iterations, batch = tmp_path / "run", 6, 4
+    args = [f"run.iterations={iterations}", f"rollout.batch_size={batch}", "algorithm.k=4", "eval.every=2",
+            "eval.size=4", "trainer.checkpoint_every=2"]  # fmt: skip
+    proc = start_train(CONFIG, run_dir, *args)
+    try:
+        child_pids(run_dir)
+        _kill_when(run_dir, name, watched, pattern, delay_s)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        cleanup(proc, run_dir)
+    assert proc.returncode == 0, out[-3000:]
+    # v4 is checkpointed after iteration 3's step: the run lost iteration 3 and goes back to v2
+    assert "restarting the run from its checkpoint of version 2" in out, out[-3000:]
+    rows = _rows(run_dir)
+    _check_every_iteration_once(rows, iterations, batch)
+    role = name.split("/")[0]
+    assert [r[Keys.restarts(role)] for r in rows] == [0, 0, 1, 0, 0, 0, 0]  # in the first row after the restart
+    assert rows[2][Keys.RECOVERY_S] > 0
+
+
+def test_a_trainer_killed_mid_step_restarts_the_run_from_its_checkpoint(tmp_path):
+    _run_restarted_after(tmp_path, "trainer/vertical", "trainer/vertical", r"iteration 3: stepping from v3")
+
+
+def test_the_router_killed_mid_iteration_restarts_the_run_from_its_checkpoint(tmp_path):
+    # step 2 done (v3 loaded everywhere a moment later): iteration 3's episodes are running
+    _run_restarted_after(tmp_path, "router", "trainer/vertical", r"iteration 2: v3,", delay_s=0.3)

@@ -1,0 +1,124 @@
+"""Lost processes, in-process: the launcher's restart budget, the router's fault record, and what the router
+does when a lost env worker's replacement says Hello (its episodes run again as new attempts, whatever the
+old attempts still send is dropped, the restart and the recovery are in the next row)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from mas_async.config import load_config
+from mas_async.deployment import Deployment
+from mas_async.launch.restarts import RestartBudget
+from mas_async.metrics import Keys
+from mas_async.router.faults import RUN_RESTART_ENV, FaultLog
+from mas_async.router.hub import Router
+from mas_async.wire.messages import PROTOCOL_VERSION, EpisodeDone, Hello, RunEpisode, decode
+from tests.support.paths import ROOT
+
+
+def test_the_budget_allows_max_restarts_per_role_within_the_window():
+    now = [0.0]
+    budget = RestartBudget(2, window_s=60, clock=lambda: now[0])
+    assert budget.take("env_worker") and budget.take("env_worker")
+    assert not budget.take("env_worker")  # a third within the window
+    assert budget.take("trainer")  # roles have budgets of their own
+    now[0] = 61.0
+    assert budget.take("env_worker") and budget.used("env_worker") == 1  # the old ones left the window
+    assert not RestartBudget(0, 60).take("env_worker")
+
+
+def test_the_fault_log_counts_per_row_and_times_recovery_to_the_first_result():
+    faults = FaultLog()
+    faults.restarted("env_worker", time.time() - 2.0, b"env_worker/1")
+    faults.reissued(3)
+    assert faults.result_from(b"env_worker/0") is None  # another worker: not the replacement
+    recovered = faults.result_from(b"env_worker/1")
+    assert recovered is not None and 2.0 <= recovered < 10
+    row = faults.take()
+    assert row[Keys.restarts("env_worker")] == 1 and row[Keys.restarts("trainer")] == 0
+    assert row[Keys.REISSUED_EPISODES] == 3 and row[Keys.RECOVERY_S] == recovered
+    assert faults.take()[Keys.restarts("env_worker")] == 0  # counted once, in one row
+    faults.restarted("trainer", time.time() - 1.0)  # a whole run restarted: any first result ends it
+    assert faults.result_from(b"env_worker/0") is not None
+
+
+def _router(tmp_path, *overrides):
+    config = load_config(ROOT / "configs/plan_path_tiny.yaml", ["rollout.batch_size=4", *overrides])
+    deployment = Deployment("tcp://127.0.0.1:1", {"vertical": 1, "horizontal": 2}, {"vertical": "", "horizontal": ""})
+    return Router(config, deployment, tmp_path)
+
+
+class _Sent:
+    def __init__(self) -> None:
+        self.frames: list[list] = []
+
+    def send(self, frames: list) -> None:
+        self.frames.append(frames)
+
+    def episodes_to(self, worker: bytes) -> list[RunEpisode]:
+        msgs = [decode(frames[1:]) for frames in self.frames if frames[0] == worker]
+        return [m for m in msgs if isinstance(m, RunEpisode)]
+
+
+def _hello(router: Router, name: str, pid: int, died_at: float = 0.0) -> None:
+    router._on_hello(name.encode(), Hello("env_worker", name, "", 2, PROTOCOL_VERSION, pid, died_at))
+
+
+def test_a_replaced_env_worker_s_episodes_run_again_as_new_attempts(tmp_path):
+    router = _router(tmp_path, "cluster.env_workers=2")
+    router.io = _Sent()
+    a, b = b"env_worker/0", b"env_worker/1"
+    _hello(router, "env_worker/0", 100)
+    _hello(router, "env_worker/1", 101)
+    book = router._open_book(0, train=True, evaluate=False)  # 4 episodes, 2 per worker
+    first, others = router.io.episodes_to(a), router.io.episodes_to(b)
+    assert len(first) == 2 and all(m.attempt == 0 for m in first)
+    router.io.frames.clear()
+
+    _hello(router, "env_worker/0", 200, died_at=time.time() - 1.0)  # the launcher restarted worker 0
+    again = router.io.episodes_to(a)  # the replacement has room: the two episodes run again there
+    assert sorted(m.episode_id for m in again) == sorted(m.episode_id for m in first)
+    assert all(m.attempt == 1 for m in again)
+    assert router.peers[a].pid == 200 and router.peers[a].outstanding == 2
+
+    late = EpisodeDone(first[0].episode_id, 0, "train", 0, "", {"success": 1.0}, {})
+    router._on_episode_done(late)  # the lost attempt's result: dropped, not counted
+    assert book.late == 1 and book.stats["train"].episodes == 0
+    for msg in again:
+        router._on_episode_done(EpisodeDone(msg.episode_id, 0, "train", 1, "", {"success": 1.0}, {}))
+    for msg in others:
+        router._on_episode_done(EpisodeDone(msg.episode_id, 0, "train", 0, "", {"success": 1.0}, {}))
+    assert book.done.is_set() and book.stats["train"].episodes == 4 and book.dropped["train"] == 0
+    row = router.faults.take()
+    assert row[Keys.restarts("env_worker")] == 1 and row[Keys.REISSUED_EPISODES] == 2
+    assert 1.0 <= row[Keys.RECOVERY_S] < 30
+
+
+def test_a_repeated_hello_of_the_same_process_is_no_restart(tmp_path):
+    router = _router(tmp_path, "cluster.env_workers=2")
+    router.io = _Sent()
+    _hello(router, "env_worker/0", 100)
+    _hello(router, "env_worker/0", 100)
+    assert router.faults.take()[Keys.restarts("env_worker")] == 0
+
+
+def test_a_silent_env_worker_is_told_to_exit_so_that_it_is_restarted(tmp_path):
+    router = _router(tmp_path, "cluster.env_workers=2")
+    router.io = _Sent()
+    _hello(router, "env_worker/0", 100)
+    _hello(router, "env_worker/1", 101)
+    router._open_book(0, train=True, evaluate=False)
+    router._peer_died(b"env_worker/0", router.peers[b"env_worker/0"])
+    told = [decode(f[1:]) for f in router.io.frames if f[0] == b"env_worker/0"][-1]
+    assert type(told).__name__ == "Shutdown" and told.failed and "silent" in told.reason
+    assert router.faults.take()[Keys.REISSUED_EPISODES] == 2
+
+
+def test_a_restarted_run_reports_the_lost_role(tmp_path, monkeypatch):
+    monkeypatch.setenv(RUN_RESTART_ENV, f'{{"role": "trainer", "died_at": {time.time() - 5.0}}}')
+    router = _router(tmp_path)
+    assert router.faults.restarts["trainer"] == 1
+    assert router.faults.result_from(b"env_worker/0") == pytest.approx(5.0, abs=2.0)
+

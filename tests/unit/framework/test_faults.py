@@ -121,4 +121,3 @@ def test_a_restarted_run_reports_the_lost_role(tmp_path, monkeypatch):
     router = _router(tmp_path)
     assert router.faults.restarts["trainer"] == 1
     assert router.faults.result_from(b"env_worker/0") == pytest.approx(5.0, abs=2.0)
-

@@ -248,6 +248,10 @@ class TrainerConfig(_Section):
     optimiser memory per rank (`optimizer_state_bytes` in the metrics)."""
     group_timeout_s: float = Field(300.0, gt=0)
     """Bound of joining a policy's group of trainer ranks and of each collective of a step over it."""
+    step_timeout_s: float = Field(3600.0, gt=0)
+    """The router's bound on a step: from TrainStep(v) until every trainer rank reported Trained(v+1) and
+    every inference replica WeightsLoaded(v+1). Past it the run stops with `StepTimeout`, which names the
+    trainers and replicas that did not report."""
     bucket_mb: float = Field(64.0, gt=0)
     """Weight-sync bucket size in MiB (tensors are flattened into buckets of at most this size)."""
     stale_check_samples: int = Field(4, ge=0)
@@ -363,9 +367,9 @@ class ClusterConfig(_Section):
     startup_timeout_s: float = Field(300.0, gt=0)
     """Every process must have said Hello within this time."""
     max_restarts: int = Field(3, ge=0)
-    """A lost env worker is restarted (its episodes run again from their start elsewhere), and a lost trainer
-    or router restarts the whole run from its last complete checkpoint, each up to this many times per role
-    within `restart_window_s` (docs/faults.md). 0: any lost process stops the run."""
+    """A lost env worker is restarted (its episodes run again from their start elsewhere), and a lost trainer,
+    router or inference replica restarts the whole run from its last complete checkpoint, each up to this
+    many times per role within `restart_window_s` (docs/faults.md). 0: any lost process stops the run."""
     restart_window_s: float = Field(600.0, gt=0)
     """The window of `max_restarts`: restarts older than this no longer count."""
     slurm: SlurmConfig = Field(default_factory=SlurmConfig)

@@ -62,7 +62,7 @@ class Keys:
 
     @staticmethod
     def restarts(role: str) -> str:
-        """Restarts of lost `role` processes seen in the iteration (a trainer's or router's: of the whole run)."""
+        """Restarts of lost `role` processes seen in the iteration (all but an env worker's: of the whole run)."""
         return f"faults/restarts/{role}"
 
     @staticmethod

@@ -8,9 +8,9 @@ trainers and `replicas` inference servers per policy and `cluster.env_workers` e
 `python -m mas_async.launch.process ROLE ...` (the actor comes from a role -> factory map,
 `mas_async.launch.roles.ROLES`; benchmarks start their own actors through the same functions). It shows
 live progress from metrics.jsonl. A lost env worker is started again (the router runs its episodes
-elsewhere meanwhile); a lost trainer or router restarts the whole run from its last complete checkpoint;
-both within `cluster.max_restarts` per role (`restarts.py`, docs/faults.md). Any other failure, or one past
-that budget, stops every other process and names the failed role with its node and the tail of its log;
+elsewhere meanwhile); a lost trainer, router or inference replica restarts the whole run from its last
+complete checkpoint; both within `cluster.max_restarts` per role (`restarts.py`, docs/faults.md). Any other
+failure, or one past that budget, stops every other process and names the failed role with its node and the tail of its log;
 the exit status is non-zero. Ctrl-C (or SIGTERM) stops everything within seconds: SIGTERM to each child and
 what it started, SIGKILL after a grace period, then the engine releases what it holds.
 """
@@ -253,7 +253,7 @@ def stop_children(children: list[Child], grace_s: float = 5.0) -> None:
 
 
 class RunLost(Exception):
-    """The run lost a process that cannot be replaced alone (a trainer or the router); it restarts from its
+    """The run lost a process that cannot be replaced alone (a trainer, the router, a replica); it restarts from its
     last complete checkpoint."""
 
     def __init__(self, child: Child, status: int | None, died_at: float) -> None:
@@ -271,12 +271,12 @@ class Restarts:
     launches: dict[str, ProcessLaunch]
     budget: RestartBudget
     whole_run: bool
-    """Whether a lost trainer or router restarts the run (training runs; an evaluation just stops)."""
+    """Whether a lost trainer, router or replica restarts the run (training runs; an evaluation just stops)."""
 
 
 def supervise(children: list[Child], run_dir: Path, progress: Progress, restarts: Restarts | None = None) -> int:
     """Watch the children until the router finishes (0) or something fails (1). With `restarts`, a lost env
-    worker is started again in place and a lost trainer or router raises `RunLost` (after stopping every
+    worker is started again in place and a lost trainer, router or replica raises `RunLost` (after stopping every
     process), each while the role's budget lasts.
 
     Peers exit cleanly a moment before the router when it ends the run (it sends Shutdown first), so a

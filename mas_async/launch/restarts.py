@@ -2,8 +2,9 @@
 `cluster.restart_window_s`.
 
 An env worker is replaced alone (the router sends its episodes elsewhere meanwhile). A lost trainer or
-router cannot be replaced alone (the weights it held or the books it kept are gone), so the launcher
-restarts the whole run from its last complete checkpoint instead (docs/faults.md). A role that keeps
+router cannot be replaced alone (the weights it held or the books it kept are gone), nor, for now, an
+inference replica, so the launcher restarts the whole run from its last complete checkpoint instead
+(docs/faults.md). A role that keeps
 dying within the window uses up its budget, and the run then stops with the failure named, as it would
 without restarts.
 """
@@ -16,8 +17,9 @@ from collections import defaultdict, deque
 RESTARTED_ALONE = ("env_worker",)
 """Roles whose lost process is replaced by itself while the run goes on."""
 
-RESTART_THE_RUN = ("trainer", "router")
-"""Roles whose loss restarts the whole run from its last complete checkpoint."""
+RESTART_THE_RUN = ("trainer", "router", "inference")
+"""Roles whose loss restarts the whole run from its last complete checkpoint (an inference replica's, until
+a replica can be replaced alone: that needs its weight group re-formed, docs/faults.md)."""
 
 
 class RestartBudget:

@@ -26,6 +26,10 @@ class ClockError(RuntimeError):
     """A trainer or an inference replica reported a version the clock did not expect."""
 
 
+class StepTimeout(TimeoutError):
+    """A step did not complete within `trainer.step_timeout_s`; the message names who did not report."""
+
+
 class VersionClock:
     """The barrier of a run over a set of policies and their inference replicas, with staleness bound k."""
 
@@ -119,6 +123,16 @@ class VersionClock:
         """Every trainer stepped and every replica loaded the new version."""
         ranks = sum(self.ranks.values())
         return self.stepping and len(self._trained) == ranks and self.replicas <= self._loaded
+
+    def waiting_for(self) -> list[str]:
+        """Who has not reported the step in progress yet: trainer ranks ("trainer rank R of P") and replicas."""
+        ranks = [
+            f"trainer rank {rank} of {policy!r}"
+            for policy in self.policies
+            for rank in range(self.ranks[policy])
+            if (policy, rank) not in self._trained
+        ]
+        return ranks + sorted(self.replicas - self._loaded)
 
     def advance(self) -> dict[str, dict[str, Any]]:
         """Close the completed step: every policy now holds version + 1. Returns each policy's metrics

@@ -36,7 +36,7 @@ from mas_async.checkpoint import checkpoint_due, load_best, prune_checkpoints, s
 from mas_async.config import Config
 from mas_async.deployment import Deployment, trainer_peer, trainer_rank
 from mas_async.metrics import Keys, MetricsWriter, keep_rows_before
-from mas_async.router.clock import ClockError, VersionClock
+from mas_async.router.clock import ClockError, StepTimeout, VersionClock
 from mas_async.router.episodes import EpisodeBook, EpisodeTask, plan_episodes
 from mas_async.router.faults import FaultLog, run_restart_from_env
 from mas_async.router.idle import IdleTimer
@@ -413,7 +413,15 @@ class Router(Actor):
                 expected = self.clock.expected_samples(policy, version, rank)
                 msg = TrainStep(policy, iteration, version, expected, checkpoint_first)
                 self.send_to(trainer_peer(policy, rank).encode(), msg)
-        await self._step_done.wait()
+        timeout_s = self.cfg.trainer.step_timeout_s
+        try:
+            await asyncio.wait_for(self._step_done.wait(), timeout_s)
+        except TimeoutError:
+            waiting = ", ".join(self.clock.waiting_for())
+            raise StepTimeout(
+                f"the step from version {version} did not complete within trainer.step_timeout_s={timeout_s:g}s; "
+                f"no report from: {waiting}"
+            ) from None
         trained = self.clock.advance()
         if self.clock.max_staleness:  # the iteration k ahead may begin now (strict: the next rollout opens it)
             self._open_books()

@@ -100,8 +100,9 @@ def test_config_error_names_the_key(tmp_path):
 
 
 def test_a_crashed_role_stops_everything_and_is_named(tmp_path):
+    """Without restarts (cluster.max_restarts=0; tests/integration/test_faults.py has them)."""
     run_dir = tmp_path / "run"
-    proc = start_train("configs/plan_path_tiny.yaml", run_dir, "run.iterations=500", *FAST)
+    proc = start_train("configs/plan_path_tiny.yaml", run_dir, "run.iterations=500", *FAST, "cluster.max_restarts=0")
     try:
         pids = child_pids(run_dir)
         wait_for_rows(run_dir, 1, timeout=300)

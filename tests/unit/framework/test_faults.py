@@ -121,3 +121,26 @@ def test_a_restarted_run_reports_the_lost_role(tmp_path, monkeypatch):
     router = _router(tmp_path)
     assert router.faults.restarts["trainer"] == 1
     assert router.faults.result_from(b"env_worker/0") == pytest.approx(5.0, abs=2.0)
+
+
+def test_a_step_that_never_completes_is_a_named_error_saying_who_did_not_report(tmp_path):
+    import asyncio
+
+    from mas_async.router.clock import StepTimeout
+    from mas_async.wire.messages import Trained, WeightsLoaded
+    from tests.unit.framework.test_router_barrier import _done
+    from tests.unit.framework.test_router_barrier import _router as barrier_router
+
+    async def scenario() -> None:
+        router = barrier_router(tmp_path, "trainer.step_timeout_s=0.3")
+        iteration = asyncio.create_task(router._iteration(0, evaluate=False, train=True))
+        await asyncio.sleep(0)
+        for worker, run in router.io.of(RunEpisode):
+            _done(router, worker, run)
+        await asyncio.sleep(0)
+        router._handle(b"trainer/vertical", Trained("vertical", 1, "", {}))
+        router._handle(b"inference/vertical/0", WeightsLoaded("vertical", 1, "inference/vertical/0", ""))
+        with pytest.raises(StepTimeout, match=r"version 0 .* trainer rank 0 of 'horizontal', inference/horizontal/0"):
+            await asyncio.wait_for(iteration, 10)
+
+    asyncio.run(scenario())

@@ -1,0 +1,212 @@
+"""Recovery from lost processes, and what one kill a minute costs, on real training runs with real SIGKILLs.
+
+1. Recovery per kind of fault: for each kind (env_worker, inference, trainer, router) a training run of
+   `configs/plan_path_tiny.yaml` (the tiny model, 2 env workers, 2 replicas per policy) in which the bench
+   SIGKILLs one process of that kind `--kills` times, each once the run has recovered from the previous one
+   and made `--spacing` iterations of progress. Each recovery is the run's own `faults/recovery_s`: from
+   the launcher finding the process dead to the first episode finished by its replacement (an env worker
+   is replaced alone; the other kinds restart the whole run from its last checkpoint, and the iterations
+   since that checkpoint are run again: printed as "redone"). Median and max per kind.
+2. The throughput cost: the same run for `--duration-s` seconds without kills and with one env-worker kill
+   every `--period-s` seconds (60: one a minute), `--repeats` times each, interleaved: training episodes per
+   second of wall time (from the rows' `time/elapsed_s`), and their ratio (target >= 0.9).
+
+    python bench/faults.py               # ~12 minutes on 2 cores
+    python bench/faults.py --smoke       # ~2 minutes: 1 kill per kind, 40 s throughput runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "plan_path_tiny.yaml"
+KINDS = ("env_worker", "inference", "trainer", "router")
+BATCH = 4
+SETTINGS = [
+    f"rollout.batch_size={BATCH}", "algorithm.k=4", "eval.every=0", "cluster.env_workers=2",
+    "policies.vertical.replicas=2", "policies.horizontal.replicas=2", "trainer.checkpoint_every=2",
+    "trainer.keep_checkpoints=1", "trainer.keep_best=false", "cluster.max_restarts=100",
+]  # fmt: skip
+
+
+class Run:
+    """A `mas-async train` run in the background, stopped (and every process it started killed) by pid."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.dir = run_dir
+        command = [sys.executable, "-m", "mas_async", "train", str(CONFIG), f"run.output_dir={run_dir}",
+                   "run.iterations=100000", *SETTINGS]  # fmt: skip
+        self.log = (run_dir.parent / f"{run_dir.name}.out").open("w")
+        self.proc = subprocess.Popen(
+            command, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def rows(self) -> list[dict]:
+        path = self.dir / "metrics.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def pids(self) -> dict[str, int]:
+        path = self.dir / "pids.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def joined(self, name: str, pid: int) -> bool:
+        """The router saw process `name` with `pid` join (the router itself: it has written a row)."""
+        if name == "router":
+            return True
+        log = self.dir / "logs" / "router.log"
+        return log.exists() and f"{name} joined (pid {pid})" in log.read_text(errors="replace")
+
+    def wait(self, what: str, condition, timeout_s: float = 300) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the run stopped (status {self.proc.returncode}) while waiting for {what}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what} did not happen within {timeout_s:g}s ({self.dir})")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                pass
+        for pid in [self.proc.pid, *self.pids().values()]:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.proc.wait(10)
+        self.log.close()
+
+
+def _iterations_seen(rows: list[dict]) -> int:
+    return len({row["iteration"] for row in rows})
+
+
+def recoveries(kind: str, kills: int, spacing: int, work: Path) -> tuple[list[float], int]:
+    """SIGKILL a process of `kind` `kills` times; the recovery times the run reported and the iterations
+    it ran again (a whole-run restart goes back to the last checkpoint)."""
+    run = Run(work / f"recovery-{kind}")
+    redone = 0
+    try:
+        run.wait("the first rows", lambda: len(run.rows()) >= 2)
+        for kill in range(kills):
+            names = sorted(name for name in run.pids() if name.split("/")[0] == kind)
+            name = names[kill % len(names)]
+            pid = run.pids()[name]
+            run.wait(f"{name} (pid {pid}) to join", lambda n=name, p=pid: run.joined(n, p))
+            os.kill(pid, signal.SIGKILL)
+            seen = _iterations_seen(run.rows())
+            # Recovered (its row is written) and `spacing` iterations of progress beyond where it was.
+            run.wait(
+                f"recovery {kill + 1} of {kind}",
+                lambda s=seen, k=kill: sum(r[f"faults/restarts/{kind}"] for r in run.rows()) >= k + 1
+                and _iterations_seen(run.rows()) >= s + spacing,
+            )  # fmt: skip
+            back_to = _restarted_from(run)
+            redone += seen - back_to if back_to is not None else 0
+        rows = run.rows()
+    finally:
+        run.stop()
+    found = [r["faults/recovery_s"] for r in rows if r["faults/recovery_s"] > 0]
+    if len(found) != kills:
+        raise RuntimeError(f"{kind}: {kills} kills but {len(found)} recoveries in the metrics ({run.dir})")
+    return found, redone
+
+
+def _restarted_from(run: Run) -> int | None:
+    """The version the last whole-run restart went back to (None: the run was never restarted)."""
+    versions = [
+        int(line.split("checkpoint of version ")[1].split()[0])
+        for line in Path(run.log.name).read_text(errors="replace").splitlines()
+        if "restarting the run from its checkpoint of version" in line
+    ]
+    return versions[-1] if versions else None
+
+
+def throughput(period_s: float | None, duration_s: float, work: Path, label: str) -> float:
+    """Training episodes per second of wall time over `duration_s` (after the first row), killing a random
+    env worker every `period_s` seconds (None: never)."""
+    run = Run(work / f"throughput-{label}")
+    kills = 0
+    try:
+        run.wait("the first row", lambda: len(run.rows()) >= 1)
+        start = time.monotonic()
+        next_kill = start + period_s if period_s else float("inf")
+        while time.monotonic() - start < duration_s:
+            if time.monotonic() >= next_kill:
+                name = f"env_worker/{kills % 2}"
+                pid = run.pids()[name]
+                if run.joined(name, pid):
+                    os.kill(pid, signal.SIGKILL)
+                    kills += 1
+                    next_kill += period_s
+            if run.proc.poll() is not None:
+                raise RuntimeError(f"the run stopped (status {run.proc.returncode}): {run.dir}")
+            time.sleep(0.1)
+        rows = run.rows()
+    finally:
+        run.stop()
+    if sum(r["faults/restarts/env_worker"] for r in rows) != kills:
+        raise RuntimeError(f"{kills} kills, {sum(r['faults/restarts/env_worker'] for r in rows)} restarts counted")
+    first, last = rows[0], rows[-1]
+    episodes = sum(r["rollout/episodes"] for r in rows[1:])
+    return episodes / (last["time/elapsed_s"] - first["time/elapsed_s"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kinds", default=",".join(KINDS), help="kinds of process to kill, comma-separated")
+    parser.add_argument("--kills", type=int, default=5, help="kills per kind")
+    parser.add_argument("--spacing", type=int, default=3, help="iterations of progress between kills")
+    parser.add_argument("--duration-s", type=float, default=180.0, help="length of each throughput run")
+    parser.add_argument("--period-s", type=float, default=60.0, help="one env-worker kill per this many seconds")
+    parser.add_argument("--repeats", type=int, default=1, help="throughput runs per arm (interleaved)")
+    parser.add_argument("--smoke", action="store_true", help="1 kill per kind, 40 s throughput runs")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.kills, args.duration_s, args.period_s, args.repeats = 1, 40.0, 15.0, 1
+    kinds = [k for k in args.kinds.split(",") if k]
+    for kind in kinds:
+        if kind not in KINDS:
+            parser.error(f"--kinds: unknown kind {kind!r} (known: {', '.join(KINDS)})")
+    with tempfile.TemporaryDirectory(prefix="mas-async-faults-") as tmp:
+        work = Path(tmp)
+        print(f"recovery per kind of fault: {args.kills} SIGKILLs each, {args.spacing} iterations apart")
+        print(f"  {'kind':<12} {'median s':>9} {'max s':>7} {'redone':>7}   every recovery (s)")
+        for kind in kinds:
+            found, redone = recoveries(kind, args.kills, args.spacing, work)
+            listed = ", ".join(f"{s:.2f}" for s in found)
+            print(
+                f"  {kind:<12} {statistics.median(found):>9.2f} {max(found):>7.2f} {redone:>7}   {listed}", flush=True
+            )
+        if args.duration_s > 0:
+            calm, killed = [], []
+            for repeat in range(args.repeats):
+                calm.append(throughput(None, args.duration_s, work, f"calm-{repeat}"))
+                killed.append(throughput(args.period_s, args.duration_s, work, f"killed-{repeat}"))
+            ratios = [k / c for k, c in zip(killed, calm, strict=True)]
+            print(f"\nthroughput, {args.duration_s:g} s runs, one env-worker kill per {args.period_s:g} s:")
+            print(f"  no kills     {', '.join(f'{x:.2f}' for x in calm)} training episodes/s")
+            print(f"  with kills   {', '.join(f'{x:.2f}' for x in killed)} training episodes/s")
+            print(f"  ratio        {statistics.median(ratios):.3f} (median of {len(ratios)}; "
+                  f"{', '.join(f'{r:.3f}' for r in ratios)})   (target >= 0.9)")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

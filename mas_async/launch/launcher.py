@@ -9,10 +9,11 @@ trainers and `replicas` inference servers per policy and `cluster.env_workers` e
 `mas_async.launch.roles.ROLES`; benchmarks start their own actors through the same functions). It shows
 live progress from metrics.jsonl. A lost env worker is started again (the router runs its episodes
 elsewhere meanwhile); a lost trainer, router or inference replica restarts the whole run from its last
-complete checkpoint; both within `cluster.max_restarts` per role (`restarts.py`, docs/faults.md). Any other
-failure, or one past that budget, stops every other process and names the failed role with its node and the tail of its log;
-the exit status is non-zero. Ctrl-C (or SIGTERM) stops everything within seconds: SIGTERM to each child and
-what it started, SIGKILL after a grace period, then the engine releases what it holds.
+complete checkpoint; both within `cluster.max_restarts` per role (`restarts.py`, docs/faults.md). Any
+other failure, or one past that budget, stops every other process and names the failed role with its node
+and the tail of its log; the exit status is non-zero. Ctrl-C (or SIGTERM) stops everything within seconds:
+SIGTERM to each child and what it started, SIGKILL after a grace period, then the engine releases what it
+holds.
 """
 
 from __future__ import annotations
@@ -253,8 +254,8 @@ def stop_children(children: list[Child], grace_s: float = 5.0) -> None:
 
 
 class RunLost(Exception):
-    """The run lost a process that cannot be replaced alone (a trainer, the router, a replica); it restarts from its
-    last complete checkpoint."""
+    """The run lost a process that cannot be replaced alone (a trainer, the router, a replica); it restarts
+    from its last complete checkpoint."""
 
     def __init__(self, child: Child, status: int | None, died_at: float) -> None:
         super().__init__(f"{child.name} ({child.where()}) exited with status {status}")
@@ -276,8 +277,8 @@ class Restarts:
 
 def supervise(children: list[Child], run_dir: Path, progress: Progress, restarts: Restarts | None = None) -> int:
     """Watch the children until the router finishes (0) or something fails (1). With `restarts`, a lost env
-    worker is started again in place and a lost trainer, router or replica raises `RunLost` (after stopping every
-    process), each while the role's budget lasts.
+    worker is started again in place and a lost trainer, router or replica raises `RunLost` (after stopping
+    every process), each while the role's budget lasts.
 
     Peers exit cleanly a moment before the router when it ends the run (it sends Shutdown first), so a
     clean exit of a peer is a failure only if the router is still running `CLEAN_EXIT_GRACE_S` later."""
@@ -331,7 +332,7 @@ def _interrupt(signum: int, frame: object) -> None:
 def launch(config: Config, mode: str = "train") -> int:
     """Run a whole training job (mode "train") or one evaluation pass (mode "eval"); returns the exit
     status. An evaluation runs the router, inference servers and env workers, no trainers. A training run
-    that loses a trainer or its router starts again from its last complete checkpoint (`RunLost`)."""
+    that loses a trainer, its router or a replica starts again from its last complete checkpoint (`RunLost`)."""
     weights = None
     if mode == "eval":
         weights, start_version = eval_weights(config)

@@ -43,6 +43,10 @@ class Keys:
     ELAPSED_S = "time/elapsed_s"
     LATE_GROUPS = "router/late_groups"
     MALFORMED = "router/malformed"
+    """Messages the router could not decode so far (dropped; see wire/codec.py)."""
+    REFUSED_MESSAGES = "router/refused_messages"
+    """Well-formed messages the router dropped so far: from a sender that never joined, of a kind its role
+    does not send, or with values the run cannot have (see router/hub.py)."""
     REFUSED_HANDSHAKES = "router/refused_handshakes"
     """ZeroMQ handshakes the router refused so far (a peer without the run's CURVE key; see runtime/handshakes.py)."""
     LOGPROB_DIFF = "logprob_abs_diff"

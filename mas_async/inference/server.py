@@ -9,8 +9,9 @@ that produced it.
 A weight update (UpdateWeights from the policy's trainer) goes through `UpdateGate`: it waits until the
 batches in flight are done and holds back new ones, receives every tensor of the broadcast, loads them,
 bumps the version, acknowledges WeightsLoaded, and only then lets queued requests through. So no request
-is ever served by a mix of two versions. A request past its deadline is answered with an error instead
-of being generated.
+is ever served by a mix of two versions. A request past its deadline, or with a value out of range
+(`GenerateLimits`: n, max_tokens, the prompt, sampling parameters), is answered with an error instead of
+being generated.
 
 With bounded staleness (`rollout.max_staleness` >= 1) a backend that can receive without disturbing what
 it serves (`receive_weights` and `apply_weights`: the threaded hf and mock backends, whose double-buffered
@@ -31,9 +32,11 @@ from mas_async.config import Config
 from mas_async.deployment import Deployment
 from mas_async.inference.backends.base import make_backend
 from mas_async.inference.gate import UpdateGate
+from mas_async.inference.limits import GenerateLimits
 from mas_async.inference.request import GenerationRequest
 from mas_async.inference.wave import WaveGather
 from mas_async.runtime.actor import Peer
+from mas_async.runtime.log_limit import printable
 from mas_async.weights.group import WeightGroupSpec
 from mas_async.wire.messages import Generate, GenerateResult, Message, UpdateWeights, WeightsLoaded, completion_to_wire
 
@@ -69,6 +72,9 @@ class InferenceServer(Peer):
             device=spec.server_device or spec.device,
         )
         self.backend.version = deployment.start_version
+        self.limits = GenerateLimits.of(config, policy, deployment.weights_path(policy), self.backend)
+        self.refused = 0
+        """Generate requests answered with an error because a value was out of range."""
         self._queue: list[Generate] = []
         self._wakeup = asyncio.Event()
         self.gather = WaveGather(spec.batch_gather_ms / 1000, spec.batch_gather_fraction, spec.max_batch_sequences)
@@ -89,13 +95,20 @@ class InferenceServer(Peer):
 
     async def on_message(self, msg: Message) -> None:
         if isinstance(msg, Generate):
+            error = self.limits.check(msg)
+            if error:
+                self.refused += 1
+                if n := self.warnings.due("refused"):
+                    log.warning("refused a request of %s (%d so far): %s", printable(msg.origin), n, error)
+                self.send(GenerateResult(msg.request_id, msg.origin, error, []))
+                return
             self._queue.append(msg)
             self._wakeup.set()
             self.gather.arrived()
         elif isinstance(msg, UpdateWeights):
             self.spawn(self._update(msg.version), f"update-v{msg.version}")
         else:
-            log.warning("unexpected %s", type(msg).__name__)
+            self.unexpected(msg)
 
     async def _batch_loop(self) -> None:
         while True:

@@ -120,7 +120,7 @@ class EnvWorker(Peer):
             else:
                 future.set_result([completion_from_wire(c) for c in msg.completions])
         else:
-            log.warning("unexpected %s", type(msg).__name__)
+            self.unexpected(msg)
 
     async def generate(self, policy: str, prompt_ids: np.ndarray, n: int, greedy: bool) -> list[Completion]:
         """One request with n samples to an inference server of `policy`, via the router."""

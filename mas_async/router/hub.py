@@ -15,7 +15,11 @@ iteration barrier as the version clock (`VersionClock`) says:
    step v runs, and their training episodes keep the env workers busy (docs/staleness.md).
 
 On the hot path (Generate, GenerateResult, Groups) only the kind byte and the small header frame are
-decoded, through named header views; payload frames are forwarded untouched. Peer liveness lives in
+decoded, through named header views; payload frames are forwarded untouched. A message is taken only
+from a peer that joined (said Hello and was welcomed) and only of a kind its role sends (`SENDERS`);
+anything else, and values the run cannot have (a Groups of a policy it lacks, a negative count), is
+dropped and counted (`router/refused_messages`), as an undecodable message is (`router/malformed`):
+neither reaches a trainer or an env worker, neither stops the run, and their warnings are rate-limited. Peer liveness lives in
 `PeerTable`, the metrics row in `report.py`; the router writes RUN_DIR/metrics.jsonl.
 """
 
@@ -45,6 +49,7 @@ from mas_async.router.report import iteration_row
 from mas_async.runtime.actor import Actor, PeerDead, make_socket
 from mas_async.runtime.curve import RunAuthenticator, secure_server
 from mas_async.runtime.handshakes import RefusedHandshakes
+from mas_async.runtime.log_limit import LogLimit, printable
 from mas_async.runtime.router_socket import RouterSocket
 from mas_async.wire.codec import CodecError
 from mas_async.wire.messages import (
@@ -68,6 +73,28 @@ from mas_async.wire.messages import (
 )
 
 log = logging.getLogger("mas_async.router")
+
+SENDERS: dict[type[Message], str] = {
+    Generate: "env_worker",
+    Groups: "env_worker",
+    EpisodeDone: "env_worker",
+    GenerateResult: "inference",
+    WeightsLoaded: "inference",
+    Trained: "trainer",
+    UpdateWeights: "trainer",
+}
+"""The role that sends each kind to the router. Besides these, any peer that joined sends Heartbeat, and
+anyone Hello; every other kind is the router's own (Welcome, Shutdown, RunEpisode, TrainStep)."""
+OWN_POLICY = (Trained, UpdateWeights, WeightsLoaded)
+"""Kinds that a trainer or an inference server sends only about the policy it joined for."""
+MAX_COUNT = 1 << 31
+"""Bound of a Groups message's sample and token counts: far above any episode's, far below what would
+overflow the sums the router sends on (msgpack integers are 64-bit)."""
+
+
+def peer_role(name: str) -> str:
+    """The role of a peer by its name (socket identity): "env_worker/0" -> "env_worker"."""
+    return name.split("/", 1)[0]
 
 
 def expected_peers(config: Config, training: bool) -> set[str]:
@@ -117,6 +144,11 @@ class Router(Actor):
         self._step_done = asyncio.Event()
         self.refusals = RefusedHandshakes()
         """ZeroMQ handshakes refused so far (peers without the run's CURVE key), a logged counter."""
+        self.refused = 0
+        """Well-formed messages dropped so far: from a sender that never joined, of a kind its role does
+        not send, or with values the run cannot have (a logged counter, `router/refused_messages`)."""
+        self.warnings = LogLimit()
+        """Rate limit of the warnings a flood of bad messages would repeat."""
         self.best = load_best(run_dir) if deployment.training else None
         """{"version", "score"} of the best held-out evaluation so far (its checkpoint is kept)."""
         self.faults = FaultLog()
@@ -167,12 +199,23 @@ class Router(Actor):
         identity, body = frames[0].bytes, frames[1:]
         try:
             cls, header = peek([f.buffer for f in body])
+            if cls is not Hello:
+                peer = self.peers.get(identity)
+                if peer is None:
+                    self.refuse(identity, cls, "its sender never joined")
+                    return
+                if cls is not Heartbeat and SENDERS.get(cls) != peer.role:
+                    self.refuse(identity, cls, f"a {peer.role} does not send it")
+                    return
+                if cls in OWN_POLICY and header.policy != peer.policy:
+                    self.refuse(identity, cls, "it names a policy its sender does not serve")
+                    return
             if cls is Generate:
                 self._route_generate(identity, header, body)
             elif cls is GenerateResult:
                 self._route_result(identity, header, body)
             elif cls is Groups:
-                self._hold_groups(header, body)
+                self._hold_groups(identity, header, body)
             else:
                 # Liveness: every peer sends a Heartbeat each heartbeat_s, busy or not, so the hot path
                 # above need not stamp its messages.
@@ -181,7 +224,18 @@ class Router(Actor):
                     self._handle(identity, decode([f.buffer for f in body]))
         except CodecError as e:
             self.malformed += 1
-            log.warning("dropped a malformed message from %r (%d so far): %s", identity, self.malformed, e)
+            if n := self.warnings.due("malformed"):
+                log.warning("dropped a malformed message from %s (%d so far): %s", printable(identity), n, e)
+
+    def refuse(self, identity: bytes, cls: type[Message], why: str) -> None:
+        """Drop a well-formed message that the run must not act on; counted, and logged rate-limited (`why`
+        is one of a few fixed reasons: it keys the rate limit)."""
+        self.refused += 1
+        if n := self.warnings.due((cls, why)):
+            log.warning(
+                "dropped a %s from %s: %s (%d such so far, %d refused messages in all)",
+                cls.__name__, printable(identity), why, n, self.refused,
+            )  # fmt: skip
 
     # -- hot path: header-only forwarding ----------------------------------------------------------
 
@@ -199,11 +253,21 @@ class Router(Actor):
 
     def _route_result(self, server: bytes, header: Any, frames: list) -> None:
         origin = header.origin.encode()
-        if self._pending.pop((origin, header.request_id), None) is not None and server in self.peers:
-            self.peers[server].outstanding -= 1
+        key = (origin, header.request_id)
+        if self._pending.get(key) != server:  # only the replica serving a request answers it, once
+            self.refuse(server, GenerateResult, "it answers no request that its sender is serving")
+            return
+        del self._pending[key]
+        self.peers[server].outstanding -= 1
         self.forward(origin, frames)
 
-    def _hold_groups(self, header: Any, frames: list) -> None:
+    def _hold_groups(self, worker: bytes, header: Any, frames: list) -> None:
+        if header.policy not in self.clock.ranks:
+            self.refuse(worker, Groups, "its policy is not one of the run's")
+            return
+        if not (0 <= header.n_samples <= MAX_COUNT and 0 <= header.n_tokens <= MAX_COUNT):
+            self.refuse(worker, Groups, f"its counts are not between 0 and {MAX_COUNT}")
+            return
         book = self.books.get(header.iteration)
         if book is None or not book.hold_groups(header, frames):
             # An abandoned attempt, a timed-out episode or an old iteration (counted as late): its
@@ -231,16 +295,18 @@ class Router(Actor):
             self.clock.loaded(msg.replica, msg.version)
             self._check_step_done()
         else:
-            self.malformed += 1
-            log.warning("unexpected %s from %r", type(msg).__name__, identity)
+            self.refuse(identity, type(msg), "no peer sends it to the router")
 
     def _on_hello(self, identity: bytes, msg: Hello) -> None:
-        name = identity.decode()
+        name = identity.decode("utf-8", "replace")
+        if name not in self.table.expected:
+            self.refuse(identity, Hello, "its sender is not a peer of this run")
+            return
+        if msg.peer_id != name or msg.role != peer_role(name):
+            self.refuse(identity, Hello, "its peer_id or role is not its sender's")
+            return
         if msg.protocol != PROTOCOL_VERSION:
             raise RuntimeError(f"{name} speaks protocol {msg.protocol}, the router {PROTOCOL_VERSION}")
-        if name not in self.table.expected:
-            log.warning("ignoring Hello from unexpected peer %s", name)
-            return
         previous = self.peers.get(identity)
         if previous is not None and (msg.died_at or previous.pid != msg.pid):  # a replacement of a lost process
             if previous.alive:
@@ -453,7 +519,7 @@ class Router(Actor):
         now = time.monotonic()
         row = iteration_row(
             book, eval_k=self.cfg.eval.k, train=train, trained=trained, version=book.version, rollout_s=rollout_s,
-            step_s=step_s, malformed=self.malformed, refused_handshakes=self.refusals.count,
+            step_s=step_s, malformed=self.malformed, refused_messages=self.refused, refused_handshakes=self.refusals.count,
             elapsed_s=now - self.started,
         )  # fmt: skip
         # The overlap of rollouts and steps: the trainers wait for the rollout (wait_s) in every mode;

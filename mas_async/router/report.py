@@ -23,6 +23,7 @@ def iteration_row(
     rollout_s: float,
     step_s: float,
     malformed: int,
+    refused_messages: int,
     refused_handshakes: int,
     elapsed_s: float,
 ) -> dict[str, Any]:
@@ -66,6 +67,7 @@ def iteration_row(
                     row[Keys.policy(policy, key)] = value
     row[Keys.LATE_GROUPS] = book.late
     row[Keys.MALFORMED] = malformed
+    row[Keys.REFUSED_MESSAGES] = refused_messages
     row[Keys.REFUSED_HANDSHAKES] = refused_handshakes
     row[Keys.ELAPSED_S] = elapsed_s
     return row

@@ -32,6 +32,7 @@ import zmq.asyncio
 
 from mas_async.runtime.curve import secure_client
 from mas_async.runtime.handshakes import HandshakeWatch
+from mas_async.runtime.log_limit import LogLimit
 from mas_async.wire.codec import MAX_FRAME_BYTES, CodecError
 from mas_async.wire.messages import (
     PROTOCOL_VERSION,
@@ -70,6 +71,8 @@ class Actor:
         self.stopping = asyncio.Event()
         self.malformed = 0
         """Messages dropped because they could not be decoded (a logged counter, never a crash)."""
+        self.warnings = LogLimit()
+        """Rate limit of warnings that a flood of bad messages would repeat (`mas_async.runtime.log_limit`)."""
         self._tasks: list[asyncio.Task] = []
         self._parent_pid = int(os.environ.get(PARENT_PID_ENV) or os.getppid())
 
@@ -252,7 +255,8 @@ class Peer(Actor):
                 msg = decode([f.buffer for f in frames])
             except CodecError as e:
                 self.malformed += 1
-                log.warning("dropped a malformed message (%d so far): %s", self.malformed, e)
+                if n := self.warnings.due("malformed"):
+                    log.warning("dropped a malformed message from the router (%d so far): %s", n, e)
                 continue
             if isinstance(msg, Heartbeat):
                 continue
@@ -275,3 +279,8 @@ class Peer(Actor):
     async def on_message(self, msg: Message) -> None:
         """Handle one decoded message from the router; must not block (spawn tasks for long work)."""
         raise NotImplementedError(f"{type(self).__name__} does not handle {type(msg).__name__}")
+
+    def unexpected(self, msg: Message) -> None:
+        """A message of a kind this role does not take: dropped, with a rate-limited warning."""
+        if n := self.warnings.due(("unexpected", type(msg))):
+            log.warning("dropped an unexpected %s from the router (%d so far)", type(msg).__name__, n)

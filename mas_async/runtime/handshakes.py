@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
+
+from mas_async.runtime.log_limit import LogLimit
 
 if TYPE_CHECKING:
     from mas_async.runtime.curve import RunAuthenticator
@@ -75,7 +76,7 @@ class RefusedHandshakes:
         self.count = 0
         self.authenticator: RunAuthenticator | None = None
         """The ZAP handler that remembers the address of each refused key (CURVE only)."""
-        self._seen: Counter[tuple[str, str]] = Counter()
+        self._seen = LogLimit()
 
     def watch(
         self, sock: zmq.asyncio.Socket, authenticator: RunAuthenticator | None = None
@@ -96,8 +97,7 @@ class RefusedHandshakes:
         if event == FAILED_AUTH and self.authenticator is not None and self.authenticator.refused:
             address, key = self.authenticator.refused.popleft()  # ZAP answered before libzmq reported it
             reason = f"{reason}; its key {key}"
-        seen = self._seen[(reason, address)] = self._seen[(reason, address)] + 1
-        if seen & (seen - 1) == 0:
+        if seen := self._seen.due((reason, address)):
             log.warning(
                 "refused a ZeroMQ handshake on %s from %s: %s (%d from there so far, %d in all)",
                 endpoint, address, reason, seen, self.count,

@@ -26,6 +26,8 @@ from collections.abc import Callable
 
 import zmq
 
+from mas_async.runtime.log_limit import LogLimit, printable
+
 log = logging.getLogger("mas_async.router")
 
 _NOBLOCK = int(zmq.NOBLOCK)
@@ -43,6 +45,9 @@ class RouterSocket:
         self._outbox: deque[list] = deque()
         self._flushing: asyncio.Task | None = None
         self._draining = False
+        self.unsent = 0
+        """Messages to an unknown or vanished identity (ROUTER_MANDATORY refused them; logged, rate-limited)."""
+        self._warnings = LogLimit()
 
     async def run(self) -> None:
         """Receive until cancelled."""
@@ -95,7 +100,9 @@ class RouterSocket:
         except zmq.Again:
             return False
         except zmq.ZMQError as e:  # unknown or vanished peer (ROUTER_MANDATORY): logged, not fatal
-            log.warning("could not send to %r: %s", frames[0], e)
+            self.unsent += 1
+            if n := self._warnings.due(e.errno):
+                log.warning("could not send to %s: %s (%d such so far)", printable(bytes(frames[0])), e, n)
             return True
         else:
             last = len(frames) - 1

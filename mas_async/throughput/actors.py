@@ -88,7 +88,7 @@ class RolloutRouter(Router):
         self.messages += 1
         super()._on_frames(frames)
 
-    def _hold_groups(self, header: Any, frames: list) -> None:
+    def _hold_groups(self, worker: bytes, header: Any, frames: list) -> None:
         self.dropped_groups += 1  # no trainer in a rollout-only deployment
 
     async def main(self) -> None:

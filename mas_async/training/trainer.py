@@ -115,7 +115,7 @@ class Trainer(Peer):
         elif isinstance(msg, TrainStep):
             self.spawn(self._step(msg), f"step-{msg.iteration}")
         else:
-            log.warning("unexpected %s", type(msg).__name__)
+            self.unexpected(msg)
 
     def receive(self, samples: list[Sample], iteration: int) -> None:
         """Buffer the samples of `iteration` until the step that trains them; samples of an iteration

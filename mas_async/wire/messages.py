@@ -261,6 +261,15 @@ def _field_checks(cls: type[Message]) -> list[tuple[str, tuple[type, ...] | type
 
 
 _CHECKS = {kind: _field_checks(cls) for kind, cls in MESSAGES.items()}
+_HEADER_TYPES = {kind: tuple(expected for _, expected in _CHECKS[kind][: cls.HEADER]) for kind, cls in MESSAGES.items()}
+"""kind -> the type of each header field, for `peek`'s one `isinstance` per field."""
+
+
+def _check(cls: type[Message], values: list, start: int) -> None:
+    """Raise CodecError naming the first of `values` (fields `start`.. of `cls`) of the wrong type."""
+    for (name, expected), value in zip(_CHECKS[cls.KIND][start:], values, strict=True):
+        if not isinstance(value, expected):
+            raise CodecError(f"{cls.__name__}.{name}: expected {expected}, got {type(value).__name__}")
 
 
 def encode(msg: Message) -> list[bytes]:
@@ -271,7 +280,7 @@ def encode(msg: Message) -> list[bytes]:
 
 def peek(frames: list) -> tuple[type[Message], Any]:
     """Read the kind and header only (the router's hot path): the message class and a named view of
-    its header fields; raises CodecError if malformed."""
+    its header fields, each of its declared type; raises CodecError if malformed."""
     if len(frames) != 3:
         raise CodecError(f"a message has 3 frames, got {len(frames)}")
     kind = bytes(frames[0])
@@ -281,6 +290,8 @@ def peek(frames: list) -> tuple[type[Message], Any]:
     header = unpack(frames[1], MAX_HEADER_BYTES)
     if not isinstance(header, list) or len(header) != cls.HEADER:
         raise CodecError(f"{cls.__name__}: header must be a list of {cls.HEADER} values")
+    if not all(map(isinstance, header, _HEADER_TYPES[cls.KIND])):
+        _check(cls, header, 0)
     return cls, HEADERS[cls.KIND](*header)
 
 
@@ -288,14 +299,11 @@ def decode(frames: list) -> Message:
     """Frames -> a typed message; raises CodecError on anything malformed (never crashes the caller)."""
     cls, header = peek(frames)
     payload = unpack(frames[2])
-    checks = _CHECKS[cls.KIND]
-    if not isinstance(payload, list) or len(header) + len(payload) != len(checks):
-        raise CodecError(f"{cls.__name__}: payload must be a list of {len(checks) - cls.HEADER} values")
-    values = [*header, *payload]
-    for (name, expected), value in zip(checks, values, strict=True):
-        if not isinstance(value, expected):
-            raise CodecError(f"{cls.__name__}.{name}: expected {expected}, got {type(value).__name__}")
-    return cls(*values)
+    fields = len(_CHECKS[cls.KIND])
+    if not isinstance(payload, list) or cls.HEADER + len(payload) != fields:
+        raise CodecError(f"{cls.__name__}: payload must be a list of {fields - cls.HEADER} values")
+    _check(cls, payload, cls.HEADER)  # the header's types were checked by peek
+    return cls(*header, *payload)
 
 
 # ---- composite values ---------------------------------------------------------------------------

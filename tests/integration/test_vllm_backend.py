@@ -122,7 +122,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     model_dir = materialise(MODEL, tmp_path_factory.mktemp("models"))
     config = load_config(
         ROOT / "configs/plan_path_tiny.yaml",
-        [f"policies.{POLICY}.backend=vllm", f"policies.{POLICY}.max_batch_sequences=64"],
+        # rollout.max_tokens bounds what the server serves (test_a_request_during_an_update_... asks 200)
+        [f"policies.{POLICY}.backend=vllm", f"policies.{POLICY}.max_batch_sequences=64", "rollout.max_tokens=200"],
     )
     port = _free_port()
     deployment = Deployment("tcp://127.0.0.1:9", {POLICY: port}, {POLICY: str(model_dir)})

@@ -105,6 +105,30 @@ def test_malformed_frames_raise_codec_error(frames):
         decode(frames)
 
 
+@pytest.mark.parametrize(
+    ("kind", "header", "field"),
+    [
+        (Kind.GROUPS, ["vertical", [1], "train0-0", 0, 4, 40], "iteration"),  # unhashable: a dict key downstream
+        (Kind.GROUPS, ["vertical", 0, "train0-0", 0, "4", 40], "n_samples"),
+        (Kind.GENERATE, [1, 2, "env_worker/0", 0.0], "policy"),
+        (Kind.GENERATE, [1, "vertical", "env_worker/0", "soon"], "deadline"),
+        (Kind.GENERATE_RESULT, [1, None, ""], "origin"),
+        (Kind.GENERATE_RESULT, [{"a": 1}, "env_worker/0", ""], "request_id"),
+        (Kind.HEARTBEAT, ["now"], "sent_at"),
+    ],
+)
+def test_peek_checks_the_types_of_the_header_fields(kind, header, field):
+    """The router's hot path reads headers through peek alone: a wrong-typed field must be a CodecError
+    (counted), never a value that breaks the router further on."""
+    with pytest.raises(CodecError, match=rf"\.{field}: expected"):
+        peek([bytes([kind]), pack(header), pack([])])
+
+
+def test_peek_takes_ints_for_float_fields():
+    _, header = peek([bytes([Kind.HEARTBEAT]), pack([3]), pack([])])
+    assert header.sent_at == 3
+
+
 def test_oversized_frame_is_rejected_before_decoding():
     with pytest.raises(CodecError, match="exceeds"):
         unpack(pack(b"x" * 2000), max_bytes=1000)

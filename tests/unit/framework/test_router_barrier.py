@@ -66,7 +66,7 @@ def _groups(router: Router, run: RunEpisode, policy: str, n: int, attempt: int |
     attempt = run.attempt if attempt is None else attempt
     msg = Groups(policy, run.iteration, run.episode_id, attempt, n, n, [])
     frames = encode(msg)
-    router._hold_groups(HEADERS[msg.KIND](*[getattr(msg, f) for f in HEADERS[msg.KIND]._fields]), frames)
+    router._hold_groups(WORKERS[0], HEADERS[msg.KIND](*[getattr(msg, f) for f in HEADERS[msg.KIND]._fields]), frames)
 
 
 def _done(router: Router, worker: bytes, run: RunEpisode, *, success: bool = True, error: str = "", attempt=None):

@@ -145,9 +145,10 @@ class MetricsWriter:
             self._board.close()
 
 
-def keep_rows_before(path: Path, iteration: int) -> None:
+def keep_rows_before(path: Path, iteration: int) -> list[dict[str, Any]]:
     """Resuming at `iteration`: the rows of later iterations belong to steps that were never
-    checkpointed, so they move to metrics.replaced.jsonl and the run rewrites them (none is repeated)."""
+    checkpointed, so they move to metrics.replaced.jsonl and the run rewrites them (none is repeated).
+    Returns the rows moved."""
     rows = read_metrics(path)
     kept = [r for r in rows if r.get("iteration", 0) < iteration]
     dropped = [r for r in rows if r.get("iteration", 0) >= iteration]
@@ -157,6 +158,7 @@ def keep_rows_before(path: Path, iteration: int) -> None:
     tmp = path.with_name(".metrics.jsonl.tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
     tmp.replace(path)
+    return dropped
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

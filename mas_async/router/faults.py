@@ -6,7 +6,8 @@ checkpoint (the launcher tells the new router which role was lost, and when). Re
 that death to the first result of the replacement: an episode done by the restarted env worker, or any
 episode done in the restarted run. Keys: `faults/restarts/<role>`, `faults/reissued_episodes`,
 `faults/recovery_s` (the longest recovery completed in the iteration, 0 if none), reported per
-iteration (docs/faults.md).
+iteration (docs/faults.md). A run restarted from a checkpoint writes the later rows again; the restarts
+and reissued episodes those rows reported are carried into its first row, so each is counted once.
 """
 
 from __future__ import annotations
@@ -52,6 +53,14 @@ class FaultLog:
         """A replacement of a lost `role` process joined (or the run restarted after losing one)."""
         self.restarts[role] += 1
         self._recovering[identity] = died_at
+
+    def carry(self, rows: list[dict[str, Any]]) -> None:
+        """Count the faults of rows that a restarted run writes again (it went back to a checkpoint before
+        them): they happened, and the rows that reported them are gone."""
+        for row in rows:
+            for role in ROLES:
+                self.restarts[role] += int(row.get(Keys.restarts(role), 0))
+            self.reissued_episodes += int(row.get(Keys.REISSUED_EPISODES, 0))
 
     def reissued(self, episodes: int) -> None:
         """Episodes of a lost env worker went back to the queue, to run again from their start."""

@@ -137,8 +137,9 @@ class Router(Actor):
         random.Random(config.run.seed).shuffle(self._order)
         self.start = deployment.start_version
         """The first iteration of this run; iteration v trains the step from version v."""
+        replaced = []
         if (run_dir / "metrics.jsonl").exists():  # a resumed or restarted run: rows from `start` on are redone
-            keep_rows_before(run_dir / "metrics.jsonl", self.start)
+            replaced = keep_rows_before(run_dir / "metrics.jsonl", self.start)
         self.metrics = MetricsWriter(run_dir / "metrics.jsonl")
         self.started = time.monotonic()
         self._step_done = asyncio.Event()
@@ -152,6 +153,7 @@ class Router(Actor):
         self.best = load_best(run_dir) if deployment.training else None
         """{"version", "score"} of the best held-out evaluation so far (its checkpoint is kept)."""
         self.faults = FaultLog()
+        self.faults.carry(replaced)  # faults seen in the iterations run again are still counted, once
         restart = run_restart_from_env()
         if restart is not None:  # the launcher restarted the whole run after losing this role
             self.faults.restarted(*restart)

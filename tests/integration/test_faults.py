@@ -42,38 +42,56 @@ def _check_every_iteration_once(rows: list[dict], iterations: int, batch_size: i
             assert row[Keys.policy(policy, Keys.LOGPROB_DIFF)] < 1e-4
 
 
-def test_env_workers_killed_at_random_lose_and_repeat_nothing(tmp_path):
-    """Chaos, seeded and bounded: SIGKILL a random env worker (one the router has seen join) every 1-2.5 s."""
+def _stepping(run_dir: Path) -> int:
+    """How many steps trainer/vertical has begun (its log, over every start of the run)."""
+    log = run_dir / "logs" / "trainer-vertical.log"
+    return log.read_text(errors="replace").count(": stepping from v") if log.exists() else 0
+
+
+def test_env_workers_and_replicas_killed_at_random_lose_and_repeat_nothing(tmp_path):
+    """Chaos, seeded and bounded: every 1-2.5 s SIGKILL a random env worker or (one time in four) inference
+    replica that the router has seen join; the first replica kill lands as a step begins, before its
+    weight update. An env worker is replaced alone; a replica's loss restarts the run from its checkpoint."""
     run_dir, iterations, batch = tmp_path / "run", 20, 4
     args = [f"run.iterations={iterations}", f"rollout.batch_size={batch}", "algorithm.k=4", "eval.every=5",
-            "eval.size=4", "cluster.env_workers=2", "cluster.max_restarts=30"]  # fmt: skip
+            "eval.size=4", "cluster.env_workers=2", "policies.vertical.replicas=2", "policies.horizontal.replicas=2",
+            "trainer.checkpoint_every=2", "trainer.keep_checkpoints=1", "cluster.max_restarts=30"]  # fmt: skip
+    workers = ["env_worker/0", "env_worker/1"]
+    replicas = [f"inference/{p}/{r}" for p in POLICIES for r in (0, 1)]
     proc = start_train(CONFIG, run_dir, *args)
-    rng, kills = random.Random(7), []
+    rng, kills, in_step = random.Random(7), [], False
     try:
         child_pids(run_dir)
-        wait_for_rows(run_dir, 1, timeout=120)
-        deadline = time.monotonic() + 240
+        wait_for_rows(run_dir, 2, timeout=120)
+        deadline = time.monotonic() + 300
         while len(_rows(run_dir)) < iterations - 4 and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(rng.uniform(1.0, 2.5))
-            name = rng.choice(["env_worker/0", "env_worker/1"])
+            if not in_step:  # the first replica kill: inference/vertical/0 as trainer/vertical begins a step
+                steps = _stepping(run_dir)
+                while _stepping(run_dir) == steps and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                name, in_step = "inference/vertical/0", True
+            else:
+                time.sleep(rng.uniform(1.0, 2.5))
+                name = rng.choice(replicas) if rng.random() < 0.25 else rng.choice(workers)
             pid = json.loads((run_dir / "pids.json").read_text())[name]
             if _joined(run_dir, name, pid) and alive(pid):
                 os.kill(pid, signal.SIGKILL)
-                kills.append((name, pid))
+                kills.append(name.split("/")[0])
         out, _ = proc.communicate(timeout=300)
     finally:
         cleanup(proc, run_dir)
     assert proc.returncode == 0, out[-3000:]
-    assert len(kills) >= 5, kills
-    assert len({name for name, _ in kills}) == 2  # both workers were lost at least once
+    assert len(kills) >= 5 and kills.count("inference") >= 1 and kills.count("env_worker") >= 3, kills
     rows = _rows(run_dir)
     _check_every_iteration_once(rows, iterations, batch)
-    assert sum(r[Keys.restarts("env_worker")] for r in rows) == len(kills)  # every kill, counted once
-    assert sum(r[Keys.restarts(role)] for r in rows for role in ("inference", "trainer", "router")) == 0
+    for role in ("env_worker", "inference"):  # every kill, counted once (rows run again carry theirs over)
+        assert sum(r[Keys.restarts(role)] for r in rows) == kills.count(role), (role, kills)
+    assert sum(r[Keys.restarts(role)] for r in rows for role in ("trainer", "router")) == 0
     assert sum(r[Keys.REISSUED_EPISODES] for r in rows) >= 1
     recoveries = [r[Keys.RECOVERY_S] for r in rows if r[Keys.RECOVERY_S] > 0]
     assert recoveries and max(recoveries) < 30
-    assert out.count("started it again as pid") == len(kills)
+    assert out.count("started it again as pid") == kills.count("env_worker")
+    assert out.count("restarting the run from its checkpoint") == kills.count("inference")
 
 
 def _kill_when(run_dir: Path, name: str, watched: str, pattern: str, delay_s: float = 0.0) -> int:

@@ -44,6 +44,15 @@ def test_the_fault_log_counts_per_row_and_times_recovery_to_the_first_result():
     assert faults.result_from(b"env_worker/0") is not None
 
 
+def test_faults_of_rows_run_again_are_carried_into_the_next_row():
+    faults = FaultLog()
+    faults.carry([{Keys.restarts("env_worker"): 2, Keys.REISSUED_EPISODES: 3}, {Keys.restarts("inference"): 1}])
+    faults.restarted("inference", time.time())
+    row = faults.take()
+    assert row[Keys.restarts("env_worker")] == 2 and row[Keys.restarts("inference")] == 2
+    assert row[Keys.REISSUED_EPISODES] == 3
+
+
 def _router(tmp_path, *overrides):
     config = load_config(ROOT / "configs/plan_path_tiny.yaml", ["rollout.batch_size=4", *overrides])
     deployment = Deployment("tcp://127.0.0.1:1", {"vertical": 1, "horizontal": 2}, {"vertical": "", "horizontal": ""})

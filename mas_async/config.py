@@ -248,6 +248,13 @@ class TrainerConfig(_Section):
     optimiser memory per rank (`optimizer_state_bytes` in the metrics)."""
     group_timeout_s: float = Field(300.0, gt=0)
     """Bound of joining a policy's group of trainer ranks and of each collective of a step over it."""
+    bf16_autocast: bool = False
+    """Run the trainer's forward passes (and so their backward) under `torch.autocast` in bfloat16, for GPU
+    trainers; parameters, optimiser state and the log-softmax stay fp32. The recomputed log-probs then
+    differ from an fp32 server's by bf16 rounding (`logprob_abs_diff` grows), so leave it off on the CPU."""
+    activation_checkpointing: bool = False
+    """Recompute each layer's activations in the backward pass instead of keeping them (transformers'
+    non-reentrant gradient checkpointing): the same gradients for less memory, at about one more forward."""
     step_timeout_s: float = Field(3600.0, gt=0)
     """The router's bound on a step: from TrainStep(v) until every trainer rank reported Trained(v+1) and
     every inference replica WeightsLoaded(v+1). Past it the run stops with `StepTimeout`, which names the

@@ -76,6 +76,10 @@ class PolicyLearner:
         self.device = torch.device(spec.device)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype(spec.dtype)).to(self.device)
         self.model.train()
+        if config.trainer.activation_checkpointing:  # before DDP wraps the model; non-reentrant works with DDP
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.autocast = config.trainer.bf16_autocast
+        """Forward passes under torch.autocast in bfloat16 (`trainer.bf16_autocast`)."""
         # One contiguous buffer per dtype: the weight broadcast sends it as it is, with no copy.
         # Flattened after the move to the device, so the buffers live there.
         self.flat = flatten_parameters(self.model.named_parameters())
@@ -164,9 +168,10 @@ class PolicyLearner:
         out = []
         for run in self._micro_batches(samples):
             chunk = [samples[i] for i in run]
-            out += completion_logprobs(
-                model, [s.prompt_ids for s in chunk], [s.completion_ids for s in chunk], self.temperature, entropies
-            )
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+                out += completion_logprobs(
+                    model, [s.prompt_ids for s in chunk], [s.completion_ids for s in chunk], self.temperature, entropies
+                )
         return out
 
     def step(self, samples: list[Sample], version: int | None = None) -> dict[str, Any]:

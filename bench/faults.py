@@ -12,7 +12,7 @@
    second of wall time (from the rows' `time/elapsed_s`), and their ratio (target >= 0.9).
 
     python bench/faults.py               # ~12 minutes on 2 cores
-    python bench/faults.py --smoke       # ~2 minutes: 1 kill per kind, 40 s throughput runs
+    python bench/faults.py --smoke       # ~40 s: one env worker and one trainer killed; run by the tests
 """
 
 from __future__ import annotations
@@ -176,10 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration-s", type=float, default=180.0, help="length of each throughput run")
     parser.add_argument("--period-s", type=float, default=60.0, help="one env-worker kill per this many seconds")
     parser.add_argument("--repeats", type=int, default=1, help="throughput runs per arm (interleaved)")
-    parser.add_argument("--smoke", action="store_true", help="1 kill per kind, 40 s throughput runs")
+    parser.add_argument("--smoke", action="store_true", help="one env worker and one trainer killed, no throughput")
+    parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.kills, args.duration_s, args.period_s, args.repeats = 1, 40.0, 15.0, 1
+        args.kinds, args.kills, args.spacing, args.duration_s = "env_worker,trainer", 1, 1, 0.0
     kinds = [k for k in args.kinds.split(",") if k]
     for kind in kinds:
         if kind not in KINDS:
@@ -188,8 +189,10 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         print(f"recovery per kind of fault: {args.kills} SIGKILLs each, {args.spacing} iterations apart")
         print(f"  {'kind':<12} {'median s':>9} {'max s':>7} {'redone':>7}   every recovery (s)")
+        figures: dict = {"recovery_s": {}, "redone": {}}
         for kind in kinds:
             found, redone = recoveries(kind, args.kills, args.spacing, work)
+            figures["recovery_s"][kind], figures["redone"][kind] = found, redone
             listed = ", ".join(f"{s:.2f}" for s in found)
             print(
                 f"  {kind:<12} {statistics.median(found):>9.2f} {max(found):>7.2f} {redone:>7}   {listed}", flush=True
@@ -205,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  with kills   {', '.join(f'{x:.2f}' for x in killed)} training episodes/s")
             print(f"  ratio        {statistics.median(ratios):.3f} (median of {len(ratios)}; "
                   f"{', '.join(f'{r:.3f}' for r in ratios)})   (target >= 0.9)")  # fmt: skip
+            figures["throughput"] = {"no_kills": calm, "with_kills": killed, "ratios": ratios}
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
     return 0
 
 

@@ -19,8 +19,9 @@ decoded, through named header views; payload frames are forwarded untouched. A m
 from a peer that joined (said Hello and was welcomed) and only of a kind its role sends (`SENDERS`);
 anything else, and values the run cannot have (a Groups of a policy it lacks, a negative count), is
 dropped and counted (`router/refused_messages`), as an undecodable message is (`router/malformed`):
-neither reaches a trainer or an env worker, neither stops the run, and their warnings are rate-limited. Peer liveness lives in
-`PeerTable`, the metrics row in `report.py`; the router writes RUN_DIR/metrics.jsonl.
+neither reaches a trainer or an env worker, neither stops the run, and their warnings are rate-limited.
+Peer liveness lives in `PeerTable`, the metrics row in `report.py`, lost processes in `faults.py`; the
+router writes RUN_DIR/metrics.jsonl.
 """
 
 from __future__ import annotations
@@ -521,8 +522,8 @@ class Router(Actor):
         now = time.monotonic()
         row = iteration_row(
             book, eval_k=self.cfg.eval.k, train=train, trained=trained, version=book.version, rollout_s=rollout_s,
-            step_s=step_s, malformed=self.malformed, refused_messages=self.refused, refused_handshakes=self.refusals.count,
-            elapsed_s=now - self.started,
+            step_s=step_s, malformed=self.malformed, refused_messages=self.refused,
+            refused_handshakes=self.refusals.count, elapsed_s=now - self.started,
         )  # fmt: skip
         # The overlap of rollouts and steps: the trainers wait for the rollout (wait_s) in every mode;
         # the servers are idle while no episode runs (the step of a strict run, env-bound stretches).

@@ -8,8 +8,9 @@ with a live context.
 
 `Peer` is an actor with one DEALER socket connected to the router (a CURVE client when the deployment
 has keys: `mas_async.runtime.curve`). Its life: connect, send Hello (role, id, policy, capacity, protocol
-version), wait for Welcome (a refused handshake is `HandshakeFailed`, not a hang), then run its work while a heartbeat task
-sends a Heartbeat every `heartbeat_s` and declares the router dead after `peer_timeout_s` of silence.
+version, and when it replaces a lost process, when that one was found dead), wait for Welcome (a refused
+handshake is `HandshakeFailed`, not a hang), then run its work while a heartbeat task sends a Heartbeat
+every `heartbeat_s` and declares the router dead after `peer_timeout_s` of silence.
 Socket IO lives in its own tasks: the receive task decodes and dispatches, the send task drains a queue,
 so handlers never await a socket. Blocking calls (torch compute, torch.distributed collectives) go to
 threads with `asyncio.to_thread`; the loop keeps serving heartbeats meanwhile.

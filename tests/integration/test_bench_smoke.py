@@ -87,3 +87,13 @@ def test_staleness_smoke(tmp_path: Path) -> None:
     assert sides["k=0"]["staleness_max"] == 0
     assert sides["k=1"]["staleness_max"] <= 1 and sides["k=1"]["stale_dropped"] == 0
     assert all(ratio > 0 for ratio in figures["ratios"].values())
+
+
+def test_faults_smoke(tmp_path: Path) -> None:
+    """An env worker and a trainer SIGKILLed in real runs: each recovery is in the run's metrics, short."""
+    stdout, figures = _run("faults.py", tmp_path)
+    assert "recovery per kind of fault" in stdout
+    assert set(figures["recovery_s"]) == {"env_worker", "trainer"}
+    for kind, found in figures["recovery_s"].items():
+        assert len(found) == 1 and 0 < found[0] < 30, kind
+    assert figures["redone"]["env_worker"] == 0  # replaced alone: nothing runs twice

@@ -138,8 +138,12 @@ ENGINE_SCRIPT = textwrap.dedent(
     engine = RayEngine(load_config("configs/plan_path_tiny.yaml", overrides))
     spec = ProcessSpec("env_worker/0", "env_worker", ())
     node = engine.place([spec])[spec.name]
-    child = engine.start(spec, node, ["sleep", "300"], {}, Path(log))
-    print(json.dumps({"pid": child.pid, "node": node.name, "status": child.poll()}), flush=True)
+    lost = engine.start(spec, node, ["sleep", "300"], {}, Path(log))
+    lost.kill()
+    lost.wait(10)
+    # A lost process started again on its host, and a restarted run placed again: the same node, one group.
+    child = engine.start(spec, engine.place([spec])[spec.name], ["sleep", "300"], {}, Path(log))
+    print(json.dumps({"pid": child.pid, "lost": lost.pid, "node": node.name, "status": child.poll()}), flush=True)
     sys.stdin.readline()
     engine.close()
     print("closed", flush=True)
@@ -155,6 +159,7 @@ def test_close_kills_the_process_and_releases_actors_and_group(ray_cluster, tmp_
     try:
         started = json.loads(_line(driver, timeout=120))
         assert started["node"] == node_ids["node_b"] and started["status"] is None
+        assert started["pid"] != started["lost"] and not alive(started["lost"])
         host = psutil.Process(started["pid"]).ppid()
         assert psutil.Process(host).cmdline()[0] == "ray::ProcessHost"
         assert list(_groups_of(driver.pid).values()) == ["CREATED"]

@@ -160,6 +160,8 @@ class RayEngine(Engine):
         connect(self.ray_config.address)
 
     def place(self, specs: list[ProcessSpec]) -> dict[str, Node]:
+        if self.group is not None and set(self.nodes) == {spec.name for spec in specs}:
+            return dict(self.nodes)  # a run restarted from its checkpoint: the same hosts, still reserved
         ray = _ray()
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy

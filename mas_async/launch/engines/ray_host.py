@@ -40,7 +40,8 @@ class ProcessHost:
         `log_path`; its pid."""
         from mas_async.runtime.actor import PARENT_PID_ENV
 
-        assert self.proc is None, "a ProcessHost runs one process"
+        if self.proc is not None and self.proc.poll() is None:  # one at a time: a lost one is started again
+            raise RuntimeError(f"this ProcessHost still runs pid {self.proc.pid}")
         with open(log_path, "ab") as log_file:
             self.proc = subprocess.Popen(
                 command,

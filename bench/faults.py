@@ -97,6 +97,14 @@ def _iterations_seen(rows: list[dict]) -> int:
     return len({row["iteration"] for row in rows})
 
 
+def _restarts(rows: list[dict], kind: str) -> int:
+    return sum(row[f"faults/restarts/{kind}"] for row in rows)
+
+
+def _recoveries(rows: list[dict]) -> int:
+    return sum(1 for row in rows if row["faults/recovery_s"] > 0)
+
+
 def recoveries(kind: str, kills: int, spacing: int, work: Path) -> tuple[list[float], int]:
     """SIGKILL a process of `kind` `kills` times; the recovery times the run reported and the iterations
     it ran again (a whole-run restart goes back to the last checkpoint)."""
@@ -111,10 +119,10 @@ def recoveries(kind: str, kills: int, spacing: int, work: Path) -> tuple[list[fl
             run.wait(f"{name} (pid {pid}) to join", lambda n=name, p=pid: run.joined(n, p))
             os.kill(pid, signal.SIGKILL)
             seen = _iterations_seen(run.rows())
-            # Recovered (its row is written) and `spacing` iterations of progress beyond where it was.
+            # Restarted and recovered (both in the rows), and `spacing` iterations of progress beyond where it was.
             run.wait(
                 f"recovery {kill + 1} of {kind}",
-                lambda s=seen, k=kill: sum(r[f"faults/restarts/{kind}"] for r in run.rows()) >= k + 1
+                lambda s=seen, k=kill: _restarts(run.rows(), kind) >= k + 1 and _recoveries(run.rows()) >= k + 1
                 and _iterations_seen(run.rows()) >= s + spacing,
             )  # fmt: skip
             back_to = _restarted_from(run)
@@ -122,7 +130,7 @@ def recoveries(kind: str, kills: int, spacing: int, work: Path) -> tuple[list[fl
         rows = run.rows()
     finally:
         run.stop()
-    found = [r["faults/recovery_s"] for r in rows if r["faults/recovery_s"] > 0]
+    found = [r["faults/recovery_s"] for r in rows if r["faults/recovery_s"] > 0]  # one per kill: kills are spaced
     if len(found) != kills:
         raise RuntimeError(f"{kind}: {kills} kills but {len(found)} recoveries in the metrics ({run.dir})")
     return found, redone
@@ -158,11 +166,12 @@ def throughput(period_s: float | None, duration_s: float, work: Path, label: str
             if run.proc.poll() is not None:
                 raise RuntimeError(f"the run stopped (status {run.proc.returncode}): {run.dir}")
             time.sleep(0.1)
+        run.wait("every kill counted", lambda: _restarts(run.rows(), "env_worker") >= kills, timeout_s=60)
         rows = run.rows()
     finally:
         run.stop()
-    if sum(r["faults/restarts/env_worker"] for r in rows) != kills:
-        raise RuntimeError(f"{kills} kills, {sum(r['faults/restarts/env_worker'] for r in rows)} restarts counted")
+    if _restarts(rows, "env_worker") != kills:
+        raise RuntimeError(f"{kills} kills, {_restarts(rows, 'env_worker')} restarts counted")
     first, last = rows[0], rows[-1]
     episodes = sum(r["rollout/episodes"] for r in rows[1:])
     return episodes / (last["time/elapsed_s"] - first["time/elapsed_s"])

@@ -295,12 +295,18 @@ def supervise(children: list[Child], run_dir: Path, progress: Progress, restarts
             progress.finish()
             return 0
         now = time.monotonic()
+        lost = []
         for child in children:
             code = child.poll()
             if code is None or (code == 0 and child is router):
                 continue
             if code == 0 and now - clean_exits.setdefault(child.name, now) < CLEAN_EXIT_GRACE_S:
                 continue
+            lost.append((child, code))
+        if lost:
+            # Found dead together: one killed by a signal is the cause, the others failed on its loss (a
+            # trainer whose broadcast lost a replica, then the router that heard of it), so it decides.
+            child, code = min(lost, key=lambda lc: lc[1] >= 0)
             role, died_at = child.name.split("/")[0], time.time()
             if restarts is not None and role in RESTARTED_ALONE and restarts.budget.take(role):
                 replacement = restarts.launches[child.name].start(restarts.engine, {DIED_AT_ENV: repr(died_at)})
@@ -312,7 +318,7 @@ def supervise(children: list[Child], run_dir: Path, progress: Progress, restarts
                     f"{replacement.pid} ({restarts.budget.used(role)} of {restarts.budget.max_restarts} restarts "
                     "of the role in the window)"
                 )
-                break  # the list changed: look again from the start
+                continue  # the others found dead, if any, are looked at again on the next turn
             progress.finish()
             stop_children(children)
             if restarts is not None and restarts.whole_run and role in RESTART_THE_RUN and restarts.budget.take(role):

@@ -42,6 +42,11 @@ def _check_every_iteration_once(rows: list[dict], iterations: int, batch_size: i
             assert row[Keys.policy(policy, Keys.LOGPROB_DIFF)] < 1e-4
 
 
+def _started(run_dir: Path) -> int:
+    """How many times the run has started (its routers, each saw every peer join)."""
+    return len(re.findall(r"all \d+ peers joined", (run_dir / "logs" / "router.log").read_text(errors="replace")))
+
+
 def _stepping(run_dir: Path) -> int:
     """How many steps trainer/vertical has begun (its log, over every start of the run)."""
     log = run_dir / "logs" / "trainer-vertical.log"
@@ -75,8 +80,11 @@ def test_env_workers_and_replicas_killed_at_random_lose_and_repeat_nothing(tmp_p
                 name = rng.choice(replicas) if rng.random() < 0.25 else rng.choice(workers)
             pid = json.loads((run_dir / "pids.json").read_text())[name]
             if _joined(run_dir, name, pid) and alive(pid):
+                starts = _started(run_dir)
                 os.kill(pid, signal.SIGKILL)
                 kills.append(name.split("/")[0])
+                while name in replicas and _started(run_dir) == starts and time.monotonic() < deadline:
+                    time.sleep(0.05)  # no kill while the launcher tears the run down and starts it again
         out, _ = proc.communicate(timeout=300)
     finally:
         cleanup(proc, run_dir)

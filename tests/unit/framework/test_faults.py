@@ -153,3 +153,45 @@ def test_a_step_that_never_completes_is_a_named_error_saying_who_did_not_report(
             await asyncio.wait_for(iteration, 10)
 
     asyncio.run(scenario())
+
+
+class _Dead:
+    """A child of the launcher that has exited with `code` (what `supervise` looks at)."""
+
+    def __init__(self, name: str, code: int | None) -> None:
+        from mas_async.launch.engines.base import Node
+
+        self.name, self.code, self.node, self.pid = name, code, Node("local", "127.0.0.1"), 1
+
+    def poll(self) -> int | None:
+        return self.code
+
+    def wait(self, timeout: float) -> int | None:
+        return self.code
+
+    def terminate(self) -> None: ...
+
+    def kill(self) -> None: ...
+
+    def where(self) -> str:
+        return "pid 1 on local"
+
+
+class _Quiet:
+    def update(self) -> None: ...
+
+    def finish(self) -> None: ...
+
+    def note(self, text: str) -> None: ...
+
+
+def test_the_process_killed_by_a_signal_is_the_cause_not_those_that_failed_on_its_loss(tmp_path):
+    """A replica SIGKILLed mid-broadcast: its trainer fails on the broken group and the router on the trainer's
+    error, all found dead at once; the restart is the replica's."""
+    from mas_async.launch.launcher import Restarts, RunLost, supervise
+
+    children = [_Dead("router", 1), _Dead("trainer/vertical", 1), _Dead("inference/vertical/0", -9)]
+    restarts = Restarts(engine=None, launches={}, budget=RestartBudget(3, 600), whole_run=True)  # type: ignore[arg-type]
+    with pytest.raises(RunLost) as lost:
+        supervise(children, tmp_path, _Quiet(), restarts)  # type: ignore[arg-type]
+    assert lost.value.role == "inference" and restarts.budget.used("router") == 0

@@ -25,7 +25,7 @@ import sys
 import threading
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import setproctitle
 
@@ -62,18 +62,28 @@ def serve(requests_fd: int = 0) -> int:
     # The replies keep the pipe of stdout; what anything else prints goes to the log (stderr).
     replies_fd = os.dup(1)
     os.dup2(2, 1)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher stops the children; the server ends on EOF
+    preload()
+    return serve_requests(requests_fd, replies_fd)
+
+
+def preload() -> None:
     process.quiet_progress_bars()
     for name in PRELOAD:
         try:
             importlib.import_module(name)
         except Exception as e:  # noqa: BLE001 - the child that needs it fails with the real error
             print(f"fork server: preloading {name} failed: {e}", file=sys.stderr, flush=True)
+
+
+def serve_requests(requests_fd: int, replies_fd: int) -> int:
+    """Start a child per JSON line read from `requests_fd` until it closes; pids and exit statuses go to
+    `replies_fd` (the two may be one socket)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher stops the children; the server ends on EOF
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
-    own_fds = (wake_r, wake_w, replies_fd)
+    own_fds = tuple(sorted({wake_r, wake_w, replies_fd, requests_fd} - {0}))
 
     def reply(message: dict[str, Any]) -> None:
         os.write(replies_fd, json.dumps(message).encode() + b"\n")
@@ -176,20 +186,23 @@ def _child(request: dict[str, Any], ready_w: int, own_fds: tuple[int, ...]) -> N
 
 
 class ForkServer:
-    """The launcher's handle on the fork server of one node: starts children, tells their exit status."""
+    """The launcher's handle on the fork server of one node: starts children, tells their exit status.
 
-    def __init__(self, node: str, prefix: list[str], env: dict[str, str], log_path: Path, timeout_s: float) -> None:
+    `spawn` starts a new server; `fork_template.connect` gets one forked from a preloaded template. Either
+    way requests go to `requests` and replies come from `replies`, and the server ends when `requests`
+    closes."""
+
+    def __init__(
+        self, node: str, log_path: Path, timeout_s: float, pid: int, requests: BinaryIO, replies: BinaryIO
+    ) -> None:
         self.node = node
         self.log_path = log_path
         self.timeout_s = timeout_s
-        with log_path.open("ab") as log_file:
-            self.proc = subprocess.Popen(
-                [*prefix, sys.executable, "-m", __name__],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=log_file,
-                env={**os.environ, **env},
-            )
+        self.pid = pid
+        self.proc: subprocess.Popen | None = None
+        """The server's process when this launcher started it (`spawn`), so its exit status is known."""
+        self._requests = requests
+        self._replies_in = replies
         self._lock = threading.Condition()
         self._replies: dict[int, dict[str, Any]] = {}
         self._codes: dict[int, int] = {}
@@ -198,9 +211,24 @@ class ForkServer:
         self._reader = threading.Thread(target=self._read, name=f"fork-server-{node}", daemon=True)
         self._reader.start()
 
+    @classmethod
+    def spawn(cls, node: str, prefix: list[str], env: dict[str, str], log_path: Path, timeout_s: float) -> ForkServer:
+        """A new server process (through the node's command prefix); it preloads before it answers."""
+        with log_path.open("ab") as log_file:
+            proc = subprocess.Popen(
+                [*prefix, sys.executable, "-m", __name__],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log_file,
+                env={**os.environ, **env},
+            )
+        assert proc.stdin is not None and proc.stdout is not None
+        server = cls(node, log_path, timeout_s, proc.pid, proc.stdin, proc.stdout)
+        server.proc = proc
+        return server
+
     def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
+        for line in self._replies_in:
             message = json.loads(line)  # only the server writes there (anything printed goes to its log)
             with self._lock:
                 if "exited" in message:
@@ -214,15 +242,14 @@ class ForkServer:
 
     def start(self, name: str, argv: list[str], env: dict[str, str], log_path: Path) -> int:
         """Fork a `mas_async.launch.process` with `argv` and `env`, output into `log_path`; its pid."""
-        assert self.proc.stdin is not None
         with self._lock:
             request_id = self._next_id
             self._next_id += 1
         request = {"id": request_id, "argv": argv, "env": env, "cwd": os.getcwd(), "log": str(log_path)}
         try:
-            self.proc.stdin.write(json.dumps(request).encode() + b"\n")
-            self.proc.stdin.flush()
-        except (BrokenPipeError, ValueError):
+            self._requests.write(json.dumps(request).encode() + b"\n")
+            self._requests.flush()
+        except (OSError, ValueError):
             pass  # the server is gone (or closed): said below
         with self._lock:
             self._lock.wait_for(lambda: request_id in self._replies or self._gone, self.timeout_s)
@@ -254,18 +281,22 @@ class ForkServer:
         return self.returncode(pid)
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """End the server (its children are stopped already)."""
-        if self.proc.stdin is not None and not self.proc.stdin.closed:
-            try:
-                self.proc.stdin.close()
-            except BrokenPipeError:
-                pass
+        """End the server (its children are stopped already): it exits when its requests end; killed if it
+        has not within `timeout_s`."""
         try:
+            self._requests.close()
+        except OSError:
+            pass
+        self._reader.join(timeout=timeout_s)  # the replies end when the server exits
+        if self._reader.is_alive():
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self._reader.join(timeout=timeout_s)
+        if self.proc is not None:
             self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._reader.join(timeout=timeout_s)
+        self._replies_in.close()
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ command prefix reaches with this machine's file system (a network namespace: `ns
 Nodes come from `cluster.nodes` (default: one node at `cluster.host`); `cluster.placement` puts a role or
 one process on a node by name (default: the first node). With `cluster.fork_server` (the default) each
 node's processes are forks of that node's fork server (`fork_server.py`), which imported torch and the
-actors once; otherwise each is a new interpreter. Each child runs in its own session, so stopping it
+actors once (or a fork of a preloaded template that the environment names: `fork_template.py`);
+otherwise each is a new interpreter. Each child runs in its own session, so stopping it
 signals its process group (its sandboxes and engine workers too).
 """
 
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from mas_async.config import Config
 from mas_async.deployment import free_ports
-from mas_async.launch import process
+from mas_async.launch import fork_template, process
 from mas_async.launch.engines.base import Child, Engine, EngineError, Node, ProcessSpec
 from mas_async.launch.fork_server import ForkServer
 
@@ -135,12 +136,11 @@ class LocalEngine(Engine):
 
     def _fork_server(self, node: Node, env: dict[str, str], logs: Path) -> ForkServer:
         if node.name not in self.fork_servers:
-            self.fork_servers[node.name] = ForkServer(
-                node.name,
-                self.prefixes.get(node.name, []),
-                env,
-                logs / f"fork-server-{node.name}.log",
-                self.startup_timeout_s,
+            prefix = self.prefixes.get(node.name, [])
+            log_path = logs / f"fork-server-{node.name}.log"
+            server = None if prefix else fork_template.connect(node.name, log_path, self.startup_timeout_s)
+            self.fork_servers[node.name] = server or ForkServer.spawn(
+                node.name, prefix, env, log_path, self.startup_timeout_s
             )
         return self.fork_servers[node.name]
 

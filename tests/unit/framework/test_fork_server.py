@@ -1,20 +1,25 @@
 """The fork server starts each process as a fork that imported torch already, in its own session, with the
-requested environment, folder and log, and tells the launcher every exit status."""
+requested environment, folder and log, and tells the launcher every exit status; a preloaded template forks
+such a server per launcher that matches it, which ends with the launcher's connection."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from mas_async.config import load_config
+from mas_async.launch import fork_template
 from mas_async.launch.engines.base import EngineError
 from mas_async.launch.fork_server import ForkServer
+from mas_async.launch.fork_template import TEMPLATE_ENV
 from mas_async.launch.launcher import prepare_deployment, prepare_run_dir
 from mas_async.runtime.actor import PARENT_PID_ENV
 from tests.support.paths import ROOT
@@ -33,7 +38,7 @@ def run_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(run_dir):
-    server = ForkServer("local", [], {"ONLY_IN_THE_SERVER": "1"}, run_dir / "logs" / "fork-server.log", TIMEOUT_S)
+    server = ForkServer.spawn("local", [], {"ONLY_IN_THE_SERVER": "1"}, run_dir / "logs" / "fork-server.log", TIMEOUT_S)
     yield server
     server.close()
 
@@ -57,7 +62,7 @@ def test_a_child_is_a_preloaded_fork_in_its_own_session_with_its_own_environment
     facts = json.loads(out.read_text())
     assert facts["pid"] == pid
     assert facts["sid"] == pid and facts["pgid"] == pid  # its own session: stopping its group stops it all
-    assert facts["ppid"] == server.proc.pid and facts["env"][PARENT_PID_ENV] == str(server.proc.pid)
+    assert facts["ppid"] == server.pid and facts["env"][PARENT_PID_ENV] == str(server.pid)
     assert facts["torch_was_loaded"]  # imported once, by the server
     assert facts["env"]["ASKED_FOR"] == "yes" and "ONLY_IN_THE_SERVER" not in facts["env"]
     assert facts["cwd"] == str(tmp_path)
@@ -86,10 +91,95 @@ def test_every_exit_status_comes_back(server, run_dir):
 
 
 def test_a_closed_server_exits_and_refuses_to_start_more(run_dir):
-    server = ForkServer("node-x", [], {}, run_dir / "logs" / "fork-server-x.log", TIMEOUT_S)
+    server = ForkServer.spawn("node-x", [], {}, run_dir / "logs" / "fork-server-x.log", TIMEOUT_S)
     pid, _ = start(server, run_dir, "exit_with", code=0)
     assert server.wait(pid, TIMEOUT_S) == 0
     server.close()
     assert server.proc.returncode == 0
     with pytest.raises(EngineError, match="fork server of node node-x exited when starting probe"):
         start(server, run_dir, "probe", out="/dev/null")
+
+
+# -- the preloaded template (`fork_template.py`) ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory):
+    """A template of this test's own, on a socket this module alone uses; waits until it preloaded."""
+    path = tmp_path_factory.mktemp("template") / "t.sock"
+    proc = subprocess.Popen([sys.executable, "-m", "mas_async.launch.fork_template", str(path)], cwd=ROOT)
+    deadline = time.monotonic() + TIMEOUT_S
+    while not path.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "the template did not come up"
+        time.sleep(0.1)
+    yield proc, path
+    proc.kill()
+    proc.wait(timeout=30)
+
+
+def test_a_template_forks_a_server_per_launcher_that_ends_with_its_connection(template, run_dir, monkeypatch):
+    proc, path = template
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv(TEMPLATE_ENV, str(path))
+    log = run_dir / "logs" / "fork-server-from-template.log"
+    server = fork_template.connect("local", log, TIMEOUT_S)
+    assert server is not None and server.proc is None
+    assert psutil.Process(server.pid).ppid() == proc.pid  # a fork of the template, not a new interpreter
+    out = run_dir / "facts-template.json"
+    pid, child_log = start(server, run_dir, "probe", out=str(out))
+    assert server.wait(pid, TIMEOUT_S) == 0, child_log.read_text()
+    facts = json.loads(out.read_text())
+    assert facts["torch_was_loaded"] and facts["ppid"] == server.pid == int(facts["env"][PARENT_PID_ENV])
+    assert facts["sid"] == pid and facts["cwd"] == str(ROOT)
+    pid, _ = start(server, run_dir, "exit_with", code=4)
+    assert server.wait(pid, TIMEOUT_S) == 4
+    assert log.exists()
+    began = time.monotonic()
+    server.close(timeout_s=60.0)  # the server ends by itself on EOF; only one that does not is killed at 60 s
+    assert time.monotonic() - began < 30.0
+    _gone_within(server.pid, 10.0)
+
+
+def test_a_killed_launcher_ends_its_server_from_the_template(template, run_dir):
+    proc, path = template
+    code = (
+        "import sys, time; from pathlib import Path; from mas_async.launch import fork_template; "
+        f"s = fork_template.connect('local', Path({str(run_dir / 'logs' / 'killed.log')!r}), 60.0); "
+        "print(s.pid, flush=True); time.sleep(600)"
+    )
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, TEMPLATE_ENV: str(path)},
+    )
+    try:
+        server_pid = int(launcher.stdout.readline())  # type: ignore[union-attr]
+        assert psutil.Process(server_pid).ppid() == proc.pid
+        launcher.kill()  # SIGKILL: the connection closes with the process
+        _gone_within(server_pid, 10.0)
+    finally:
+        launcher.kill()
+        launcher.wait(timeout=30)
+
+
+def test_a_launcher_the_template_does_not_match_starts_its_own_server(template, run_dir, monkeypatch, tmp_path):
+    _, path = template
+    monkeypatch.chdir(ROOT)
+    log = run_dir / "logs" / "no-template.log"
+    monkeypatch.setenv(TEMPLATE_ENV, str(tmp_path / "nothing-listens-here.sock"))
+    assert fork_template.connect("local", log, TIMEOUT_S) is None
+    monkeypatch.setenv(TEMPLATE_ENV, str(path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # modules would come from elsewhere
+    assert fork_template.connect("local", log, TIMEOUT_S) is None
+    monkeypatch.delenv("PYTHONPATH")
+    monkeypatch.chdir(tmp_path)
+    assert fork_template.connect("local", log, TIMEOUT_S) is None
+
+
+def _gone_within(pid: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, f"process {pid} still runs"
+        time.sleep(0.1)

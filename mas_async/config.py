@@ -259,6 +259,10 @@ class TrainerConfig(_Section):
     """The router's bound on a step: from TrainStep(v) until every trainer rank reported Trained(v+1) and
     every inference replica WeightsLoaded(v+1). Past it the run stops with `StepTimeout`, which names the
     trainers and replicas that did not report."""
+    weight_sync_timeout_s: float = Field(300.0, gt=0)
+    """Bound of joining a policy's weight group and of each broadcast of a weight update, on the trainer and
+    on every replica: past it `WeightSyncError` names the policy, the version and part being sent, and
+    whom it waited for."""
     bucket_mb: float = Field(64.0, gt=0)
     """Weight-sync bucket size in MiB (tensors are flattened into buckets of at most this size)."""
     stale_check_samples: int = Field(4, ge=0)

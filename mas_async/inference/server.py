@@ -43,6 +43,10 @@ from mas_async.wire.messages import Generate, GenerateResult, Message, UpdateWei
 log = logging.getLogger("mas_async.inference")
 
 
+class BackendHung(TimeoutError):
+    """The backend did not return a generate call long after its requests' deadlines."""
+
+
 class InferenceServer(Peer):
     role = "inference"
 
@@ -148,7 +152,16 @@ class InferenceServer(Peer):
                 for r in live
             ]
             started = time.monotonic()
-            results = await self.backend.generate(requests)
+            # The requests' callers give up at their deadline; a backend still busy request_timeout_s later
+            # is hung, and a hung replica must stop (the launcher restarts it) rather than hold its gate.
+            bound = max(r.deadline for r in live) - now + self.cfg.rollout.request_timeout_s
+            try:
+                results = await asyncio.wait_for(self.backend.generate(requests), bound)
+            except TimeoutError:
+                raise BackendHung(
+                    f"{self.peer_id}: the backend's generate of {len(live)} requests did not return within {bound:.0f} s "
+                    f"(the latest deadline plus rollout.request_timeout_s)"
+                ) from None
             self.gather.batch_done(len(live), time.monotonic() - started)
             for req, completions in zip(live, results, strict=True):
                 self.send(GenerateResult(req.request_id, req.origin, "", [completion_to_wire(c) for c in completions]))

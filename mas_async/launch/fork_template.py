@@ -6,13 +6,15 @@ of short runs (the test suite, a sweep) can keep one template that imported them
 environment names the template's socket (`MAS_ASYNC_FORK_TEMPLATE`) gets the fork server of each node
 without a command prefix as a fork of the template. That fork behaves as a new server would: requests and
 replies go over the launcher's connection, its log is the run's, it ends when the connection closes (the
-launcher ended, even by SIGKILL), and its children then stop. A template serves only launchers with its
-interpreter, working folder and PYTHONPATH (what decides where modules come from); any other launcher, or
-one that cannot reach it, starts a server of its own as usual.
+launcher ended, even by SIGKILL), and its children then stop; it takes the launcher's `sys.path`, so
+modules it has not imported come from where the launcher's own server would find them. A template serves
+only launchers with its interpreter that would import the preloaded packages from the same files; any
+other launcher, or one that cannot reach it, starts a server of its own as usual.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import select
@@ -22,7 +24,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from mas_async.launch.fork_server import ForkServer, preload, serve_requests
+import setproctitle
+
+from mas_async.launch import fork_server
+from mas_async.launch.fork_server import PRELOAD, ForkServer, preload, serve_requests
 
 TEMPLATE_ENV = "MAS_ASYNC_FORK_TEMPLATE"
 HELLO_TIMEOUT_S = 5.0
@@ -30,9 +35,17 @@ HELLO_TIMEOUT_S = 5.0
 MAX_LINE_BYTES = 1 << 16
 
 
-def identity() -> dict[str, str]:
-    """What must match between a template and a launcher for the template's imports to be the launcher's."""
-    return {"executable": sys.executable, "cwd": os.getcwd(), "pythonpath": os.environ.get("PYTHONPATH", "")}
+def identity() -> dict[str, Any]:
+    """What must match between a template and a launcher for the template's imports to be the ones the
+    launcher's own server would make: the interpreter, and where each preloaded package comes from."""
+    origins = {}
+    for name in sorted({module.split(".")[0] for module in PRELOAD}):
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        origins[name] = spec.origin if spec is not None else None
+    return {"executable": sys.executable, "origins": origins}
 
 
 # -- the template ------------------------------------------------------------------------------------
@@ -59,15 +72,17 @@ def serve_template(path: str) -> int:
                 continue
             if os.fork() == 0:
                 listener.close()
-                os._exit(_serve_run(conn, hello["log"]))
+                os._exit(_serve_run(conn, hello["log"], hello["sys_path"]))
         except (OSError, ValueError, KeyError) as e:
             print(f"fork template: a launcher's hello failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         finally:
             conn.close()
 
 
-def _serve_run(conn: socket.socket, log: str) -> int:
+def _serve_run(conn: socket.socket, log: str, sys_path: list[str]) -> int:
     try:
+        setproctitle.setproctitle(f"{sys.executable} -m {fork_server.__name__} (forked from {__name__})")
+        sys.path[:] = sys_path  # modules not imported yet come from where the launcher's server would find them
         conn.settimeout(None)
         log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(log_fd, 1)
@@ -136,7 +151,8 @@ def connect(node: str, log_path: Path, timeout_s: float) -> ForkServer | None:
     try:
         conn.settimeout(HELLO_TIMEOUT_S)
         conn.connect(path)
-        conn.sendall(json.dumps({"identity": identity(), "log": str(log_path)}).encode() + b"\n")
+        hello = {"identity": identity(), "log": str(log_path), "sys_path": sys.path}
+        conn.sendall(json.dumps(hello).encode() + b"\n")
         answer: dict[str, Any] = json.loads(_read_line(conn))
     except (OSError, ValueError):
         conn.close()

@@ -38,10 +38,13 @@ from mas_async.launch.progress import Progress
 from mas_async.launch.restarts import RESTART_THE_RUN, RESTARTED_ALONE, RestartBudget
 from mas_async.launch.roles import DEFAULT_ROLES
 from mas_async.router.faults import RUN_RESTART_ENV
+from mas_async.router.lost_peers import LostPeers
 from mas_async.runtime.actor import DIED_AT_ENV
 from mas_async.runtime.curve import prepare_keys
 
 CLEAN_EXIT_GRACE_S = 10.0
+KILLED_WAIT_S = 5.0
+"""How long a process killed on the router's word may take to be seen dead."""
 
 
 def model_cache_dir() -> Path:
@@ -284,8 +287,11 @@ def supervise(children: list[Child], run_dir: Path, progress: Progress, restarts
     clean exit of a peer is a failure only if the router is still running `CLEAN_EXIT_GRACE_S` later."""
     router = children[0]
     clean_exits: dict[str, float] = {}
+    lost_peers = LostPeers(run_dir)
+    started_at = {c.name: time.time() for c in children}
     while True:
         progress.update()
+        _kill_lost(children, lost_peers, started_at, progress)
         rc = router.poll()
         if rc == 0:
             deadline = time.monotonic() + 30
@@ -304,13 +310,20 @@ def supervise(children: list[Child], run_dir: Path, progress: Progress, restarts
                 continue
             lost.append((child, code))
         if lost:
-            # Found dead together: one killed by a signal is the cause, the others failed on its loss (a
-            # trainer whose broadcast lost a replica, then the router that heard of it), so it decides.
+            # A hung peer the router named just before it stopped on its account is killed first, so that
+            # it is found dead too. Found dead together: one killed by a signal is the cause, the others
+            # failed on its loss (a trainer whose broadcast lost a replica, then the router that heard of
+            # it), so it decides.
+            for killed in _kill_lost(children, lost_peers, started_at, progress):
+                code = killed.wait(KILLED_WAIT_S)
+                if code is not None and all(killed is not c for c, _ in lost):
+                    lost.append((killed, code))
             child, code = min(lost, key=lambda lc: lc[1] >= 0)
             role, died_at = child.name.split("/")[0], time.time()
             if restarts is not None and role in RESTARTED_ALONE and restarts.budget.take(role):
                 replacement = restarts.launches[child.name].start(restarts.engine, {DIED_AT_ENV: repr(died_at)})
                 children[children.index(child)] = replacement
+                started_at[child.name] = time.time()
                 clean_exits.pop(child.name, None)
                 write_pids(run_dir, children)
                 progress.note(
@@ -329,6 +342,23 @@ def supervise(children: list[Child], run_dir: Path, progress: Progress, restarts
             print(f"\nAll processes were stopped. Logs: {run_dir / 'logs'}", file=sys.stderr)
             return 1
         time.sleep(0.25)
+
+
+def _kill_lost(
+    children: list[Child], lost_peers: LostPeers, started_at: dict[str, float], progress: Progress
+) -> list[Child]:
+    """Kill the processes that the router declared lost and that still run (hung or stopped: they would
+    never exit by themselves); a record older than the process it names is about its predecessor."""
+    by_name = {c.name: c for c in children}
+    killed = []
+    for record in lost_peers.new():
+        child = by_name.get(record["name"])
+        if child is None or child.poll() is not None or started_at.get(child.name, 0.0) > record["at"]:
+            continue
+        progress.note(f"{child.name} ({child.where()}) was declared lost by the router ({record['why']}); killed it")
+        child.kill()
+        killed.append(child)
+    return killed
 
 
 def _interrupt(signum: int, frame: object) -> None:

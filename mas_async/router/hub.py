@@ -45,6 +45,7 @@ from mas_async.router.clock import ClockError, StepTimeout, VersionClock
 from mas_async.router.episodes import EpisodeBook, EpisodeTask, plan_episodes
 from mas_async.router.faults import FaultLog, run_restart_from_env
 from mas_async.router.idle import IdleTimer
+from mas_async.router.lost_peers import record_lost_peer
 from mas_async.router.peers import PeerInfo, PeerTable
 from mas_async.router.report import iteration_row
 from mas_async.runtime.actor import Actor, PeerDead, make_socket
@@ -398,8 +399,10 @@ class Router(Actor):
 
     def _peer_died(self, ident: bytes, info: PeerInfo) -> None:
         """A peer silent past `peer_timeout_s`: an env worker's episodes run again elsewhere and it is told to
-        exit (non-zero: the launcher restarts it); any other role stops the run."""
+        exit (non-zero: the launcher restarts it); any other role stops the run. Either way the launcher is
+        told to kill it, in case it is hung and never reads the Shutdown."""
         silent = f"silent for over {self.cfg.cluster.peer_timeout_s}s"
+        record_lost_peer(self.run_dir, ident.decode(), info.pid, silent)  # the launcher kills it, if it runs on
         if info.role != "env_worker":
             raise PeerDead(f"{ident.decode()} (pid {info.pid}) has been {silent}")
         self._lose(ident, info, silent)

@@ -32,6 +32,11 @@ class WeightGroupError(RuntimeError):
     """A rank could not join its policy's weight group in time (says which policy, rank and store)."""
 
 
+class WeightSyncError(RuntimeError):
+    """A broadcast of a weight update failed or passed its bound (`trainer.weight_sync_timeout_s`): says the
+    policy, the rank, what was being sent and whom it waited for."""
+
+
 class ManifestMismatch(ValueError):
     """The received weights do not have the names, shapes or dtypes the receiver expects."""
 
@@ -48,12 +53,23 @@ class WeightGroup:
     device: torch.device
     pg: dist.ProcessGroup
     store: dist.Store
+    timeout_s: float = 300.0
 
-    def broadcast(self, tensor: torch.Tensor) -> None:
-        """Broadcast `tensor` in place from rank 0 and wait for it."""
+    def broadcast(self, tensor: torch.Tensor, what: str = "a broadcast") -> None:
+        """Broadcast `tensor` in place from rank 0 and wait for it (at most `timeout_s`; `what` names it
+        in the error)."""
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
-        self.pg.broadcast([tensor], opts).wait()
+        try:
+            self.pg.broadcast([tensor], opts).wait()
+        except (RuntimeError, dist.DistError) as e:
+            waited_for = (
+                f"its inference replicas (ranks 1..{self.world_size - 1})" if self.rank == 0 else "its trainer (rank 0)"
+            )
+            raise WeightSyncError(
+                f"rank {self.rank} of policy {self.policy!r}'s weight group ({self.backend}): {what} did not complete "
+                f"within {self.timeout_s:g} s, waiting for {waited_for}: {e}"
+            ) from e
 
     def close(self) -> None:
         """Release the communicator (the store server stops when the object is collected)."""
@@ -114,7 +130,7 @@ def _join(
         pg = dist.ProcessGroupNCCL(store, rank, world_size, options)
         device = torch.device("cuda", torch.cuda.current_device())
     # Keep the TCPStore (rank 0 hosts its server) alive alongside the group.
-    return WeightGroup(policy, backend, rank, world_size, device, pg, tcp_store)
+    return WeightGroup(policy, backend, rank, world_size, device, pg, tcp_store, timeout_s)
 
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -151,6 +167,8 @@ class WeightGroupSpec:
     port: int
     world_size: int
     """1 trainer rank + the policy's inference replicas."""
+    timeout_s: float = 300.0
+    """Bound of joining and of every wait of a send or receive (`trainer.weight_sync_timeout_s`)."""
 
     @classmethod
     def of(cls, config: Config, deployment: Deployment, policy: str) -> WeightGroupSpec:
@@ -162,13 +180,14 @@ class WeightGroupSpec:
             host=deployment.store_host(policy),
             port=deployment.weight_ports[policy],
             world_size=1 + config.policies[policy].replicas,
+            timeout_s=config.trainer.weight_sync_timeout_s,
         )
 
     def join_args(self, rank: int) -> dict[str, Any]:
         """Keyword arguments of `open_weight_group` (and of a backend's `join_weight_group`) for `rank`."""
         return {
             "policy": self.policy, "backend": self.backend, "host": self.host, "port": self.port,
-            "rank": rank, "world_size": self.world_size,
+            "rank": rank, "world_size": self.world_size, "timeout_s": self.timeout_s,
         }  # fmt: skip
 
     def open(self, rank: int) -> WeightGroup:

@@ -41,11 +41,11 @@ class WeightReceiver:
         another set (`flat_params.adopt_parameters`).
         """
         header = torch.zeros(2, dtype=torch.int64, device=self.group.device)
-        self.group.broadcast(header)
+        self.group.broadcast(header, "the header of the next version")
         version, manifest_nbytes = (int(x) for x in header.tolist())
         if manifest_nbytes > 0:
             raw = torch.empty(manifest_nbytes, dtype=torch.uint8, device=self.group.device)
-            self.group.broadcast(raw)
+            self.group.broadcast(raw, f"the manifest of v{version}")
             self._set_manifest(msgpack.unpackb(raw.cpu().numpy().tobytes(), use_list=True))
         elif self._entries is None:
             raise ManifestMismatch("the first send of the group carried no manifest (sender and receiver out of step)")
@@ -57,8 +57,8 @@ class WeightReceiver:
                 torch.empty(n, dtype=dtype, device=self.group.device) for dtype, n in self._layout
             ]
             self._views.pop(buffer_set, None)
-        for bucket in buckets:
-            self.group.broadcast(bucket.view(torch.uint8))
+        for index, bucket in enumerate(buckets):
+            self.group.broadcast(bucket.view(torch.uint8), f"bucket {index + 1} of {len(buckets)} of v{version}")
 
         if expected is not None and (entries is not self._checked[0] or expected != self._checked[1]):
             check_manifest(entries, expected)

@@ -70,9 +70,12 @@ class WeightSender:
         plan = self._plan
         changed = plan.manifest != self._sent_manifest
         nbytes = len(plan.manifest) if changed else 0
-        self.group.broadcast(torch.tensor([version, nbytes], dtype=torch.int64, device=self.group.device))
+        self.group.broadcast(
+            torch.tensor([version, nbytes], dtype=torch.int64, device=self.group.device), f"the header of v{version}"
+        )
         if changed:
-            self.group.broadcast(torch.frombuffer(bytearray(plan.manifest), dtype=torch.uint8).to(self.group.device))
+            manifest = torch.frombuffer(bytearray(plan.manifest), dtype=torch.uint8).to(self.group.device)
+            self.group.broadcast(manifest, f"the manifest of v{version}")
             self._sent_manifest = plan.manifest
         total = 0
         for index, (members, region) in enumerate(plan.buckets):
@@ -81,7 +84,7 @@ class WeightSender:
                 parts = [named_tensors[i][1].detach().reshape(-1).to(self.group.device) for i in members]
                 flat = self._bucket_buffer(index, parts)
                 torch.cat(parts, out=flat)
-            self.group.broadcast(flat.view(torch.uint8))
+            self.group.broadcast(flat.view(torch.uint8), f"bucket {index + 1} of {len(plan.buckets)} of v{version}")
             total += flat.numel() * flat.element_size()
         return {
             "seconds": time.perf_counter() - start,

@@ -56,15 +56,18 @@ def _stepping(run_dir: Path) -> int:
 def test_env_workers_and_replicas_killed_at_random_lose_and_repeat_nothing(tmp_path):
     """Chaos, seeded and bounded: every 1-2.5 s SIGKILL a random env worker or (one time in four) inference
     replica that the router has seen join; the first replica kill lands as a step begins, before its
-    weight update. An env worker is replaced alone; a replica's loss restarts the run from its checkpoint."""
+    weight update, and the first env worker is hung (SIGSTOP) rather than killed: the router finds it
+    silent and the launcher kills it. An env worker is replaced alone; a replica's loss restarts the run
+    from its checkpoint."""
     run_dir, iterations, batch = tmp_path / "run", 20, 4
     args = [f"run.iterations={iterations}", f"rollout.batch_size={batch}", "algorithm.k=4", "eval.every=5",
             "eval.size=4", "cluster.env_workers=2", "policies.vertical.replicas=2", "policies.horizontal.replicas=2",
-            "trainer.checkpoint_every=2", "trainer.keep_checkpoints=1", "cluster.max_restarts=30"]  # fmt: skip
+            "trainer.checkpoint_every=2", "trainer.keep_checkpoints=1", "cluster.max_restarts=30",
+            "cluster.peer_timeout_s=6"]  # fmt: skip
     workers = ["env_worker/0", "env_worker/1"]
     replicas = [f"inference/{p}/{r}" for p in POLICIES for r in (0, 1)]
     proc = start_train(CONFIG, run_dir, *args)
-    rng, kills, in_step = random.Random(7), [], False
+    rng, kills, in_step, hung = random.Random(7), [], False, False
     try:
         child_pids(run_dir)
         wait_for_rows(run_dir, 2, timeout=120)
@@ -81,10 +84,15 @@ def test_env_workers_and_replicas_killed_at_random_lose_and_repeat_nothing(tmp_p
             pid = json.loads((run_dir / "pids.json").read_text())[name]
             if _joined(run_dir, name, pid) and alive(pid):
                 starts = _started(run_dir)
-                os.kill(pid, signal.SIGKILL)
+                hang = name in workers and not hung  # the first env worker "kill" is a hang: SIGSTOP
+                os.kill(pid, signal.SIGSTOP if hang else signal.SIGKILL)
                 kills.append(name.split("/")[0])
                 while name in replicas and _started(run_dir) == starts and time.monotonic() < deadline:
                     time.sleep(0.05)  # no kill while the launcher tears the run down and starts it again
+                while hang and json.loads((run_dir / "pids.json").read_text())[name] == pid:
+                    assert time.monotonic() < deadline, f"{name} hung (SIGSTOP) was never replaced"
+                    time.sleep(0.1)  # the router finds it silent, the launcher kills it and starts it again
+                hung = hung or hang
         out, _ = proc.communicate(timeout=300)
     finally:
         cleanup(proc, run_dir)
@@ -99,6 +107,7 @@ def test_env_workers_and_replicas_killed_at_random_lose_and_repeat_nothing(tmp_p
     recoveries = [r[Keys.RECOVERY_S] for r in rows if r[Keys.RECOVERY_S] > 0]
     assert recoveries and max(recoveries) < 30
     assert out.count("started it again as pid") == kills.count("env_worker")
+    assert out.count("was declared lost by the router") == 1  # the hung one, killed on the router's word
     assert out.count("restarting the run from its checkpoint") == kills.count("inference")
 
 

@@ -36,8 +36,11 @@ class InferenceBackend(Protocol):
         """n completions for each request, every one carrying `version`."""
         ...
 
-    def join_weight_group(self, *, policy: str, backend: str, host: str, port: int, rank: int, world_size: int) -> None:
-        """Join the policy's weight-broadcast group (blocking; called once, in a thread)."""
+    def join_weight_group(
+        self, *, policy: str, backend: str, host: str, port: int, rank: int, world_size: int, timeout_s: float = 300.0
+    ) -> None:
+        """Join the policy's weight-broadcast group (blocking; called once, in a thread); `timeout_s` bounds
+        the join and every broadcast of an update (`trainer.weight_sync_timeout_s`)."""
         ...
 
     def update_weights(self, version: int) -> None:
@@ -84,11 +87,13 @@ class ThreadedBackend:
     async def generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
         return await asyncio.to_thread(self.engine.generate, requests)
 
-    def join_weight_group(self, *, policy: str, backend: str, host: str, port: int, rank: int, world_size: int) -> None:
+    def join_weight_group(
+        self, *, policy: str, backend: str, host: str, port: int, rank: int, world_size: int, timeout_s: float = 300.0
+    ) -> None:
         """Join the policy's weight sync: a torch.distributed group (gloo, nccl), or, with "cuda_ipc", the
         control channel of the trainer's shared buffers on this same GPU (`mas_async.weights.sync`)."""
         self.receiver = open_receiver(
-            policy=policy, backend=backend, host=host, port=port, rank=rank, world_size=world_size
+            policy=policy, backend=backend, host=host, port=port, rank=rank, world_size=world_size, timeout_s=timeout_s
         )
 
     def update_weights(self, version: int) -> None:

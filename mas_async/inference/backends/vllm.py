@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import gc
 import itertools
 import threading
@@ -41,6 +42,16 @@ if TYPE_CHECKING:
     from mas_async.inference.request import GenerationRequest
 
 _T = TypeVar("_T")
+
+START_TIMEOUT_S = 900.0
+"""Bound of starting the engine (vLLM on a CPU takes about a minute; a large model on a GPU, several)."""
+CLOSE_TIMEOUT_S = 60.0
+MARGIN_S = 60.0
+"""Beyond the weight group's own bound (`trainer.weight_sync_timeout_s`), for the engine's work around it."""
+
+
+class EngineTimeout(TimeoutError):
+    """A call into the vLLM engine did not finish within its bound (says which call)."""
 
 
 def _copy(c: Completion) -> Completion:
@@ -67,6 +78,7 @@ class VLLMBackend:
             raise ValueError(f"max_batch_sequences must be at least 1, got {max_batch_sequences}")
         self.version: int = 0
         self._joined = False
+        self._weight_timeout_s = 300.0
         self._in_flight = 0  # generate() batches running on the engine (touched on the engine loop only)
         self._request_ids = itertools.count()
         self._loop = asyncio.new_event_loop()
@@ -79,7 +91,7 @@ class VLLMBackend:
             )
 
         try:
-            self.engine = self._call(start())
+            self.engine = self._call(start(), "starting its engine", START_TIMEOUT_S)
         except BaseException:
             self._stop_loop()
             raise
@@ -134,10 +146,17 @@ class VLLMBackend:
 
     # --- weights ------------------------------------------------------------------------------
 
-    def join_weight_group(self, *, policy: str, backend: str, host: str, port: int, rank: int, world_size: int) -> None:
+    def join_weight_group(
+        self, *, policy: str, backend: str, host: str, port: int, rank: int, world_size: int, timeout_s: float = 300.0
+    ) -> None:
         """Join the policy's weight group from inside vLLM's worker (blocking; call from a thread)."""
-        group = dict(policy=policy, backend=backend, host=host, port=port, rank=rank, world_size=world_size)
-        self._call(vllm_compat.join_weight_group(self.engine, **group))
+        group = dict(
+            policy=policy, backend=backend, host=host, port=port, rank=rank, world_size=world_size, timeout_s=timeout_s
+        )
+        self._call(
+            vllm_compat.join_weight_group(self.engine, **group), "joining the weight group", timeout_s + MARGIN_S
+        )
+        self._weight_timeout_s = timeout_s
         self._joined = True
 
     def update_weights(self, version: int) -> None:
@@ -146,7 +165,7 @@ class VLLMBackend:
         A wrong version or manifest raises ValueError and leaves the previous weights in place."""
         if not self._joined:
             raise RuntimeError("update_weights() before join_weight_group()")
-        error = self._call(self._update(version))
+        error = self._call(self._update(version), f"loading weights v{version}", self._weight_timeout_s + MARGIN_S)
         if error:
             raise ValueError(error)
         self.version = version
@@ -173,13 +192,18 @@ class VLLMBackend:
 
         atexit.unregister(self.close)
         try:
-            self._call(shutdown())
+            self._call(shutdown(), "shutting down", CLOSE_TIMEOUT_S)
         finally:
             self._stop_loop()
 
-    def _call(self, coro: Coroutine[Any, Any, _T]) -> _T:
-        """Run `coro` on the engine's loop and wait for it (from any other thread)."""
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+    def _call(self, coro: Coroutine[Any, Any, _T], what: str, timeout_s: float) -> _T:
+        """Run `coro` on the engine's loop and wait for it (from any other thread), at most `timeout_s`."""
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result(timeout_s)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise EngineTimeout(f"vLLM did not finish {what} within {timeout_s:g} s") from None
 
     def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)

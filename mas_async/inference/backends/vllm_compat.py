@@ -230,10 +230,10 @@ class WeightSyncExtension:
     """
 
     def mas_join_weight_group(
-        self, *, policy: str, backend: str, host: str, port: int, rank: int, world_size: int
+        self, *, policy: str, backend: str, host: str, port: int, rank: int, world_size: int, timeout_s: float
     ) -> None:
         self._mas_receiver = open_receiver(
-            policy=policy, backend=backend, host=host, port=port, rank=rank, world_size=world_size
+            policy=policy, backend=backend, host=host, port=port, rank=rank, world_size=world_size, timeout_s=timeout_s
         )
 
     def mas_load_weights(self, version: int) -> str:

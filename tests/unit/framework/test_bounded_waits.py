@@ -1,14 +1,21 @@
 """Every wait has a bound and a named error that says who was waited for (docs/faults.md): the router waiting
-for its peers to join, a peer waiting for a silent router, an env worker waiting for a generate result.
+for its peers to join, a peer waiting for a silent router, an env worker waiting for a generate result, a
+trainer's weight broadcast that no replica receives, a replica waiting for weights that never come, a
+backend's generate that never returns and a call into vLLM that never finishes.
 (The weight group's join: tests/integration/test_weight_sync.py; the step barrier: test_faults.py.)"""
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import re
 import threading
+import time
+from typing import Any
 
 import numpy as np
 import pytest
+import torch
 import zmq
 
 from mas_async.config import load_config
@@ -70,3 +77,97 @@ def test_a_generate_request_without_a_reply_names_the_request_and_policy(tmp_pat
     with pytest.raises(GenerateError, match=r"generate request \d+ to policy 'vertical' timed out after 0.3s"):
         asyncio.run(ask())
     assert worker._pending == {}  # nothing left waiting
+
+
+def _weight_sync_pair(timeout_s: float) -> tuple[Any, Any]:
+    """A trainer's sender and one replica's receiver of a gloo weight group, in this process."""
+    from mas_async.weights.sync import open_receiver, open_sender
+
+    join = dict(policy="vertical", backend="gloo", host="127.0.0.1", port=free_ports("127.0.0.1", 1)[0], world_size=2)
+    box: dict[str, Any] = {}
+    opener = threading.Thread(target=lambda: box.update(sender=open_sender(**join, timeout_s=timeout_s)), daemon=True)
+    opener.start()
+    receiver = open_receiver(**join, rank=1, timeout_s=timeout_s)
+    opener.join(30)
+    return box["sender"], receiver
+
+
+def test_a_weight_broadcast_nobody_receives_names_the_version_and_the_replicas():
+    from mas_async.weights.group import WeightSyncError
+
+    sender, _receiver = _weight_sync_pair(timeout_s=1.0)
+    with pytest.raises(WeightSyncError) as error:
+        sender.send(3, [("w", torch.ones(1000))])  # the replica never receives
+    assert re.search(
+        r"rank 0 of policy 'vertical'.s weight group \(gloo\): the header of v3 did not complete within 1 s, "
+        r"waiting for its inference replicas \(ranks 1\.\.1\)",
+        str(error.value),
+    ), error.value
+
+
+def test_a_replica_waiting_for_weights_that_never_come_names_its_trainer():
+    from mas_async.weights.group import WeightSyncError
+
+    _sender, receiver = _weight_sync_pair(timeout_s=1.0)
+    with pytest.raises(WeightSyncError, match=r"rank 1 of policy 'vertical'.s weight group \(gloo\): the header of "
+                       r"the next version did not complete within 1 s, waiting for its trainer \(rank 0\)"):  # fmt: skip
+        receiver.receive()
+
+
+def test_the_weight_sync_bound_comes_from_the_config():
+    from mas_async.weights.group import WeightGroupSpec
+
+    config = load_config(ROOT / "configs/plan_path_tiny.yaml", ["trainer.weight_sync_timeout_s=7"])
+    spec = WeightGroupSpec.of(config, _deployment(1), "vertical")
+    assert spec.join_args(0)["timeout_s"] == spec.join_args(1)["timeout_s"] == 7.0
+
+
+def test_a_backend_that_hangs_in_generate_stops_its_server_with_a_named_error(tmp_path):
+    """The requests' callers give up at their deadline; the server waits request_timeout_s more, then stops
+    (BackendHung) so that the launcher restarts the replica, and its update gate is not left held."""
+    from mas_async.inference.server import BackendHung, InferenceServer
+    from mas_async.tiny_model import materialise
+    from mas_async.wire.messages import Generate
+
+    class HungBackend:
+        concurrent = False
+        version = 0
+
+        async def generate(self, requests):
+            await asyncio.Event().wait()  # never returns
+
+    model = str(materialise("builtin:tiny-char", tmp_path / "models"))
+    config = load_config(ROOT / "configs/plan_path_tiny.yaml", ["rollout.request_timeout_s=0.3"])
+    server = InferenceServer(
+        config, Deployment("tcp://127.0.0.1:1", {"vertical": 1}, {"vertical": model}), "vertical", 0
+    )
+    server.backend = HungBackend()
+    request = Generate(1, "vertical", "env_worker/0", time.time() + 0.2, np.array([1, 2], np.int32), 1, 1, 1.0, 1.0,
+                       False, [])  # fmt: skip
+
+    async def serve() -> None:
+        await server.gate.acquire_read()
+        try:
+            await server._serve([request])
+        finally:
+            assert await asyncio.wait_for(server.gate.acquire_write(), 1.0) is None  # the read side was released
+
+    began = time.monotonic()
+    with pytest.raises(BackendHung, match=r"inference/vertical/0: the backend's generate of 1 requests did not return"):
+        asyncio.run(serve())
+    assert time.monotonic() - began < 5.0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+def test_a_vllm_call_that_never_finishes_is_named():
+    from mas_async.inference.backends.vllm import EngineTimeout, VLLMBackend
+
+    backend = object.__new__(VLLMBackend)  # the engine loop alone: no engine is needed to hang a call
+    backend._loop = asyncio.new_event_loop()
+    backend._thread = threading.Thread(target=backend._loop.run_forever, daemon=True)
+    backend._thread.start()
+    try:
+        with pytest.raises(EngineTimeout, match=r"vLLM did not finish loading weights v3 within 0.2 s"):
+            backend._call(asyncio.sleep(60), "loading weights v3", 0.2)
+    finally:
+        backend._stop_loop()

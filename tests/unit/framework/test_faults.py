@@ -14,6 +14,7 @@ from mas_async.launch.restarts import RestartBudget
 from mas_async.metrics import Keys
 from mas_async.router.faults import RUN_RESTART_ENV, FaultLog
 from mas_async.router.hub import Router
+from mas_async.router.lost_peers import LostPeers, record_lost_peer
 from mas_async.wire.messages import PROTOCOL_VERSION, EpisodeDone, Hello, RunEpisode, decode
 from tests.support.paths import ROOT
 
@@ -123,6 +124,15 @@ def test_a_silent_env_worker_is_told_to_exit_so_that_it_is_restarted(tmp_path):
     told = [decode(f[1:]) for f in router.io.frames if f[0] == b"env_worker/0"][-1]
     assert type(told).__name__ == "Shutdown" and told.failed and "silent" in told.reason
     assert router.faults.take()[Keys.REISSUED_EPISODES] == 2
+    # in case it is hung and never reads the Shutdown, the launcher is told to kill it
+    assert [(r["name"], r["pid"]) for r in LostPeers(tmp_path).new()] == []  # a new reader: later records only
+    assert [(r["name"], r["pid"]) for r in _all_records(tmp_path)] == [("env_worker/0", 100)]
+
+
+def _all_records(run_dir):
+    reader = LostPeers(run_dir)
+    reader.offset = 0
+    return reader.new()
 
 
 def test_a_restarted_run_reports_the_lost_role(tmp_path, monkeypatch):
@@ -195,3 +205,55 @@ def test_the_process_killed_by_a_signal_is_the_cause_not_those_that_failed_on_it
     with pytest.raises(RunLost) as lost:
         supervise(children, tmp_path, _Quiet(), restarts)  # type: ignore[arg-type]
     assert lost.value.role == "inference" and restarts.budget.used("router") == 0
+
+
+class _Hung(_Dead):
+    """A child that runs on (hung) until it is killed."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name, None)
+        self.killed = False
+
+    def kill(self) -> None:
+        self.killed, self.code = True, -9
+
+
+class _RouterThatNames(_Dead):
+    """A router that declares `lost` silent (the record for the launcher), then exits with status 1."""
+
+    def __init__(self, run_dir, lost: str) -> None:
+        super().__init__("router", None)
+        self.run_dir, self.lost = run_dir, lost
+
+    def poll(self) -> int | None:
+        if self.code is None:
+            record_lost_peer(self.run_dir, self.lost, 4242, "silent for over 30s")
+            self.code = 1
+            return None
+        return self.code
+
+
+def test_a_hung_process_the_router_declared_lost_is_killed_and_is_the_cause(tmp_path):
+    """A hung trainer never exits by itself: the router names it and stops; the launcher kills it, and the
+    whole-run restart is the trainer's, not the router's."""
+    from mas_async.launch.launcher import Restarts, RunLost, supervise
+
+    trainer, replica = _Hung("trainer/vertical"), _Hung("inference/vertical/0")
+    children = [_RouterThatNames(tmp_path, "trainer/vertical"), trainer, replica]
+    restarts = Restarts(engine=None, launches={}, budget=RestartBudget(3, 600), whole_run=True)  # type: ignore[arg-type]
+    with pytest.raises(RunLost) as lost:
+        supervise(children, tmp_path, _Quiet(), restarts)  # type: ignore[arg-type]
+    assert trainer.killed and lost.value.role == "trainer" and restarts.budget.used("router") == 0
+
+
+def test_a_record_older_than_the_process_it_names_is_about_its_predecessor(tmp_path):
+    from mas_async.launch.launcher import _kill_lost
+
+    worker = _Hung("env_worker/0")
+    reader = LostPeers(tmp_path)
+    record_lost_peer(tmp_path, "env_worker/0", 100, "silent")
+    assert _kill_lost([worker], reader, {"env_worker/0": time.time() + 60}, _Quiet()) == []  # type: ignore[list-item]
+    assert not worker.killed
+    record_lost_peer(tmp_path, "env_worker/0", 101, "silent")
+    assert _kill_lost([worker], reader, {"env_worker/0": 0.0}, _Quiet()) == [worker]  # type: ignore[list-item]
+    assert worker.killed

@@ -117,10 +117,13 @@ def template(tmp_path_factory):
     proc.wait(timeout=30)
 
 
-def test_a_template_forks_a_server_per_launcher_that_ends_with_its_connection(template, run_dir, monkeypatch):
+def test_a_template_forks_a_server_per_launcher_that_ends_with_its_connection(template, run_dir, monkeypatch, tmp_path):
     proc, path = template
-    monkeypatch.chdir(ROOT)
     monkeypatch.setenv(TEMPLATE_ENV, str(path))
+    # a roles module that only the launcher's sys.path finds: the server takes the launcher's sys.path
+    (tmp_path / "roles_beside_the_launcher.py").write_text("from tests.support.fork_roles import ROLES\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
     log = run_dir / "logs" / "fork-server-from-template.log"
     server = fork_template.connect("local", log, TIMEOUT_S)
     assert server is not None and server.proc is None
@@ -130,9 +133,10 @@ def test_a_template_forks_a_server_per_launcher_that_ends_with_its_connection(te
     assert server.wait(pid, TIMEOUT_S) == 0, child_log.read_text()
     facts = json.loads(out.read_text())
     assert facts["torch_was_loaded"] and facts["ppid"] == server.pid == int(facts["env"][PARENT_PID_ENV])
-    assert facts["sid"] == pid and facts["cwd"] == str(ROOT)
-    pid, _ = start(server, run_dir, "exit_with", code=4)
-    assert server.wait(pid, TIMEOUT_S) == 4
+    assert facts["sid"] == pid and facts["cwd"] == str(tmp_path)
+    argv = ["exit_with", str(run_dir), "--roles", "roles_beside_the_launcher:ROLES", "--options", '{"code": 4}']
+    pid = server.start("exit_with", argv, {"PATH": os.environ["PATH"]}, run_dir / "logs" / "exit-with-4.log")
+    assert server.wait(pid, TIMEOUT_S) == 4, (run_dir / "logs" / "exit-with-4.log").read_text()
     assert log.exists()
     began = time.monotonic()
     server.close(timeout_s=60.0)  # the server ends by itself on EOF; only one that does not is killed at 60 s
@@ -166,15 +170,18 @@ def test_a_killed_launcher_ends_its_server_from_the_template(template, run_dir):
 
 def test_a_launcher_the_template_does_not_match_starts_its_own_server(template, run_dir, monkeypatch, tmp_path):
     _, path = template
-    monkeypatch.chdir(ROOT)
     log = run_dir / "logs" / "no-template.log"
     monkeypatch.setenv(TEMPLATE_ENV, str(tmp_path / "nothing-listens-here.sock"))
     assert fork_template.connect("local", log, TIMEOUT_S) is None
     monkeypatch.setenv(TEMPLATE_ENV, str(path))
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # modules would come from elsewhere
-    assert fork_template.connect("local", log, TIMEOUT_S) is None
-    monkeypatch.delenv("PYTHONPATH")
-    monkeypatch.chdir(tmp_path)
+    with monkeypatch.context() as m:
+        m.setattr(sys, "executable", "/usr/bin/another-python")
+        assert fork_template.connect("local", log, TIMEOUT_S) is None
+    # a preloaded package that this launcher would import from another file
+    (tmp_path / "uvloop").mkdir()
+    (tmp_path / "uvloop" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "uvloop", raising=False)
     assert fork_template.connect("local", log, TIMEOUT_S) is None
 
 

@@ -181,11 +181,11 @@ def test_the_factory_opens_the_transport_the_backend_names() -> None:
 
 
 def test_the_factory_opens_a_gloo_group_otherwise() -> None:
-    spec = WeightGroupSpec(POLICY, "gloo", "127.0.0.1", _free_port(), world_size=2)
+    spec = WeightGroupSpec(POLICY, "gloo", "127.0.0.1", _free_port(), world_size=2, timeout_s=WAIT_S)
     box: dict[str, Any] = {}
-    opener = threading.Thread(target=lambda: box.update(sender=open_sender(**spec.join_args(0), timeout_s=WAIT_S)))
+    opener = threading.Thread(target=lambda: box.update(sender=open_sender(**spec.join_args(0))))
     opener.start()
-    receiver = open_receiver(**spec.join_args(1), timeout_s=WAIT_S)
+    receiver = open_receiver(**spec.join_args(1))
     opener.join(WAIT_S)
     assert isinstance(box["sender"], WeightSender) and isinstance(receiver, WeightReceiver)
     box["sender"].group.close()

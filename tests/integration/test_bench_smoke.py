@@ -90,10 +90,23 @@ def test_staleness_smoke(tmp_path: Path) -> None:
 
 
 def test_faults_smoke(tmp_path: Path) -> None:
-    """An env worker and a trainer SIGKILLed in real runs: each recovery is in the run's metrics, short."""
+    """An env worker SIGKILLed in a real run: its recovery is in the run's metrics, short (the whole-run
+    restarts of the other kinds: tests/integration/test_faults.py)."""
     stdout, figures = _run("faults.py", tmp_path)
     assert "recovery per kind of fault" in stdout
-    assert set(figures["recovery_s"]) == {"env_worker", "trainer"}
+    assert set(figures["recovery_s"]) == {"env_worker"}
     for kind, found in figures["recovery_s"].items():
         assert len(found) == 1 and 0 < found[0] < 30, kind
     assert figures["redone"]["env_worker"] == 0  # replaced alone: nothing runs twice
+
+
+def test_trainer_scaling_smoke(tmp_path: Path) -> None:
+    """1 rank, 2 ranks and 2 ranks with ZeRO on the same batch: a rate each, ZeRO's optimiser state per
+    rank about half of one rank's."""
+    stdout, figures = _run("trainer_scaling.py", tmp_path)
+    settings = figures["settings"]
+    assert set(settings) == {"1 rank", "2 ranks", "2 ranks + ZeRO"} and "| 2 ranks + ZeRO |" in stdout
+    assert all(s["samples_per_s"][0] > 0 and s["vs_1_rank"][0] > 0 for s in settings.values())
+    assert settings["1 rank"]["vs_1_rank"] == [1.0]
+    one, zero = settings["1 rank"]["optimizer_state_mb"], settings["2 ranks + ZeRO"]["optimizer_state_mb"]
+    assert 0.4 * one < zero < 0.6 * one and settings["2 ranks"]["optimizer_state_mb"] == one

@@ -1,0 +1,166 @@
+"""Trainer scale-out on this machine: samples/s and memory per rank of one policy's training step with 1
+rank, 2 ranks (DistributedDataParallel over gloo) and 2 ranks with ZeRO (`trainer.zero`), on the same
+batch; ratios against 1 rank measured in the same run, median and range over repeats (interleaved).
+
+    python bench/trainer_scaling.py                    # tiny model, 64 samples, 4 timed steps, 3 repeats
+    python bench/trainer_scaling.py --samples 128 --steps 8 --repeats 5
+    python bench/trainer_scaling.py --smoke            # 1 step, 1 repeat: the plumbing only
+
+Each setting runs in fresh processes (torch.multiprocessing), each rank with cores / ranks torch threads,
+so 2 ranks use the same cores as 1. A rank trains on its share of the batch (whole groups of 4, dealt
+in turn); one untimed step warms up, then `--steps` steps are timed between two barriers. Memory per
+rank: the optimiser state it holds (`optimizer_state_bytes`, which ZeRO shards) and its peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.multiprocessing as mp
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+CONFIG = "configs/plan_path_tiny.yaml"
+SETTINGS = {"1 rank": (1, False), "2 ranks": (2, False), "2 ranks + ZeRO": (2, True)}
+GROUP = 4
+
+
+def _batch(count: int, seed: int) -> list[Any]:
+    """`count` samples in groups of 4 with varied lengths and rewards (log-probs are not checked here)."""
+    from mas_async.wire.samples import Sample
+
+    rng = np.random.default_rng(seed)
+    samples = []
+    for i in range(count):
+        prompt = rng.integers(1, 30, size=int(rng.integers(24, 48))).astype(np.int32)
+        completion = rng.integers(1, 30, size=int(rng.integers(8, 24))).astype(np.int32)
+        group = i // GROUP
+        samples.append(
+            Sample(f"e{group}/vertical/0", f"e{group}", "p", "vertical", "vertical", 0, prompt, completion,
+                   np.zeros(len(completion), np.float32), 0, float(rng.normal()))
+        )  # fmt: skip
+    return samples
+
+
+def _share(samples: list[Any], rank: int, world: int) -> list[Any]:
+    groups = [samples[i : i + GROUP] for i in range(0, len(samples), GROUP)]
+    return [s for g in groups[rank::world] for s in g]
+
+
+def _rank(rank: int, world: int, zero: bool, port: int, model: str, count: int, steps: int, out: dict) -> None:
+    from mas_async.config import load_config
+    from mas_async.training.data_parallel import DataParallel
+    from mas_async.training.learner import PolicyLearner
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    overrides = [f"trainer.zero={str(zero).lower()}", "algorithm.ppo_epochs=1", "algorithm.mini_batches=1"]
+    config = load_config(ROOT / CONFIG, overrides)
+    dp = None
+    if world > 1:
+        dp = DataParallel.join(
+            policy="vertical", device="cpu", host="127.0.0.1", port=port, rank=rank, world_size=world, timeout_s=120
+        )
+    try:
+        torch.manual_seed(0)
+        learner = PolicyLearner(config, "vertical", model, dp=dp)
+        share = _share(_batch(count, seed=0), rank, world)
+        learner.step(share, 0)  # warm-up
+        if dp is not None:
+            dp.sum([0.0], learner.device)  # barrier
+        began = time.perf_counter()
+        for _ in range(steps):
+            metrics = learner.step(share, 0)
+        if dp is not None:
+            dp.sum([0.0], learner.device)
+        out[rank] = {
+            "seconds": time.perf_counter() - began,
+            "optimizer_state_mb": metrics["optimizer_state_bytes"] / 2**20,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        }
+    finally:
+        if dp is not None:
+            dp.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def measure(world: int, zero: bool, model: str, count: int, steps: int) -> dict[str, float]:
+    """One setting in fresh processes: samples/s over the timed steps, and the per-rank maxima of memory."""
+    out = mp.Manager().dict()
+    mp.spawn(_rank, args=(world, zero, _free_port(), model, count, steps, out), nprocs=world)
+    ranks = [out[r] for r in range(world)]
+    seconds = max(r["seconds"] for r in ranks)
+    return {
+        "samples_per_s": count * steps / seconds,
+        "optimizer_state_mb": max(r["optimizer_state_mb"] for r in ranks),
+        "peak_rss_mb": max(r["peak_rss_mb"] for r in ranks),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="builtin:tiny-char", help="a model source (mas_async.model_source)")
+    parser.add_argument("--samples", type=int, default=64, help="samples per step (a multiple of 8)")
+    parser.add_argument("--steps", type=int, default=4, help="timed steps per measurement")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="1 step, 1 repeat, 16 samples")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+    if args.smoke:
+        args.samples, args.steps, args.repeats = 16, 1, 1
+    if args.samples % (2 * GROUP):
+        raise SystemExit(f"--samples must be a multiple of {2 * GROUP} (whole groups of {GROUP} for each of 2 ranks)")
+
+    from mas_async.launch.launcher import model_cache_dir
+    from mas_async.model_source import resolve_model
+
+    model = str(resolve_model(args.model, model_cache_dir()))
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in SETTINGS}
+    for repeat in range(args.repeats):
+        for name, (world, zero) in SETTINGS.items():
+            runs[name].append(measure(world, zero, model, args.samples, args.steps))
+            print(
+                f"repeat {repeat + 1}/{args.repeats}, {name}: {runs[name][-1]['samples_per_s']:.1f} samples/s",
+                flush=True,
+            )
+
+    base = runs["1 rank"]
+    figures: dict[str, Any] = {"model": args.model, "samples": args.samples, "steps": args.steps, "settings": {}}
+    print(f"\n{args.model}, {args.samples} samples a step, {args.steps} timed steps, {args.repeats} repeats, "
+          f"{os.cpu_count()} cores\n")  # fmt: skip
+    print(
+        "| setting | samples/s, median (range) | vs 1 rank, median (range) | optimiser state per rank | peak RSS per rank |"
+    )
+    print("|---|---|---|---|---|")
+    for name, measured in runs.items():
+        rate = [m["samples_per_s"] for m in measured]
+        ratio = [m["samples_per_s"] / b["samples_per_s"] for m, b in zip(measured, base, strict=True)]
+        state = statistics.median(m["optimizer_state_mb"] for m in measured)
+        rss = statistics.median(m["peak_rss_mb"] for m in measured)
+        figures["settings"][name] = {"samples_per_s": rate, "vs_1_rank": ratio, "optimizer_state_mb": state,
+                                     "peak_rss_mb": rss}  # fmt: skip
+        print(f"| {name} | {statistics.median(rate):.1f} ({min(rate):.1f}-{max(rate):.1f}) | "
+              f"{statistics.median(ratio):.2f} ({min(ratio):.2f}-{max(ratio):.2f}) | {state:.2f} MiB | {rss:.0f} MiB |")  # fmt: skip
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -20,7 +20,6 @@ import os
 import resource
 import socket
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -30,8 +29,6 @@ import torch
 import torch.multiprocessing as mp
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 CONFIG = "configs/plan_path_tiny.yaml"
 SETTINGS = {"1 rank": (1, False), "2 ranks": (2, False), "2 ranks + ZeRO": (2, True)}

@@ -93,7 +93,7 @@ def serve_requests(requests_fd: int, replies_fd: int) -> int:
         ready, _, _ = select.select([requests_fd, wake_r], [], [], 1.0)
         if wake_r in ready:
             os.read(wake_r, 4096)
-        _reap(reply)
+        reap(reply)
         if requests_fd not in ready:
             continue
         chunk = os.read(requests_fd, 1 << 16)
@@ -109,7 +109,8 @@ def serve_requests(requests_fd: int, replies_fd: int) -> int:
                 reply({"id": request["id"], "error": f"{type(e).__name__}: {e}"})
 
 
-def _reap(reply: Any) -> None:
+def reap(reply: Any) -> None:
+    """Collect every ended child without blocking; `reply` gets each one's exit status."""
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)

@@ -27,7 +27,7 @@ from typing import Any
 import setproctitle
 
 from mas_async.launch import fork_server
-from mas_async.launch.fork_server import PRELOAD, ForkServer, preload, serve_requests
+from mas_async.launch.fork_server import PRELOAD, ForkServer, preload, reap, serve_requests
 
 TEMPLATE_ENV = "MAS_ASYNC_FORK_TEMPLATE"
 HELLO_TIMEOUT_S = 5.0
@@ -60,7 +60,7 @@ def serve_template(path: str) -> int:
     listener.listen(64)
     print("ready", flush=True)
     while True:
-        _reap()
+        reap(lambda ended: None)  # the forks' statuses reach no one: their launchers watch their children
         if not select.select([listener], [], [], 1.0)[0]:
             continue
         conn, _ = listener.accept()
@@ -94,16 +94,6 @@ def _serve_run(conn: socket.socket, log: str, sys_path: list[str]) -> int:
     except BaseException:  # noqa: BLE001 - a fork of the template never returns into its accept loop
         traceback.print_exc()
         return 1
-
-
-def _reap() -> None:
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
 
 
 def _read_line(conn: socket.socket) -> bytes:

@@ -1,6 +1,6 @@
 """The child side of the sandbox (`envs/sandbox.py`): isolate, drop privileges, run the model's program.
 
-Never imported by the framework: the parent runs it as a script, `python -I sandbox_child.py CONFIG`
+Never imported by the framework: the parent runs it as a script, `python -I -S sandbox_child.py CONFIG`
 (CONFIG is one JSON argument), inside the process group the parent kills at the end. It uses the
 standard library only, and does its work in this order:
 
@@ -363,8 +363,21 @@ def _run(config: dict, isolated: bool, view: tuple[list[str], list[str]] | None 
     runpy.run_path(os.path.join(workdir, config["main"]), run_name="__main__")
 
 
+def _without_site(site_dirs: list[str]) -> None:
+    """What `site` would have given this interpreter (started with `-S`), less the .pth files: the
+    site-packages directories on the path, and the builtins `exit`, `quit`, `help`, `copyright`,
+    `credits` and `license` that programs may call."""
+    import site
+
+    sys.path.extend(d for d in site_dirs if d not in sys.path)
+    site.setquit()
+    site.setcopyright()
+    site.sethelper()
+
+
 def main() -> None:
     config = json.loads(sys.argv[1])
+    _without_site(config["site_dirs"])
     isolated = config["isolated"]
     if not isolated:
         read_only, hidden, _symlinks = _view(config)

@@ -110,3 +110,14 @@ def test_trainer_scaling_smoke(tmp_path: Path) -> None:
     assert settings["1 rank"]["vs_1_rank"] == [1.0]
     one, zero = settings["1 rank"]["optimizer_state_mb"], settings["2 ranks + ZeRO"]["optimizer_state_mb"]
     assert 0.4 * one < zero < 0.6 * one and settings["2 ranks"]["optimizer_state_mb"] == one
+
+
+def test_trainer_logprobs_smoke(tmp_path: Path) -> None:
+    """The masked baseline, the unmasked batch and the shared-prompt passes: a time each, the same
+    log-probs."""
+    stdout, figures = _run("trainer_logprobs.py", tmp_path)
+    ways = figures["ways"]
+    assert set(ways) == {"baseline", "unmasked", "shared"} and "speedup vs baseline" in stdout
+    assert all(len(w["seconds"]) == 1 and w["seconds"][0] > 0 for w in ways.values())
+    assert ways["baseline"]["speedup"] == [1.0]
+    assert ways["unmasked"]["max_abs_diff"] < 1e-5 and ways["shared"]["max_abs_diff"] < 1e-5

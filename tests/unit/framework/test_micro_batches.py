@@ -32,18 +32,21 @@ def model_path(tmp_path_factory):
 
 
 def batch(model_path: str, count: int = 8, seed: int = 0) -> list[Sample]:
-    """`count` samples of varied prompt and completion lengths, with the model's own log-probs."""
+    """`count` samples in groups of 4 candidates, each group one prompt (as tree sampling gives, so the
+    trainer's shared-prompt pass runs), of varied prompt and completion lengths, with the model's own
+    log-probs."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_path)
     rng = np.random.default_rng(seed)
     samples = []
     for i in range(count):
-        prompt = rng.integers(1, 30, size=int(rng.integers(3, 9))).astype(np.int32)
+        group = i // 4  # agent_turn groups of 4 candidates
+        if i % 4 == 0:
+            prompt = rng.integers(1, 30, size=int(rng.integers(3, 9))).astype(np.int32)
         completion = rng.integers(1, 30, size=int(rng.integers(1, 6))).astype(np.int32)
         with torch.no_grad():
             lp = completion_logprobs(model, [prompt], [completion])[0].numpy()
-        group = i // 4  # agent_turn groups of 4 candidates
         samples.append(
             Sample(f"e{group}/vertical/0", f"e{group}", "p", "vertical", "vertical", 0, prompt, completion, lp, 0,
                    float(rng.normal()), info={"i": i})

@@ -93,10 +93,11 @@ def test_zero_advantage_shortcut_is_exact(model_path):
                np.array([20], dtype=np.int32), np.array([-3.9], dtype=np.float32), 0, 0.5)
     ]  # fmt: skip
     samples_b = _batch(b, rewards) + [samples_a[-1]]
+    grads_a, grads_b = _step_gradients(a), _step_gradients(b)
     a.step(samples_a)
     b.step(samples_b)
-    for (name, pa), (_, pb) in zip(a.model.named_parameters(), b.model.named_parameters(), strict=True):
-        torch.testing.assert_close(pa, pb, rtol=0, atol=1e-6, msg=name)
+    assert len(grads_a) == len(grads_b) == 1 and grads_a[0].abs().max() > 1e-3
+    torch.testing.assert_close(grads_a[0], grads_b[0], rtol=1e-5, atol=1e-7)
 
 
 def _layer_calls(learner) -> list[torch.dtype]:
@@ -105,6 +106,18 @@ def _layer_calls(learner) -> list[torch.dtype]:
     linear = next(m for m in learner.model.modules() if isinstance(m, torch.nn.Linear))
     linear.register_forward_hook(lambda module, args, out: calls.append(out.dtype))
     return calls
+
+
+def _step_gradients(learner) -> list[torch.Tensor]:
+    """The flat gradient at every optimiser step, recorded as the step begins. The tests compare these,
+    not the weights after Adam: batches of other shapes round differently (~1e-7), and Adam's first step
+    (g / (|g| + eps)) turns that into ~1e-3 of lr on an element whose gradient is ~1e-9."""
+    grads: list[torch.Tensor] = []
+    params = list(learner.model.parameters())
+    learner.optimizer.register_step_pre_hook(
+        lambda *_: grads.append(torch.cat([p.grad.flatten() for p in params if p.grad is not None]))
+    )
+    return grads
 
 
 def _flat(learner) -> torch.Tensor:
@@ -116,11 +129,15 @@ def test_activation_checkpointing_recomputes_in_the_backward_and_gives_the_same_
     checkpointed = _learner(model_path, "policies.vertical.lr=0.01", "trainer.activation_checkpointing=true")
     before, batch = _flat(plain), _batch(plain)
     calls_plain, calls_checkpointed = _layer_calls(plain), _layer_calls(checkpointed)
+    grads_plain, grads_checkpointed = _step_gradients(plain), _step_gradients(checkpointed)
     plain.step(batch)
     checkpointed.step(batch)
-    assert len(calls_checkpointed) > len(calls_plain)  # the layer ran again during the backward
+    # plain: the old log-probs and the forward, each a pass over the shared prompt and one over the
+    # completions; checkpointed (no key/value cache, so whole sequences): the same two passes, and the
+    # layer again during the backward.
+    assert (len(calls_plain), len(calls_checkpointed)) == (4, 3)
     assert not torch.equal(_flat(plain), before)  # the step moved the weights
-    torch.testing.assert_close(_flat(checkpointed), _flat(plain), atol=1e-6, rtol=0)
+    torch.testing.assert_close(grads_checkpointed, grads_plain, rtol=1e-5, atol=1e-7)
 
 
 def test_bf16_autocast_runs_the_forward_in_bfloat16_and_keeps_fp32_weights(model_path):

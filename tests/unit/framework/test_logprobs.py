@@ -1,0 +1,115 @@
+"""The trainer's log-probs: a right-padded batch without an attention mask gives every sequence exactly
+what a masked batch and the sequence alone give, log-probs and gradients."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bench.trainer_logprobs import masked_logprobs  # the reference: the batch with its attention mask
+from mas_async.training.logprobs import completion_logprobs
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model: Path) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32)
+    with torch.no_grad():  # sharper than the init, so that a pad leaking into attention would show
+        for name, p in model.named_parameters():
+            if not name.endswith("norm.weight"):
+                p.mul_(20.0)
+    return model
+
+
+def _batch() -> tuple[list[np.ndarray], list[np.ndarray]]:
+    rng = np.random.default_rng(3)
+    lengths = [(4, 9), (31, 2), (12, 17), (1, 5)]  # (prompt, completion): widths differ by up to 30 pads
+    prompts = [rng.integers(7, 51, size=p).astype(np.int32) for p, _ in lengths]
+    completions = [rng.integers(7, 51, size=c).astype(np.int32) for _, c in lengths]
+    return prompts, completions
+
+
+def _grads(model) -> list[torch.Tensor]:
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+def test_unmasked_right_padded_batch_equals_masked_batch_and_each_sequence_alone(model) -> None:
+    prompts, completions = _batch()
+    with torch.no_grad():
+        ours = completion_logprobs(model, prompts, completions)
+        masked = masked_logprobs(model, prompts, completions)
+        alone = [completion_logprobs(model, [p], [c])[0] for p, c in zip(prompts, completions, strict=True)]
+    assert [len(t) for t in ours] == [len(c) for c in completions]
+    assert float(torch.cat(ours).std()) > 0.5  # sharp, varied log-probs: a leak would move them
+    for a, b, c in zip(ours, masked, alone, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+        torch.testing.assert_close(a, c, atol=1e-5, rtol=1e-6)  # other shapes: float rounding only
+
+
+def _tree_batch() -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Three prompts of different lengths with 3, 1 and 2 completions (one of them empty), interleaved."""
+    rng = np.random.default_rng(5)
+    shared = [rng.integers(7, 51, size=n).astype(np.int32) for n in (23, 6, 14)]
+    owners = [0, 1, 0, 2, 0, 2]
+    lengths = [7, 12, 1, 0, 19, 4]
+    return [shared[u] for u in owners], [rng.integers(7, 51, size=n).astype(np.int32) for n in lengths]
+
+
+def test_completions_of_one_prompt_share_its_pass_and_equal_the_masked_batch(model, monkeypatch) -> None:
+    from mas_async.training import logprobs
+
+    prompts, completions = _tree_batch()
+    with torch.no_grad():
+        masked = masked_logprobs(model, prompts, completions)
+        alone = [completion_logprobs(model, [p], [c])[0] for p, c in zip(prompts, completions, strict=True)]
+        flat = completion_logprobs(model, prompts, completions, share_prompts=False)
+    monkeypatch.setattr(logprobs, "_batch_logits", None)  # the shared path must be the one that runs
+    calls = []
+    monkeypatch.setattr(
+        model, "forward", lambda *a, _f=model.forward, **kw: calls.append(kw["input_ids"].shape) or _f(*a, **kw)
+    )
+    entropies: list[torch.Tensor] = []
+    with torch.no_grad():
+        ours = completion_logprobs(model, prompts, completions, entropies=entropies)
+    assert calls == [(3, 23), (6, 19)]  # each distinct prompt once, then every completion
+    assert [len(t) for t in ours] == [len(c) for c in completions] == [len(e) for e in entropies]
+    for a, b, c in zip(ours, masked, alone, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-6)
+        torch.testing.assert_close(a, c, atol=1e-5, rtol=1e-6)
+    for a, b in zip(ours, flat, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-6)
+
+
+@pytest.mark.parametrize("make", [_batch, _tree_batch], ids=["distinct prompts", "shared prompts"])
+def test_gradient_equals_the_masked_batchs(model, make) -> None:
+    prompts, completions = make()
+    weights = [torch.linspace(-1.0, 1.0, len(c)) for c in completions]
+    loss = sum((lp * w).sum() for lp, w in zip(completion_logprobs(model, prompts, completions), weights, strict=True))
+    loss.backward()
+    ours = _grads(model)
+    loss = sum((lp * w).sum() for lp, w in zip(masked_logprobs(model, prompts, completions), weights, strict=True))
+    loss.backward()
+    for a, b in zip(ours, _grads(model), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_activation_checkpointing_takes_the_whole_sequence_batch(model, monkeypatch) -> None:
+    from mas_async.training import logprobs
+
+    prompts, completions = _tree_batch()
+    checkpointed = copy.deepcopy(model)
+    checkpointed.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    checkpointed.train()
+    monkeypatch.setattr(logprobs, "_shared_prompt_logits", None)  # transformers drops the cache here
+    ours = completion_logprobs(checkpointed, prompts, completions)
+    with torch.no_grad():
+        for a, b in zip(ours, masked_logprobs(model, prompts, completions), strict=True):
+            torch.testing.assert_close(a.detach(), b, atol=1e-5, rtol=1e-6)

@@ -4,12 +4,15 @@
    `configs/plan_path_tiny.yaml` (the tiny model, 2 env workers, 2 replicas per policy) in which the bench
    SIGKILLs one process of that kind `--kills` times, each once the run has recovered from the previous one
    and made `--spacing` iterations of progress. Each recovery is the run's own `faults/recovery_s`: from
-   the launcher finding the process dead to the first episode finished by its replacement (an env worker
-   is replaced alone; the other kinds restart the whole run from its last checkpoint, and the iterations
-   since that checkpoint are run again: printed as "redone"). Median and max per kind.
-2. The throughput cost: the same run for `--duration-s` seconds without kills and with one env-worker kill
-   every `--period-s` seconds (60: one a minute), `--repeats` times each, interleaved: training episodes per
-   second of wall time (from the rows' `time/elapsed_s`), and their ratio (target >= 0.9).
+   the launcher finding the process dead to the first result of its replacement (an env worker and an
+   inference replica are replaced alone: the replica's first generate result, in its re-formed weight
+   group; a trainer or the router restarts the whole run from its last checkpoint, whose first finished
+   episode ends the recovery, and the iterations since that checkpoint are run again: printed as
+   "redone"). Median and max per kind.
+2. The throughput cost: the same run for `--duration-s` seconds without kills and with one kill every
+   `--period-s` seconds (60: one a minute), of an env worker and an inference replica in turn
+   (`--throughput-kinds`), `--repeats` times each, interleaved: training episodes per second of wall time
+   (from the rows' `time/elapsed_s`), and their ratio (target >= 0.9).
 
     python bench/faults.py               # ~12 minutes on 2 cores
     python bench/faults.py --smoke       # ~15 s: one env worker killed; run by the tests
@@ -18,6 +21,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import signal
@@ -146,18 +150,20 @@ def _restarted_from(run: Run) -> int | None:
     return versions[-1] if versions else None
 
 
-def throughput(period_s: float | None, duration_s: float, work: Path, label: str) -> float:
-    """Training episodes per second of wall time over `duration_s` (after the first row), killing a random
-    env worker every `period_s` seconds (None: never)."""
+def throughput(period_s: float | None, duration_s: float, work: Path, label: str, kinds: list[str]) -> float:
+    """Training episodes per second of wall time over `duration_s` (after the first row), killing a process
+    of `kinds` in turn every `period_s` seconds (None: never)."""
     run = Run(work / f"throughput-{label}")
     kills = 0
     try:
         run.wait("the first row", lambda: len(run.rows()) >= 1)
+        by_kind = [[n for n in sorted(run.pids()) if n.split("/")[0] == kind] for kind in kinds]
+        order = [name for turn in itertools.zip_longest(*by_kind) for name in turn if name]  # one of each in turn
         start = time.monotonic()
         next_kill = start + period_s if period_s else float("inf")
         while time.monotonic() - start < duration_s:
             if time.monotonic() >= next_kill:
-                name = f"env_worker/{kills % 2}"
+                name = order[kills % len(order)]
                 pid = run.pids()[name]
                 if run.joined(name, pid):
                     os.kill(pid, signal.SIGKILL)
@@ -166,12 +172,13 @@ def throughput(period_s: float | None, duration_s: float, work: Path, label: str
             if run.proc.poll() is not None:
                 raise RuntimeError(f"the run stopped (status {run.proc.returncode}): {run.dir}")
             time.sleep(0.1)
-        run.wait("every kill counted", lambda: _restarts(run.rows(), "env_worker") >= kills, timeout_s=60)
+        counted = lambda: sum(_restarts(run.rows(), kind) for kind in kinds)  # noqa: E731
+        run.wait("every kill counted", lambda: counted() >= kills, timeout_s=60)
         rows = run.rows()
     finally:
         run.stop()
-    if _restarts(rows, "env_worker") != kills:
-        raise RuntimeError(f"{kills} kills, {_restarts(rows, 'env_worker')} restarts counted")
+    if sum(_restarts(rows, kind) for kind in kinds) != kills:
+        raise RuntimeError(f"{kills} kills, {sum(_restarts(rows, kind) for kind in kinds)} restarts counted")
     first, last = rows[0], rows[-1]
     episodes = sum(r["rollout/episodes"] for r in rows[1:])
     return episodes / (last["time/elapsed_s"] - first["time/elapsed_s"])
@@ -183,7 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kills", type=int, default=5, help="kills per kind")
     parser.add_argument("--spacing", type=int, default=3, help="iterations of progress between kills")
     parser.add_argument("--duration-s", type=float, default=180.0, help="length of each throughput run")
-    parser.add_argument("--period-s", type=float, default=60.0, help="one env-worker kill per this many seconds")
+    parser.add_argument("--period-s", type=float, default=60.0, help="one kill per this many seconds")
+    parser.add_argument(
+        "--throughput-kinds", default="env_worker,inference", help="kinds killed in turn in the throughput runs"
+    )
     parser.add_argument("--repeats", type=int, default=1, help="throughput runs per arm (interleaved)")
     parser.add_argument("--smoke", action="store_true", help="one env worker killed, no throughput")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
@@ -191,9 +201,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.kinds, args.kills, args.spacing, args.duration_s = "env_worker", 1, 1, 0.0
     kinds = [k for k in args.kinds.split(",") if k]
+    turn = [k for k in args.throughput_kinds.split(",") if k]
     for kind in kinds:
         if kind not in KINDS:
             parser.error(f"--kinds: unknown kind {kind!r} (known: {', '.join(KINDS)})")
+    for kind in turn:
+        if kind not in ("env_worker", "inference"):
+            parser.error(f"--throughput-kinds: {kind!r} is not replaced alone (env_worker, inference)")
     with tempfile.TemporaryDirectory(prefix="mas-async-faults-") as tmp:
         work = Path(tmp)
         print(f"recovery per kind of fault: {args.kills} SIGKILLs each, {args.spacing} iterations apart")
@@ -209,10 +223,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.duration_s > 0:
             calm, killed = [], []
             for repeat in range(args.repeats):
-                calm.append(throughput(None, args.duration_s, work, f"calm-{repeat}"))
-                killed.append(throughput(args.period_s, args.duration_s, work, f"killed-{repeat}"))
+                calm.append(throughput(None, args.duration_s, work, f"calm-{repeat}", turn))
+                killed.append(throughput(args.period_s, args.duration_s, work, f"killed-{repeat}", turn))
             ratios = [k / c for k, c in zip(killed, calm, strict=True)]
-            print(f"\nthroughput, {args.duration_s:g} s runs, one env-worker kill per {args.period_s:g} s:")
+            print(
+                f"\nthroughput, {args.duration_s:g} s runs, one kill per {args.period_s:g} s ({', '.join(turn)} in turn):"
+            )
             print(f"  no kills     {', '.join(f'{x:.2f}' for x in calm)} training episodes/s")
             print(f"  with kills   {', '.join(f'{x:.2f}' for x in killed)} training episodes/s")
             print(f"  ratio        {statistics.median(ratios):.3f} (median of {len(ratios)}; "

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import zmq
 from torch import nn
 
@@ -121,6 +122,14 @@ def _open(args: dict[str, Any], rank: int) -> Any:
     )
 
 
+def _raw_broadcast(group: Any, flat: torch.Tensor) -> None:
+    """The baseline: one torch.distributed broadcast on the group's process group, waited for as torch does
+    (no bound, no re-form check: what `WeightGroup.broadcast` adds is part of the versioned side)."""
+    opts = dist.BroadcastOptions()
+    opts.rootRank = 0
+    group.pg.broadcast([flat], opts).wait()
+
+
 def sender(args: dict[str, Any], out: Any) -> None:
     """Rank 0: for each size, alternate raw and versioned sends; put {size: {mode: [seconds]}} in `out`."""
     group = _open(args, 0)
@@ -164,7 +173,7 @@ def sender(args: dict[str, Any], out: Any) -> None:
                 start = time.perf_counter()
                 tell("go", mode, version, checksum)
                 if mode == "raw":
-                    group.broadcast(flat)
+                    _raw_broadcast(group, flat)
                 else:
                     weights.send(version, tensors)
                 acks()
@@ -197,7 +206,7 @@ def receiver(args: dict[str, Any], rank: int) -> None:
             backend.receiver = WeightReceiver(group)
             flat = torch.empty(_nbytes(named_shapes, dtype), dtype=torch.uint8, device=group.device)
         elif message[1] == "raw":
-            group.broadcast(flat)
+            _raw_broadcast(group, flat)
         else:
             assert backend is not None
             backend.update_weights(message[2])

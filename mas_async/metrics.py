@@ -53,6 +53,8 @@ class Keys:
     VERSION_MISMATCH = "version_mismatch"
     REISSUED_EPISODES = "faults/reissued_episodes"
     """Episodes of a lost env worker that went back to the queue in the iteration (run again from their start)."""
+    REISSUED_REQUESTS = "faults/reissued_requests"
+    """Generate requests of a lost inference replica sent again to a live one (or held for its replacement)."""
     RECOVERY_S = "faults/recovery_s"
     """The longest recovery completed in the iteration: from a process found dead to its replacement's first result."""
 

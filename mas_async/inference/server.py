@@ -6,6 +6,13 @@ in flight). A backend that runs one batch at a time first waits for the rest of 
 the episodes are sending (`WaveGather`). Every completion carries the `weight_version` of the weights
 that produced it.
 
+A replica that replaces a lost one does not join the weight group's first generation: it waits for the
+router's ReformWeightGroup, as the live replicas do, joins the new generation with them and loads the
+version the trainer sends there before the router gives it a request. An UpdateWeights of another
+generation than the one joined (a send in flight when the group was re-formed) is ignored, and a receive
+abandoned because its generation was retired (or broken by a lost peer) reports nothing: the trainer
+sends again in the new one.
+
 A weight update (UpdateWeights from the policy's trainer) goes through `UpdateGate`: it waits until the
 batches in flight are done and holds back new ones, receives every tensor of the broadcast, loads them,
 bumps the version, acknowledges WeightsLoaded, and only then lets queued requests through. So no request
@@ -26,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 
 from mas_async.config import Config
@@ -35,10 +43,18 @@ from mas_async.inference.gate import UpdateGate
 from mas_async.inference.limits import GenerateLimits
 from mas_async.inference.request import GenerationRequest
 from mas_async.inference.wave import WaveGather
-from mas_async.runtime.actor import Peer
+from mas_async.runtime.actor import DIED_AT_ENV, Peer
 from mas_async.runtime.log_limit import printable
-from mas_async.weights.group import WeightGroupSpec
-from mas_async.wire.messages import Generate, GenerateResult, Message, UpdateWeights, WeightsLoaded, completion_to_wire
+from mas_async.weights.group import GroupRetired, WeightGroupSpec, WeightSyncError
+from mas_async.wire.messages import (
+    Generate,
+    GenerateResult,
+    Message,
+    ReformWeightGroup,
+    UpdateWeights,
+    WeightsLoaded,
+    completion_to_wire,
+)
 
 log = logging.getLogger("mas_async.inference")
 
@@ -87,15 +103,36 @@ class InferenceServer(Peer):
         """One weight update at a time (a second receive would write the set the first one filled)."""
         self.overlap_updates = config.rollout.max_staleness > 0 and hasattr(self.backend, "receive_weights")
         """Receive while generating, then swap (bounded staleness); else drain first (strict mode)."""
+        self.generation = -1
+        """The generation of the weight group joined (-1: none yet)."""
+        self._ordered = 0
+        """The newest generation the router ordered."""
+        self.replacement = bool(os.environ.get(DIED_AT_ENV))
+        """This process replaces a lost replica: it joins the generation the router re-forms, not the first."""
 
     async def main(self) -> None:
         if not self.deployment.training:  # mas-async eval: fixed weights, no trainer to listen to
             await self._batch_loop()
             return
-        assert self.weight_group is not None
-        await asyncio.to_thread(self.backend.join_weight_group, **self.weight_group.join_args(1 + self.replica))
-        log.info("weight group of %s joined as rank %d", self.policy, 1 + self.replica)
+        if not self.replacement:
+            await self._join(0)
         await self._batch_loop()
+
+    async def _join(self, generation: int) -> bool:
+        """Join generation `generation` of the weight group, unless a newer one was ordered (False then)."""
+        assert self.weight_group is not None
+        async with self._updates:
+            if generation < self._ordered or generation <= self.generation:
+                return False
+            args = self.weight_group.join_args(1 + self.replica, generation)
+            try:
+                await asyncio.to_thread(self.backend.join_weight_group, **args)
+            except GroupRetired as e:
+                log.warning("%s", e)
+                return False
+            self.generation = generation
+            log.info("weight group of %s joined as rank %d (generation %d)", self.policy, 1 + self.replica, generation)
+            return True
 
     async def on_message(self, msg: Message) -> None:
         if isinstance(msg, Generate):
@@ -110,7 +147,10 @@ class InferenceServer(Peer):
             self._wakeup.set()
             self.gather.arrived()
         elif isinstance(msg, UpdateWeights):
-            self.spawn(self._update(msg.version), f"update-v{msg.version}")
+            self.spawn(self._update(msg.version, msg.generation), f"update-v{msg.version}")
+        elif isinstance(msg, ReformWeightGroup) and self.weight_group is not None:
+            self._ordered = max(self._ordered, msg.generation)
+            self.spawn(self._join(msg.generation), f"join-{msg.generation}")
         else:
             self.unexpected(msg)
 
@@ -168,8 +208,13 @@ class InferenceServer(Peer):
         finally:
             await self.gate.release_read()
 
-    async def _update(self, version: int) -> None:
+    async def _update(self, version: int, generation: int) -> None:
         async with self._updates:
+            if generation != self.generation:  # sent in a generation this replica is not (or no longer) in
+                log.info(
+                    "ignored the send of v%d in generation %d (in generation %d)", version, generation, self.generation
+                )
+                return
             t0 = time.monotonic()
             error = ""
             try:
@@ -180,6 +225,11 @@ class InferenceServer(Peer):
                 else:
                     async with self._writing():
                         await asyncio.to_thread(self.backend.update_weights, version)
+            except WeightSyncError as e:  # retired, or broken by a lost replica: the router has the group re-formed
+                log.warning(
+                    "the receive of v%d was abandoned (%s); the trainer sends again in the re-formed group", version, e
+                )
+                return
             except ValueError as e:  # manifest mismatch or wrong version: reported; the router stops the run
                 error = str(e)
             log.info("weights v%d loaded in %.3fs%s", version, time.monotonic() - t0, f" ({error})" if error else "")

@@ -7,9 +7,9 @@ address, the listeners' endpoints and ports, model folders), then starts the rou
 trainers and `replicas` inference servers per policy and `cluster.env_workers` env workers, each as
 `python -m mas_async.launch.process ROLE ...` (the actor comes from a role -> factory map,
 `mas_async.launch.roles.ROLES`; benchmarks start their own actors through the same functions). It shows
-live progress from metrics.jsonl. A lost env worker is started again (the router runs its episodes
-elsewhere meanwhile); a lost trainer, router or inference replica restarts the whole run from its last
-complete checkpoint; both within `cluster.max_restarts` per role (`restarts.py`, docs/faults.md). Any
+live progress from metrics.jsonl. A lost env worker or inference replica is started again (the router
+runs its episodes or requests elsewhere meanwhile); a lost trainer or router restarts the whole run from
+its last complete checkpoint; both within `cluster.max_restarts` per role (`restarts.py`, docs/faults.md). Any
 other failure, or one past that budget, stops every other process and names the failed role with its node
 and the tail of its log; the exit status is non-zero. Ctrl-C (or SIGTERM) stops everything within seconds:
 SIGTERM to each child and what it started, SIGKILL after a grace period, then the engine releases what it
@@ -35,9 +35,9 @@ from mas_async.launch.engines.base import Child, Engine, Node, ProcessSpec
 from mas_async.launch.engines.local import LocalEngine
 from mas_async.launch.engines.registry import open_engine
 from mas_async.launch.progress import Progress
-from mas_async.launch.restarts import RESTART_THE_RUN, RESTARTED_ALONE, RestartBudget
+from mas_async.launch.restarts import RESTART_THE_RUN, RestartBudget
 from mas_async.launch.roles import DEFAULT_ROLES
-from mas_async.router.faults import RUN_RESTART_ENV
+from mas_async.router.faults import RUN_RESTART_ENV, replaced_alone
 from mas_async.router.lost_peers import LostPeers
 from mas_async.runtime.actor import DIED_AT_ENV
 from mas_async.runtime.curve import prepare_keys
@@ -276,6 +276,7 @@ class Restarts:
     budget: RestartBudget
     whole_run: bool
     """Whether a lost trainer, router or replica restarts the run (training runs; an evaluation just stops)."""
+    config: Config
 
 
 def supervise(children: list[Child], run_dir: Path, progress: Progress, restarts: Restarts | None = None) -> int:
@@ -320,7 +321,8 @@ def supervise(children: list[Child], run_dir: Path, progress: Progress, restarts
                     lost.append((killed, code))
             child, code = min(lost, key=lambda lc: lc[1] >= 0)
             role, died_at = child.name.split("/")[0], time.time()
-            if restarts is not None and role in RESTARTED_ALONE and restarts.budget.take(role):
+            alone = restarts is not None and replaced_alone(restarts.config, child.name, restarts.whole_run)
+            if restarts is not None and alone and restarts.budget.take(role):
                 replacement = restarts.launches[child.name].start(restarts.engine, {DIED_AT_ENV: repr(died_at)})
                 children[children.index(child)] = replacement
                 started_at[child.name] = time.time()
@@ -414,7 +416,7 @@ def _run(
     launches = process_launches(config, run_dir, training, env=env)
     children = [launch.start(engine) for launch in launches]
     write_pids(run_dir, children)
-    restarts = Restarts(engine, {launch.spec.name: launch for launch in launches}, budget, whole_run=training)
+    restarts = Restarts(engine, {launch.spec.name: launch for launch in launches}, budget, training, config)
     # Explicit handlers: a launcher started in the background of a script inherits SIGINT as ignored,
     # and Python then installs no KeyboardInterrupt handler; Ctrl-C and SIGTERM must always stop the run.
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}

@@ -1,10 +1,11 @@
 """How many lost processes the launcher may still replace: `cluster.max_restarts` per role within
 `cluster.restart_window_s`.
 
-An env worker is replaced alone (the router sends its episodes elsewhere meanwhile). A lost trainer or
-router cannot be replaced alone (the weights it held or the books it kept are gone), nor, for now, an
-inference replica, so the launcher restarts the whole run from its last complete checkpoint instead
-(docs/faults.md). A role that keeps
+An env worker or an inference replica is replaced alone (the router sends its episodes or requests
+elsewhere meanwhile, and re-forms a replica's weight group; `router.faults.replaced_alone` says which).
+A lost trainer or router cannot be replaced alone (the weights it held or the books it kept are gone),
+so the launcher restarts the whole run from its last complete checkpoint instead (docs/faults.md).
+A role that keeps
 dying within the window uses up its budget, and the run then stops with the failure named, as it would
 without restarts.
 """
@@ -14,12 +15,9 @@ from __future__ import annotations
 import time
 from collections import defaultdict, deque
 
-RESTARTED_ALONE = ("env_worker",)
-"""Roles whose lost process is replaced by itself while the run goes on."""
-
 RESTART_THE_RUN = ("trainer", "router", "inference")
-"""Roles whose loss restarts the whole run from its last complete checkpoint (an inference replica's, until
-a replica can be replaced alone: that needs its weight group re-formed, docs/faults.md)."""
+"""Roles whose loss restarts the whole run from its last complete checkpoint, when it cannot be replaced
+alone (an inference replica: only when its policy syncs by CUDA IPC)."""
 
 
 class RestartBudget:

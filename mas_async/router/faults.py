@@ -3,8 +3,9 @@
 A lost process shows up at the router in one of two ways: its replacement says Hello (the launcher
 restarted it; the Hello carries when its predecessor was found dead), or a whole run restarted from a
 checkpoint (the launcher tells the new router which role was lost, and when). Recovery is timed from
-that death to the first result of the replacement: an episode done by the restarted env worker, or any
-episode done in the restarted run. Keys: `faults/restarts/<role>`, `faults/reissued_episodes`,
+that death to the first result of the replacement: an episode done by the restarted env worker, a
+generate result of the restarted replica, or any episode done in the restarted run. Keys:
+`faults/restarts/<role>`, `faults/reissued_episodes`, `faults/reissued_requests`,
 `faults/recovery_s` (the longest recovery completed in the iteration, 0 if none), reported per
 iteration (docs/faults.md). A run restarted from a checkpoint writes the later rows again; the restarts
 and reissued episodes those rows reported are carried into its first row, so each is counted once.
@@ -16,9 +17,12 @@ import json
 import os
 import time
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mas_async.metrics import Keys
+
+if TYPE_CHECKING:
+    from mas_async.config import Config
 
 ROLES = ("env_worker", "inference", "trainer", "router")
 """Every role has its restart count in every row, so rows keep one shape."""
@@ -28,6 +32,20 @@ RUN_RESTART = b"(the run)"
 
 RUN_RESTART_ENV = "MAS_ASYNC_RUN_RESTART"
 """Set by the launcher for a run it restarted from a checkpoint: JSON {"role": lost role, "died_at": unix time}."""
+
+
+def replaced_alone(config: Config, peer: str, training: bool) -> bool:
+    """Is a lost process `peer` ("env_worker/0", "inference/p/1", ...) started again by itself while the run
+    goes on? An env worker always; an inference replica unless its policy's weights travel by CUDA IPC
+    (whose shared buffers are not re-formed). A lost trainer or router restarts the whole run."""
+    role, *rest = peer.split("/")
+    if role == "env_worker":
+        return True
+    if role != "inference":
+        return False
+    from mas_async.deployment import weight_backend
+
+    return not training or weight_backend(config, rest[0]) != "cuda_ipc"
 
 
 def run_restart_from_env() -> tuple[str, float] | None:
@@ -45,6 +63,7 @@ class FaultLog:
     def __init__(self) -> None:
         self.restarts: Counter[str] = Counter()
         self.reissued_episodes = 0
+        self.reissued_requests = 0
         self.recovery_s: list[float] = []
         self._recovering: dict[bytes, float] = {}
         """Identity of a replacement (or RUN_RESTART) -> unix time its predecessor was found dead."""
@@ -61,10 +80,19 @@ class FaultLog:
             for role in ROLES:
                 self.restarts[role] += int(row.get(Keys.restarts(role), 0))
             self.reissued_episodes += int(row.get(Keys.REISSUED_EPISODES, 0))
+            self.reissued_requests += int(row.get(Keys.REISSUED_REQUESTS, 0))
 
     def reissued(self, episodes: int) -> None:
         """Episodes of a lost env worker went back to the queue, to run again from their start."""
         self.reissued_episodes += episodes
+
+    def reissued_to_replicas(self, requests: int) -> None:
+        """Generate requests of a lost inference replica were sent again to a live one (or wait for one)."""
+        self.reissued_requests += requests
+
+    def recovering(self, identity: bytes) -> bool:
+        """Is `identity` a replacement whose first result is still to come?"""
+        return identity in self._recovering
 
     def result_from(self, identity: bytes) -> float | None:
         """An episode finished on `identity`: the recovery time if this ends one, else None."""
@@ -79,6 +107,7 @@ class FaultLog:
         """This row's faults/* metrics; counting starts again from zero."""
         row: dict[str, Any] = {Keys.restarts(role): self.restarts[role] for role in ROLES}
         row[Keys.REISSUED_EPISODES] = self.reissued_episodes
+        row[Keys.REISSUED_REQUESTS] = self.reissued_requests
         row[Keys.RECOVERY_S] = max(self.recovery_s, default=0.0)
-        self.restarts, self.reissued_episodes, self.recovery_s = Counter(), 0, []
+        self.restarts, self.reissued_episodes, self.reissued_requests, self.recovery_s = Counter(), 0, 0, []
         return row

@@ -20,6 +20,10 @@ from a peer that joined (said Hello and was welcomed) and only of a kind its rol
 anything else, and values the run cannot have (a Groups of a policy it lacks, a negative count), is
 dropped and counted (`router/refused_messages`), as an undecodable message is (`router/malformed`):
 neither reaches a trainer or an env worker, neither stops the run, and their warnings are rate-limited.
+A lost env worker's episodes run again elsewhere; a lost inference replica's requests go to a live replica
+of its policy (or wait for its replacement), and when the replacement says Hello the router orders the
+policy's weight group re-formed (ReformWeightGroup to the trainer and every replica), routing requests to
+the replacement only once it loaded the weights the others hold (docs/faults.md).
 Peer liveness lives in `PeerTable`, the metrics row in `report.py`, lost processes in `faults.py`; the
 router writes RUN_DIR/metrics.jsonl.
 """
@@ -43,7 +47,7 @@ from mas_async.deployment import Deployment, trainer_peer, trainer_rank
 from mas_async.metrics import Keys, MetricsWriter, keep_rows_before
 from mas_async.router.clock import ClockError, StepTimeout, VersionClock
 from mas_async.router.episodes import EpisodeBook, EpisodeTask, plan_episodes
-from mas_async.router.faults import FaultLog, run_restart_from_env
+from mas_async.router.faults import FaultLog, replaced_alone, run_restart_from_env
 from mas_async.router.idle import IdleTimer
 from mas_async.router.lost_peers import record_lost_peer
 from mas_async.router.peers import PeerInfo, PeerTable
@@ -63,6 +67,7 @@ from mas_async.wire.messages import (
     Heartbeat,
     Hello,
     Message,
+    ReformWeightGroup,
     Shutdown,
     Trained,
     TrainStep,
@@ -120,8 +125,15 @@ class Router(Actor):
         self.policies = list(config.policies)
         self.table = PeerTable(expected_peers(config, deployment.training))
         self.all_joined = asyncio.Event()
-        self._pending: dict[tuple[bytes, int], bytes] = {}
-        """(origin, request id) -> the inference replica serving it."""
+        self._pending: dict[tuple[bytes, int], tuple[bytes, Any, list]] = {}
+        """(origin, request id) -> (the inference replica serving it, the request's header and frames: sent
+        again to another replica if that one is lost)."""
+        self._parked: dict[str, list[tuple[bytes, Any, list]]] = {}
+        """policy -> requests waiting for a replica (every replica of the policy is being replaced)."""
+        self.generations = dict.fromkeys(config.policies, 0)
+        """policy -> the generation of its weight group (re-formed each time a replica is replaced)."""
+        self._reform_due: set[str] = set()
+        """Policies whose weight group must be re-formed once its trainer and every replica are alive."""
         replicas = {name for name in self.table.expected if name.startswith("inference/")}
         ranks = {policy: spec.trainer_ranks for policy, spec in config.policies.items()}
         self.clock = VersionClock(
@@ -247,23 +259,29 @@ class Router(Actor):
         # The header does not carry n: requests are counted, close enough for balancing.
         chosen = self.table.pick_replica(header.policy)
         if chosen is None:
+            if header.policy in self.generations:  # its replicas are being replaced: the request waits
+                self._parked.setdefault(header.policy, []).append((origin, header, frames))
+                return
             reply = f"no inference server for policy {header.policy!r}"
             self.send_to(origin, GenerateResult(header.request_id, origin.decode(), reply, []))
             return
         server, info = chosen
         info.outstanding += 1
-        self._pending[(origin, header.request_id)] = server
+        self._pending[(origin, header.request_id)] = (server, header, frames)
         self.forward(server, frames)
 
     def _route_result(self, server: bytes, header: Any, frames: list) -> None:
         origin = header.origin.encode()
         key = (origin, header.request_id)
-        if self._pending.get(key) != server:  # only the replica serving a request answers it, once
+        pending = self._pending.get(key)
+        if pending is None or pending[0] != server:  # only the replica serving a request answers it, once
             self.refuse(server, GenerateResult, "it answers no request that its sender is serving")
             return
         del self._pending[key]
         self.peers[server].outstanding -= 1
         self.forward(origin, frames)
+        if self.faults.recovering(server) and (recovered := self.faults.result_from(server)) is not None:
+            log.info("recovered from a lost replica in %.1fs (first result of %s)", recovered, server.decode())
 
     def _hold_groups(self, worker: bytes, header: Any, frames: list) -> None:
         if header.policy not in self.clock.ranks:
@@ -286,7 +304,7 @@ class Router(Actor):
         elif isinstance(msg, EpisodeDone):
             self._on_episode_done(msg)
         elif isinstance(msg, UpdateWeights):
-            for ident in self.table.of_policy("inference", msg.policy):
+            for ident in self.table.of_policy("inference", msg.policy, alive=True):
                 self.send_to(ident, msg)
         elif isinstance(msg, Trained):
             if msg.error:
@@ -296,7 +314,12 @@ class Router(Actor):
         elif isinstance(msg, WeightsLoaded):
             if msg.error:
                 raise RuntimeError(f"{msg.replica} failed to load weights v{msg.version}: {msg.error}")
-            self.clock.loaded(msg.replica, msg.version)
+            if not (msg.version == self.clock.version and self.generations[msg.policy]):
+                self.clock.loaded(msg.replica, msg.version)  # (else: the version held, sent again after a re-form)
+            if self.table.serve(identity):  # a replacement holds the weights the others serve: it takes requests
+                log.info("%s serves v%d", msg.replica, msg.version)
+                for origin, header, frames in self._parked.pop(msg.policy, []):
+                    self._route_generate(origin, header, frames)
             self._check_step_done()
         else:
             self.refuse(identity, type(msg), "no peer sends it to the router")
@@ -312,17 +335,44 @@ class Router(Actor):
         if msg.protocol != PROTOCOL_VERSION:
             raise RuntimeError(f"{name} speaks protocol {msg.protocol}, the router {PROTOCOL_VERSION}")
         previous = self.peers.get(identity)
-        if previous is not None and (msg.died_at or previous.pid != msg.pid):  # a replacement of a lost process
+        replacement = previous is not None and (msg.died_at or previous.pid != msg.pid)
+        if replacement:  # of a lost process
+            assert previous is not None
             if previous.alive:
                 self._lose(identity, previous, f"replaced by pid {msg.pid}")
             self.faults.restarted(msg.role, msg.died_at or time.time(), identity)
-        self.table.join(identity, PeerInfo(msg.role, msg.policy, msg.capacity, msg.pid))
+        # A replacement replica of a training run serves once it loaded the weights the others hold.
+        serving = not (replacement and msg.role == "inference" and self.deployment.training)
+        self.table.join(identity, PeerInfo(msg.role, msg.policy, msg.capacity, msg.pid, serving=serving))
         self.send_to(identity, Welcome(PROTOCOL_VERSION))
         log.info("%s joined (pid %d); %d/%d peers", name, msg.pid, len(self.peers), len(self.table.expected))
         if self.table.all_joined():
             self.all_joined.set()
         if msg.role == "env_worker":
             self._dispatch()  # a replacement takes queued episodes (its predecessor's among them) at once
+        elif replacement and not serving:
+            self._reform_due.add(msg.policy)
+        elif replacement:  # (an evaluation's replica: no weight group, it serves the weights it started with)
+            for origin, header, frames in self._parked.pop(msg.policy, []):
+                self._route_generate(origin, header, frames)
+        if msg.policy in self._reform_due:  # (a trainer or replica that was not up yet may complete the group)
+            self._reform(msg.policy)
+
+    def _reform(self, policy: str) -> None:
+        """Order `policy`'s weight group re-formed under a new generation (a replica was replaced), once its
+        trainer and every replica are alive; the trainer then sends its current version again."""
+        replicas = self.table.of_policy("inference", policy, alive=True)
+        trainer = self.peers.get(trainer_peer(policy, 0).encode())
+        if len(replicas) < self.cfg.policies[policy].replicas or trainer is None or not trainer.alive:
+            log.info("the weight group of %s waits for its trainer and every replica to be up", policy)
+            return
+        self._reform_due.discard(policy)
+        self.generations[policy] += 1
+        order = ReformWeightGroup(policy, self.generations[policy])
+        log.info("re-forming the weight group of %s (generation %d)", policy, order.generation)
+        self.send_to(trainer_peer(policy, 0).encode(), order)
+        for ident in replicas:
+            self.send_to(ident, order)
 
     def _on_episode_done(self, msg: EpisodeDone) -> None:
         book = self.books.get(msg.iteration)
@@ -398,20 +448,32 @@ class Router(Actor):
                     )
 
     def _peer_died(self, ident: bytes, info: PeerInfo) -> None:
-        """A peer silent past `peer_timeout_s`: an env worker's episodes run again elsewhere and it is told to
-        exit (non-zero: the launcher restarts it); any other role stops the run. Either way the launcher is
-        told to kill it, in case it is hung and never reads the Shutdown."""
+        """A peer silent past `peer_timeout_s`: an env worker's episodes or a replica's requests run again
+        elsewhere and it is told to exit (non-zero: the launcher restarts it); any other role stops the run.
+        Either way the launcher is told to kill it, in case it is hung and never reads the Shutdown."""
         silent = f"silent for over {self.cfg.cluster.peer_timeout_s}s"
         record_lost_peer(self.run_dir, ident.decode(), info.pid, silent)  # the launcher kills it, if it runs on
-        if info.role != "env_worker":
+        if not replaced_alone(self.cfg, ident.decode(), self.deployment.training):
             raise PeerDead(f"{ident.decode()} (pid {info.pid}) has been {silent}")
         self._lose(ident, info, silent)
         self.send_to(ident, Shutdown(f"declared dead by the router: {silent}", True))
 
     def _lose(self, ident: bytes, info: PeerInfo, why: str) -> None:
-        """Take a lost env worker out of service: its in-flight episodes go back to the queue as new
-        attempts (whatever its old attempts still send is dropped) and run on the live workers."""
+        """Take a lost env worker or replica out of service. A worker's in-flight episodes go back to the
+        queue as new attempts (whatever its old attempts still send is dropped) and run on the live
+        workers; a replica's outstanding requests go to a live replica of its policy, or wait for one (a
+        late result of the lost one is refused: the request is no longer its)."""
         self.table.mark_dead(ident)
+        if info.role == "inference":
+            requests = [(key, entry) for key, entry in self._pending.items() if entry[0] == ident]
+            for (origin, _), (_, header, frames) in requests:
+                del self._pending[(origin, header.request_id)]
+                self._route_generate(origin, header, frames)
+            info.outstanding = 0
+            self.faults.reissued_to_replicas(len(requests))
+            log.error("%s (pid %d) is lost (%s); its %d requests were sent again", ident.decode(), info.pid, why,
+                      len(requests))  # fmt: skip
+            return
         lost = sum(book.requeue(ident) for book in self.books.values())
         self.faults.reissued(lost)
         log.error(

@@ -21,6 +21,8 @@ class PeerInfo:
     outstanding: int = 0
     """Inference: requests in flight. Env worker: episodes in flight."""
     alive: bool = True
+    serving: bool = True
+    """Inference: the router routes requests to it (a replacement only once it loaded the current weights)."""
 
 
 class PeerTable:
@@ -36,7 +38,17 @@ class PeerTable:
         self.peers[identity] = info
         if info.role == "inference":  # a repeated Hello replaces the replica's entry
             replicas = [r for r in self._replicas.get(info.policy, []) if r[0] != identity]
-            self._replicas[info.policy] = [*replicas, (identity, info)]
+            self._replicas[info.policy] = [*replicas, (identity, info)] if info.serving else replicas
+
+    def serve(self, identity: bytes) -> bool:
+        """Start routing requests to replica `identity` (a replacement that loaded the current weights);
+        False if it already serves or is not alive."""
+        info = self.peers[identity]
+        if info.serving or not info.alive:
+            return False
+        info.serving = True
+        self._replicas[info.policy] = [*self._replicas.get(info.policy, []), (identity, info)]
+        return True
 
     def all_joined(self) -> bool:
         return {p.decode() for p in self.peers} == self.expected
@@ -73,10 +85,11 @@ class PeerTable:
 
     def mark_dead(self, identity: bytes) -> PeerInfo:
         info = self.peers[identity]
-        info.alive = False
+        info.alive = info.serving = False
         if info.role == "inference":
             self._replicas[info.policy] = [r for r in self._replicas[info.policy] if r[0] != identity]
         return info
 
-    def of_policy(self, role: str, policy: str) -> list[bytes]:
-        return [i for i, p in self.peers.items() if p.role == role and p.policy == policy]
+    def of_policy(self, role: str, policy: str, alive: bool = False) -> list[bytes]:
+        """Identities of the peers of `role` for `policy` (only the live ones with `alive`)."""
+        return [i for i, p in self.peers.items() if p.role == role and p.policy == policy and (p.alive or not alive)]

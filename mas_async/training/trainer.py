@@ -11,7 +11,9 @@ one older than v-k in stale mode is `stale_dropped`. Then `PolicyLearner.step` (
 log-probs recomputed and compared with the rollout's, the loss), UpdateWeights(v+1) and the send of the
 weights to the policy's inference servers (`mas_async.weights.sync`: a torch.distributed broadcast, or
 CUDA IPC when they share the trainer's GPU). Compute and the send run in threads; the event loop keeps
-its heartbeats.
+its heartbeats. The send goes through `WeightPublisher` (training/publisher.py), which also re-forms the
+weight group when the router replaces a lost replica (ReformWeightGroup) and sends the current version
+again there.
 
 With `policies.<p>.trainer_ranks` N >= 2 the policy has N trainer processes, each a peer of the router
 (trainer/P is rank 0, trainer/P/R the others) in one data-parallel group (training/data_parallel.py). The
@@ -24,6 +26,7 @@ the metrics merged over the ranks (the router waits for every rank, and records 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter, defaultdict
@@ -36,11 +39,18 @@ from mas_async.router.clock import VersionClock
 from mas_async.runtime.actor import Peer
 from mas_async.training.data_parallel import DataParallel, merge_metrics
 from mas_async.training.learner import PolicyLearner
+from mas_async.training.publisher import WeightPublisher
 from mas_async.weights.cuda_ipc import CudaIpcSender
 from mas_async.weights.group import WeightGroupSpec
 from mas_async.weights.sender import WeightSender
-from mas_async.weights.sync import open_sender
-from mas_async.wire.messages import Groups, Message, Trained, TrainStep, UpdateWeights, sample_from_wire
+from mas_async.wire.messages import (
+    Groups,
+    Message,
+    ReformWeightGroup,
+    Trained,
+    TrainStep,
+    sample_from_wire,
+)
 from mas_async.wire.samples import Sample
 
 log = logging.getLogger("mas_async.trainer")
@@ -92,8 +102,13 @@ class Trainer(Peer):
         self.late = 0
         """Samples that arrived for an iteration already stepped, reported with the next step."""
         self.empty_steps = 0
-        self.sender: WeightSender | CudaIpcSender | None = None
+        self.publisher: WeightPublisher | None = None
+        """Rank 0's sender of the weights to the policy's replicas (set up by main())."""
         self._group_ready = asyncio.Event()
+
+    @property
+    def sender(self) -> WeightSender | CudaIpcSender | None:
+        return self.publisher.sender if self.publisher is not None else None
 
     async def main(self) -> None:
         if self.rank > 0:  # rank 0 alone sends the weights
@@ -101,11 +116,17 @@ class Trainer(Peer):
             await self.stopping.wait()
             return
         spec = WeightGroupSpec.of(self.cfg, self.deployment, self.policy)
-        bucket_bytes = int(self.cfg.trainer.bucket_mb * (1 << 20))
-        self.sender = await asyncio.to_thread(lambda: open_sender(**spec.join_args(0), bucket_bytes=bucket_bytes))
+        self.publisher = WeightPublisher(spec, int(self.cfg.trainer.bucket_mb * (1 << 20)), lambda m: self.send(m))
+        await self.publisher.open(self.version)
         self._group_ready.set()
         log.info("weight sync of %s is up (%s)", self.policy, spec.backend)
         await self.stopping.wait()
+
+    async def _publish(self) -> dict[str, float]:
+        """Send the current version to the policy's replicas (once per generation of the weight group)."""
+        await self._group_ready.wait()
+        assert self.publisher is not None
+        return await self.publisher.publish(lambda: (self.version, self.learner.named_tensors()))
 
     async def on_message(self, msg: Message) -> None:
         if isinstance(msg, Groups):
@@ -114,8 +135,14 @@ class Trainer(Peer):
                 self.episodes[msg.iteration][msg.episode_id] += 1
         elif isinstance(msg, TrainStep):
             self.spawn(self._step(msg), f"step-{msg.iteration}")
+        elif isinstance(msg, ReformWeightGroup) and self.rank == 0 and self.publisher is not None:
+            if self.publisher.reform(msg.generation):  # join the new generation, send the current version again
+                self.spawn(self._publish(), f"reform-{msg.generation}")
         else:
             self.unexpected(msg)
+
+    def _stepping(self) -> asyncio.Lock | contextlib.nullcontext:
+        return self.publisher.lock if self.publisher is not None else contextlib.nullcontext()
 
     def receive(self, samples: list[Sample], iteration: int) -> None:
         """Buffer the samples of `iteration` until the step that trains them; samples of an iteration
@@ -177,9 +204,10 @@ class Trainer(Peer):
             if msg.checkpoint_first and not (policy_checkpoint(self.run_dir, self.policy, version) / STATE).exists():
                 await asyncio.to_thread(save_policy, self.run_dir, self.policy, version, self.learner)
             t0 = time.monotonic()
-            metrics = await asyncio.to_thread(self.learner.step, batch, version)
+            async with self._stepping():  # no send reads the weights while they change
+                metrics = await asyncio.to_thread(self.learner.step, batch, version)
+                self.version = version + 1
             train_s = time.monotonic() - t0
-            self.version = version + 1
             self.learner.keep_weights(self.version)
             metrics.update(
                 {
@@ -196,9 +224,7 @@ class Trainer(Peer):
                 metrics = merge_metrics(await asyncio.to_thread(self.dp.gather, metrics))
             sync = {"seconds": 0.0, "bytes": 0}
             if self.rank == 0:
-                assert self.sender is not None
-                self.send(UpdateWeights(self.policy, self.version))
-                sync = await asyncio.to_thread(self.sender.send, self.version, self.learner.named_tensors())
+                sync = await self._publish()
             if checkpoint_due(self.cfg, self.version):
                 await asyncio.to_thread(save_policy, self.run_dir, self.policy, self.version, self.learner)
                 metrics["checkpoint_version"] = self.version

@@ -3,15 +3,21 @@
 The group is built without `init_process_group`: rank 0 hosts a TCPStore on (host, port), every rank
 wraps it in `PrefixStore("weights/<policy>")` and constructs a ProcessGroupGloo (CPU) or
 ProcessGroupNCCL (GPU) object directly. Inside a vLLM worker vLLM owns the default process group, so
-this is the only way the same code can run there too. `WeightGroupSpec.of(config, deployment, policy)`
-computes every rank's arguments once, from the deployment; its backend may also be cuda_ipc, which is no
-torch.distributed group (`mas_async.weights.sync` opens the right sender and receiver for each). The wire protocol of one send is described in
-`mas_async.weights.sender`.
+this is the only way the same code can run there too. A group that lost a replica is re-formed under a
+new generation (`weights/<policy>/gen<G>` on the same store, joined by the trainer and every replica);
+the trainer retires the old one (`WeightGroup.retire`: a key in its prefix), and a rank still waiting in
+it, to join or in a broadcast, sees the key within `POLL_S` and raises `GroupRetired` (docs/faults.md).
+`WeightGroupSpec.of(config, deployment, policy)` computes every rank's arguments once, from the
+deployment; its backend may also be cuda_ipc, which is no torch.distributed group
+(`mas_async.weights.sync` opens the right sender and receiver for each). The wire protocol of one send is
+described in `mas_async.weights.sender`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+import time
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +32,10 @@ if TYPE_CHECKING:
     from mas_async.deployment import Deployment
 
 WEIGHT_BACKENDS = ("gloo", "nccl")
+POLL_S = 0.2
+"""How often a rank waiting in a join or a broadcast checks whether its group was retired."""
+POLL = timedelta(seconds=POLL_S)
+RETIRED_KEY = "retired"
 
 
 class WeightGroupError(RuntimeError):
@@ -35,6 +45,11 @@ class WeightGroupError(RuntimeError):
 class WeightSyncError(RuntimeError):
     """A broadcast of a weight update failed or passed its bound (`trainer.weight_sync_timeout_s`): says the
     policy, the rank, what was being sent and whom it waited for."""
+
+
+class GroupRetired(WeightSyncError):
+    """The group was retired while this rank waited in it: it is being re-formed under a newer generation
+    (a replica was lost), and the wait is abandoned."""
 
 
 class ManifestMismatch(ValueError):
@@ -53,15 +68,38 @@ class WeightGroup:
     device: torch.device
     pg: dist.ProcessGroup
     store: dist.Store
+    """The TCPStore (rank 0 hosts its server; a re-formed generation meets on the same one)."""
     timeout_s: float = 300.0
+    generation: int = 0
+    prefix_store: dist.Store | None = None
+    _retired: threading.Event = field(default_factory=threading.Event)
+
+    def retire(self) -> None:
+        """Rank 0: give this generation up (a newer one is being formed, or a send failed): every rank still
+        waiting in it raises `GroupRetired` within `POLL_S`. Any rank: stop waiting in it here."""
+        self._retired.set()
+        if self.rank == 0 and self.prefix_store is not None:
+            self.prefix_store.set(RETIRED_KEY, "1")
+        if self.backend == "nccl":  # a kernel waiting for a lost peer never returns: abort the communicator
+            self.pg.abort()
+
+    def retired(self) -> bool:
+        """Was this generation given up (here, or by rank 0 through the store)?"""
+        if self._retired.is_set():
+            return True
+        if self.rank > 0 and self.prefix_store is not None and self.prefix_store.check([RETIRED_KEY]):
+            self._retired.set()
+        return self._retired.is_set()
 
     def broadcast(self, tensor: torch.Tensor, what: str = "a broadcast") -> None:
         """Broadcast `tensor` in place from rank 0 and wait for it (at most `timeout_s`; `what` names it
-        in the error)."""
+        in the error; `GroupRetired` if the group is retired meanwhile)."""
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
         try:
-            self.pg.broadcast([tensor], opts).wait()
+            self._wait(self.pg.broadcast([tensor], opts), what)
+        except GroupRetired:
+            raise
         except (RuntimeError, dist.DistError) as e:
             waited_for = (
                 f"its inference replicas (ranks 1..{self.world_size - 1})" if self.rank == 0 else "its trainer (rank 0)"
@@ -70,6 +108,24 @@ class WeightGroup:
                 f"rank {self.rank} of policy {self.policy!r}'s weight group ({self.backend}): {what} did not complete "
                 f"within {self.timeout_s:g} s, waiting for {waited_for}: {e}"
             ) from e
+
+    def _wait(self, work: dist.Work, what: str) -> None:
+        """Wait for `work` to complete, checking every POLL_S whether the group was retired (an abandoned
+        work ends with the group's own timeout, or when its peers close their sockets). A timed wait
+        raises when the time is up and leaves the work running; one that completed returns or raises its
+        own error."""
+        while True:
+            try:
+                work.wait(POLL)
+                return
+            except RuntimeError:
+                if work.is_completed():
+                    raise  # the operation's own error
+            if self.retired():
+                raise GroupRetired(
+                    f"rank {self.rank} of policy {self.policy!r}'s weight group (generation {self.generation}): "
+                    f"{what} was abandoned, the group is being re-formed"
+                )
 
     def close(self) -> None:
         """Release the communicator (the store server stops when the object is collected)."""
@@ -87,10 +143,14 @@ def open_weight_group(
     rank: int,
     world_size: int,
     timeout_s: float = 300,
+    generation: int = 0,
+    store: dist.Store | None = None,
 ) -> WeightGroup:
-    """Join the weight group of `policy`; blocks until all `world_size` ranks have joined.
+    """Join generation `generation` of the weight group of `policy`; blocks until all `world_size` ranks
+    have joined (`GroupRetired` if rank 0 retires that generation meanwhile).
 
-    Rank 0 listens on (host, port); the others connect to it, retrying until `timeout_s`.
+    Rank 0 listens on (host, port), or re-forms the group on the TCPStore it already hosts (`store`); the
+    others connect to it, retrying until `timeout_s`.
     """
     if backend not in WEIGHT_BACKENDS:
         raise ValueError(f"unknown weight-sync backend {backend!r}; known: {list(WEIGHT_BACKENDS)}")
@@ -98,10 +158,11 @@ def open_weight_group(
         raise ValueError(f"need world_size >= 2 and 0 <= rank < world_size, got rank {rank} of {world_size}")
     try:
         return _join(
-            policy=policy, backend=backend, host=host, port=port, rank=rank, world_size=world_size, timeout_s=timeout_s
-        )
+            policy=policy, backend=backend, host=host, port=port, rank=rank, world_size=world_size,
+            timeout_s=timeout_s, generation=generation, tcp_store=store,
+        )  # fmt: skip
     except (RuntimeError, dist.DistError) as e:
-        if isinstance(e, WeightGroupError):
+        if isinstance(e, (WeightGroupError, GroupRetired)):
             raise
         raise WeightGroupError(
             f"rank {rank} of policy {policy!r}'s weight group ({backend}, {world_size} ranks, store at {host}:{port}) "
@@ -109,12 +170,29 @@ def open_weight_group(
         ) from e
 
 
+def group_prefix(policy: str, generation: int) -> str:
+    """The store prefix of a generation of `policy`'s weight group (the first one keeps the plain name)."""
+    return f"weights/{policy}" + (f"/gen{generation}" if generation else "")
+
+
 def _join(
-    *, policy: str, backend: str, host: str, port: int, rank: int, world_size: int, timeout_s: float
+    *,
+    policy: str,
+    backend: str,
+    host: str,
+    port: int,
+    rank: int,
+    world_size: int,
+    timeout_s: float,
+    generation: int,
+    tcp_store: dist.Store | None,
 ) -> WeightGroup:
     timeout = timedelta(seconds=timeout_s)
-    tcp_store = open_store(host, port, world_size, is_master=rank == 0, timeout_s=timeout_s)
-    store = dist.PrefixStore(f"weights/{policy}", tcp_store)
+    if tcp_store is None:
+        tcp_store = open_store(host, port, world_size, is_master=rank == 0, timeout_s=timeout_s)
+    store = dist.PrefixStore(group_prefix(policy, generation), tcp_store)
+    # Meet first: a rank lost before the group formed must not leave the others in its rendezvous.
+    _arrive(store, policy, rank, world_size, timeout_s, generation)
     if backend == "gloo":
         options = dist.ProcessGroupGloo._Options()
         options._timeout = timeout
@@ -130,7 +208,32 @@ def _join(
         pg = dist.ProcessGroupNCCL(store, rank, world_size, options)
         device = torch.device("cuda", torch.cuda.current_device())
     # Keep the TCPStore (rank 0 hosts its server) alive alongside the group.
-    return WeightGroup(policy, backend, rank, world_size, device, pg, tcp_store, timeout_s)
+    return WeightGroup(policy, backend, rank, world_size, device, pg, tcp_store, timeout_s, generation, store)
+
+
+def retire_generation(store: dist.Store, policy: str, generation: int) -> None:
+    """Rank 0: give up generation `generation` of `policy`'s group on the TCPStore it hosts, whether it has
+    formed yet or not (ranks waiting to join it stop waiting)."""
+    dist.PrefixStore(group_prefix(policy, generation), store).set(RETIRED_KEY, "1")
+
+
+def _arrive(store: dist.Store, policy: str, rank: int, world_size: int, timeout_s: float, generation: int) -> None:
+    """A barrier on the store that gives up when the generation is retired (the process group's own
+    rendezvous would wait its whole timeout for a rank that died)."""
+    store.add("arrived", 1)
+    deadline = time.monotonic() + timeout_s
+    while store.add("arrived", 0) < world_size:
+        if store.check([RETIRED_KEY]):
+            raise GroupRetired(
+                f"rank {rank} of policy {policy!r}'s weight group: generation {generation} was retired before "
+                f"every rank joined it"
+            )
+        if time.monotonic() > deadline:
+            raise WeightGroupError(
+                f"rank {rank} of policy {policy!r}'s weight group: generation {generation} was not joined by all "
+                f"{world_size} ranks within {timeout_s:g}s"
+            )
+        time.sleep(0.02)
 
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -183,11 +286,12 @@ class WeightGroupSpec:
             timeout_s=config.trainer.weight_sync_timeout_s,
         )
 
-    def join_args(self, rank: int) -> dict[str, Any]:
-        """Keyword arguments of `open_weight_group` (and of a backend's `join_weight_group`) for `rank`."""
+    def join_args(self, rank: int, generation: int = 0) -> dict[str, Any]:
+        """Keyword arguments of `open_weight_group` (and of a backend's `join_weight_group`) for `rank`, in
+        generation `generation` of the group."""
         return {
             "policy": self.policy, "backend": self.backend, "host": self.host, "port": self.port,
-            "rank": rank, "world_size": self.world_size, "timeout_s": self.timeout_s,
+            "rank": rank, "world_size": self.world_size, "timeout_s": self.timeout_s, "generation": generation,
         }  # fmt: skip
 
     def open(self, rank: int) -> WeightGroup:

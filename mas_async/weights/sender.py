@@ -7,9 +7,11 @@ One `send` is a fixed sequence of broadcasts from rank 0, which every receiver m
    [[name, shape, dtype, bucket, offset, numel], ...];
 3. the buckets, one broadcast each: the tensors flattened into contiguous buffers of one dtype and at
    most `bucket_bytes` each (a larger tensor gets a bucket of its own), sent as raw bytes so any
-   dtype travels over any backend. When a bucket's tensors already lie back to back in one storage
-   (a trainer's parameters after `flat_params.flatten_parameters`) that region is broadcast as it is,
-   with no copy; otherwise they are copied into a bucket buffer kept from one send to the next.
+   dtype travels over any backend. When tensors already lie back to back in one storage (a trainer's
+   parameters after `flat_params.flatten_parameters`) their whole region is one bucket, whatever its
+   size, broadcast as it is with no copy (`bucket_bytes` bounds copy buffers; a region needs none, and
+   one broadcast of it costs what a raw broadcast of its bytes does); otherwise they are copied into a
+   bucket buffer kept from one send to the next.
 A receiver always takes part in every broadcast of a send, even when the manifest does not match what
 it expects, so the sender and the other receivers never hang; it raises `ManifestMismatch` only after
 the last bucket, and it never returns a partial set of tensors.
@@ -102,6 +104,15 @@ class WeightSender:
         return flat
 
 
+def _follows(previous: torch.Tensor, tensor: torch.Tensor) -> bool:
+    """Does `tensor` start where `previous` ends, in the same storage (both contiguous)?"""
+    return (
+        tensor.is_contiguous()
+        and tensor.untyped_storage().data_ptr() == previous.untyped_storage().data_ptr()
+        and tensor.data_ptr() == previous.data_ptr() + previous.numel() * previous.element_size()
+    )
+
+
 class _SendPlan:
     """How one layout of tensors is sent: the manifest, and per bucket the indices of its tensors and,
     when they lie back to back in one storage on the group's device, the region to broadcast as is."""
@@ -110,12 +121,19 @@ class _SendPlan:
         entries: list[list] = []
         members: list[list[int]] = []
         open_bucket: dict[torch.dtype, tuple[int, int]] = {}  # dtype -> (bucket index, bytes used)
+        back_to_back: set[int] = set()
+        """Buckets whose tensors so far lie back to back in one storage on the group's device."""
         for i, (name, tensor) in enumerate(named_tensors):
             nbytes = tensor.numel() * tensor.element_size()
             index, used = open_bucket.get(tensor.dtype, (-1, 0))
-            if index < 0 or used + nbytes > bucket_bytes:
+            extends = index in back_to_back and _follows(named_tensors[members[index][-1]][1], tensor)
+            if index < 0 or (used + nbytes > bucket_bytes and not extends):
                 index, used = len(members), 0
                 members.append([])
+                if tensor.is_contiguous() and tensor.device == device:
+                    back_to_back.add(index)
+            elif not extends:
+                back_to_back.discard(index)
             offset = used // tensor.element_size()
             entries.append([name, list(tensor.shape), dtype_name(tensor.dtype), index, offset, tensor.numel()])
             members[index].append(i)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.distributed
 
 from mas_async.weights import cuda_ipc
 from mas_async.weights.cuda_ipc import CudaIpcReceiver, CudaIpcSender, Handle
@@ -36,20 +37,24 @@ def open_sender(
     rank: int = 0,
     bucket_bytes: int = 64 << 20,
     timeout_s: float = TIMEOUT_S,
+    generation: int = 0,
+    store: torch.distributed.Store | None = None,
     share: Callable[[torch.Tensor], Handle] | None = None,
 ) -> WeightSender | CudaIpcSender:
-    """Rank 0's side of `policy`'s weight sync (takes `WeightGroupSpec.join_args(0)`). Blocks until every
-    rank has joined for gloo and nccl; cuda_ipc only hosts its control channel (receivers map the
-    buffers at their first receive)."""
-    _check(backend, rank, expected_rank=0)
+    """Rank 0's side of `policy`'s weight sync (takes `WeightGroupSpec.join_args(0, generation)`). Blocks
+    until every rank has joined for gloo and nccl, on the TCPStore `store` when rank 0 hosts one already
+    (a re-formed generation); cuda_ipc only hosts its control channel (receivers map the buffers at their
+    first receive) and has no generations."""
+    _check(backend, rank, expected_rank=0, generation=generation)
     if backend == "cuda_ipc":
         channel = cuda_ipc.open_ipc_channel(
             policy=policy, host=host, port=port, rank=0, world_size=world_size, timeout_s=timeout_s
         )
         return CudaIpcSender(channel, world_size - 1, timeout_s=timeout_s, share=share or cuda_ipc.share_tensor)
     group = open_weight_group(
-        policy=policy, backend=backend, host=host, port=port, rank=0, world_size=world_size, timeout_s=timeout_s
-    )
+        policy=policy, backend=backend, host=host, port=port, rank=0, world_size=world_size, timeout_s=timeout_s,
+        generation=generation, store=store,
+    )  # fmt: skip
     return WeightSender(group, bucket_bytes=bucket_bytes)
 
 
@@ -62,24 +67,28 @@ def open_receiver(
     rank: int,
     world_size: int,
     timeout_s: float = TIMEOUT_S,
+    generation: int = 0,
     map_handle: Callable[[Handle], torch.Tensor] | None = None,
 ) -> WeightReceiver | CudaIpcReceiver:
-    """Server `rank`'s side (1..world_size-1) of `policy`'s weight sync (takes `join_args(rank)`)."""
-    _check(backend, rank, expected_rank=None)
+    """Server `rank`'s side (1..world_size-1) of `policy`'s weight sync (takes `join_args(rank, generation)`)."""
+    _check(backend, rank, expected_rank=None, generation=generation)
     if backend == "cuda_ipc":
         channel = cuda_ipc.open_ipc_channel(
             policy=policy, host=host, port=port, rank=rank, world_size=world_size, timeout_s=timeout_s
         )
         return CudaIpcReceiver(channel, rank, timeout_s=timeout_s, map_handle=map_handle or cuda_ipc.open_tensor)
     group = open_weight_group(
-        policy=policy, backend=backend, host=host, port=port, rank=rank, world_size=world_size, timeout_s=timeout_s
-    )
+        policy=policy, backend=backend, host=host, port=port, rank=rank, world_size=world_size, timeout_s=timeout_s,
+        generation=generation,
+    )  # fmt: skip
     return WeightReceiver(group)
 
 
-def _check(backend: str, rank: int, expected_rank: int | None) -> None:
+def _check(backend: str, rank: int, expected_rank: int | None, generation: int) -> None:
     if backend not in SYNC_BACKENDS:
         raise ValueError(f"unknown weight-sync backend {backend!r}; known: {list(SYNC_BACKENDS)}")
+    if backend == "cuda_ipc" and generation:
+        raise ValueError("a cuda_ipc weight sync is not re-formed (a lost replica restarts the run)")
     if expected_rank == 0 and rank != 0:
         raise ValueError(f"the sender of a weight group is rank 0, not rank {rank}")
     if expected_rank is None and rank < 1:

@@ -25,7 +25,7 @@ import numpy as np
 from mas_async.wire.codec import MAX_HEADER_BYTES, CodecError, pack, unpack
 from mas_async.wire.samples import Completion, Sample
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 
 
 class Kind(IntEnum):
@@ -42,6 +42,7 @@ class Kind(IntEnum):
     TRAINED = 31
     UPDATE_WEIGHTS = 32
     WEIGHTS_LOADED = 33
+    REFORM_WEIGHT_GROUP = 34
 
 
 @dataclass(slots=True)
@@ -209,12 +210,14 @@ class Trained(Message):
 
 @dataclass(slots=True)
 class UpdateWeights(Message):
-    """trainer -> router -> every inference server of `policy`: join the broadcast of `version` now."""
+    """trainer -> router -> every inference server of `policy`: join the broadcast of `version` now, in
+    generation `generation` of the weight group (a replica in another generation ignores it)."""
 
     KIND = Kind.UPDATE_WEIGHTS
-    HEADER = 2
+    HEADER = 3
     policy: str
     version: int
+    generation: int
 
 
 @dataclass(slots=True)
@@ -229,11 +232,22 @@ class WeightsLoaded(Message):
     error: str
 
 
+@dataclass(slots=True)
+class ReformWeightGroup(Message):
+    """router -> the trainer (rank 0) and every inference server of `policy`: a replica was replaced; join
+    generation `generation` of the weight group, after which the trainer sends its current version again."""
+
+    KIND = Kind.REFORM_WEIGHT_GROUP
+    HEADER = 2
+    policy: str
+    generation: int
+
+
 MESSAGES: dict[int, type[Message]] = {
     cls.KIND: cls
     for cls in (
         Hello, Welcome, Heartbeat, Shutdown, RunEpisode, EpisodeDone, Groups,
-        Generate, GenerateResult, TrainStep, Trained, UpdateWeights, WeightsLoaded,
+        Generate, GenerateResult, TrainStep, Trained, UpdateWeights, WeightsLoaded, ReformWeightGroup,
     )
 }  # fmt: skip
 

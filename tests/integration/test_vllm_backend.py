@@ -144,6 +144,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         server.backend.join_weight_group(
             policy=POLICY, backend="gloo", host="127.0.0.1", port=port, rank=1, world_size=2
         )
+        server.generation = 0  # joined the group's first generation (what its main() does)
         opener.join(timeout=60)
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
         yield Stack(server, model, torch.optim.Adam(model.parameters(), lr=1e-2), WeightSender(group["pg"]), model_dir)
@@ -251,7 +252,7 @@ def test_a_request_during_an_update_is_served_by_one_version(stack: Stack) -> No
         try:
             await server.on_message(generate(1, 200))
             await wait_for(lambda: not server._queue and (server.gate._readers or 1 in results()), "request 1")
-            await server.on_message(UpdateWeights(POLICY, new))
+            await server.on_message(UpdateWeights(POLICY, new, 0))
             await server.on_message(generate(2, 16))  # arrives while the update waits for request 1
             await wait_for(lambda: 1 in results(), "request 1")
             await server.on_message(generate(3, 16))  # arrives while the update waits for the broadcast
@@ -311,6 +312,62 @@ def test_invalid_requests_are_explained(stack: Stack) -> None:
         _generate(stack, [GenerationRequest(np.zeros(0, dtype=np.int32))])
     with pytest.raises(ValueError, match="exceeds the model's 512 positions"):
         _generate(stack, [GenerationRequest(PROMPTS[2], max_tokens=400)])
+
+
+def test_a_receive_in_a_retired_group_stops_and_the_re_formed_group_delivers_the_next_version(stack: Stack) -> None:
+    """The vLLM worker waits in a receive (an update announced, nothing sent) when the trainer retires the
+    group's generation 0 (a replica was lost): the worker stops waiting, nothing is loaded; generation 1
+    forms on the same store, and the next version arrives there whole."""
+    from mas_async.weights.group import GroupRetired, open_weight_group
+
+    version, group = stack.backend.version, stack.sender.group
+    box: dict[str, Any] = {}
+
+    def receive() -> None:
+        try:
+            stack.backend.update_weights(version + 1)
+        except BaseException as e:  # reported to the test
+            box["error"] = e
+
+    receiver = threading.Thread(target=receive, daemon=True)
+    receiver.start()
+    time.sleep(1.0)
+    started = time.monotonic()
+    group.retire()
+    receiver.join(timeout=30)
+    assert not receiver.is_alive() and isinstance(box.get("error"), GroupRetired), box
+    print(f"the worker gave up the retired receive {time.monotonic() - started:.2f}s after the retire")
+    assert stack.backend.version == version
+
+    port = group.store.port
+    opener = threading.Thread(
+        target=lambda: box.update(
+            group=open_weight_group(
+                policy=POLICY,
+                backend="gloo",
+                host="127.0.0.1",
+                port=port,
+                rank=0,
+                world_size=2,
+                generation=1,
+                store=group.store,
+            )
+        ),  # fmt: skip
+        daemon=True,
+    )
+    opener.start()
+    stack.backend.join_weight_group(
+        policy=POLICY, backend="gloo", host="127.0.0.1", port=port, rank=1, world_size=2, generation=1
+    )
+    opener.join(timeout=60)
+    stack.sender = WeightSender(box["group"])
+    stack.step()
+    stack.push(version + 1)
+    assert stack.backend.version == version + 1
+    [samples] = _generate(stack, [GenerationRequest(PROMPTS[1], n=4, max_tokens=12, temperature=1.0)])
+    assert all(c.version == version + 1 for c in samples)
+    diff = _mean_abs_diff([c.logprobs for c in samples], _recompute(stack.model, [PROMPTS[1]] * 4, samples, 1.0))
+    assert diff < TOLERANCE
 
 
 VLLM_POLICIES = {0: ("vertical", "horizontal"), 1: ("vertical",)}

@@ -37,15 +37,27 @@ class InferenceBackend(Protocol):
         ...
 
     def join_weight_group(
-        self, *, policy: str, backend: str, host: str, port: int, rank: int, world_size: int, timeout_s: float = 300.0
+        self,
+        *,
+        policy: str,
+        backend: str,
+        host: str,
+        port: int,
+        rank: int,
+        world_size: int,
+        timeout_s: float = 300.0,
+        generation: int = 0,
     ) -> None:
-        """Join the policy's weight-broadcast group (blocking; called once, in a thread); `timeout_s` bounds
-        the join and every broadcast of an update (`trainer.weight_sync_timeout_s`)."""
+        """Join generation `generation` of the policy's weight-broadcast group (blocking, in a thread; again
+        with a newer generation when the group is re-formed); `timeout_s` bounds the join and every
+        broadcast of an update (`trainer.weight_sync_timeout_s`). Raises `GroupRetired` when the trainer
+        gives the generation up before every rank joined."""
         ...
 
     def update_weights(self, version: int) -> None:
         """Receive every tensor of the broadcast of `version`, then load them and set `version`
-        (blocking, in a thread; the server guarantees no generate() runs meanwhile)."""
+        (blocking, in a thread; the server guarantees no generate() runs meanwhile). Raises `GroupRetired`,
+        with the weights unchanged, when the group is re-formed meanwhile."""
         ...
 
     # Optional, for updates that do not stop generation (bounded staleness): `receive_weights(version)`
@@ -88,13 +100,25 @@ class ThreadedBackend:
         return await asyncio.to_thread(self.engine.generate, requests)
 
     def join_weight_group(
-        self, *, policy: str, backend: str, host: str, port: int, rank: int, world_size: int, timeout_s: float = 300.0
+        self,
+        *,
+        policy: str,
+        backend: str,
+        host: str,
+        port: int,
+        rank: int,
+        world_size: int,
+        timeout_s: float = 300.0,
+        generation: int = 0,
     ) -> None:
         """Join the policy's weight sync: a torch.distributed group (gloo, nccl), or, with "cuda_ipc", the
-        control channel of the trainer's shared buffers on this same GPU (`mas_async.weights.sync`)."""
+        control channel of the trainer's shared buffers on this same GPU (`mas_async.weights.sync`). A
+        re-formed group gets a new receiver with buffers of its own (a receive abandoned in the old one
+        may still end in the old buffers)."""
         self.receiver = open_receiver(
-            policy=policy, backend=backend, host=host, port=port, rank=rank, world_size=world_size, timeout_s=timeout_s
-        )
+            policy=policy, backend=backend, host=host, port=port, rank=rank, world_size=world_size,
+            timeout_s=timeout_s, generation=generation,
+        )  # fmt: skip
 
     def update_weights(self, version: int) -> None:
         """Receive and load `version`. An engine with `adopt_weights` takes the received buffers as its

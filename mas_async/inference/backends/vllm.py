@@ -147,12 +147,23 @@ class VLLMBackend:
     # --- weights ------------------------------------------------------------------------------
 
     def join_weight_group(
-        self, *, policy: str, backend: str, host: str, port: int, rank: int, world_size: int, timeout_s: float = 300.0
+        self,
+        *,
+        policy: str,
+        backend: str,
+        host: str,
+        port: int,
+        rank: int,
+        world_size: int,
+        timeout_s: float = 300.0,
+        generation: int = 0,
     ) -> None:
-        """Join the policy's weight group from inside vLLM's worker (blocking; call from a thread)."""
+        """Join (a generation of) the policy's weight group from inside vLLM's worker (blocking; call from a
+        thread)."""
         group = dict(
-            policy=policy, backend=backend, host=host, port=port, rank=rank, world_size=world_size, timeout_s=timeout_s
-        )
+            policy=policy, backend=backend, host=host, port=port, rank=rank, world_size=world_size,
+            timeout_s=timeout_s, generation=generation,
+        )  # fmt: skip
         self._call(
             vllm_compat.join_weight_group(self.engine, **group), "joining the weight group", timeout_s + MARGIN_S
         )

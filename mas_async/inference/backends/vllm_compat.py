@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mas_async.weights.group import ManifestMismatch, dtype_name
+from mas_async.weights.group import GroupRetired, ManifestMismatch, WeightSyncError, dtype_name
 from mas_async.weights.sync import open_receiver
 
 if TYPE_CHECKING:
@@ -205,9 +205,16 @@ def sampled_logprobs(output: CompletionOutput) -> list[float]:
     return [position[token].logprob for position, token in zip(logprobs, output.token_ids, strict=True)]
 
 
+RETIRED = "retired: "
+"""How the worker reports a receive abandoned in a retired or broken group across the RPC (its exceptions
+do not travel as they are); the backend raises `GroupRetired` for it."""
+
+
 async def join_weight_group(engine: AsyncLLM, **group: Any) -> None:
-    """Make the engine's worker join the policy's weight group (blocks until every rank joined)."""
-    await engine.collective_rpc("mas_join_weight_group", kwargs=group)
+    """Make the engine's worker join the policy's weight group (blocks until every rank joined; raises
+    GroupRetired when the trainer gives that generation up first)."""
+    errors = await engine.collective_rpc("mas_join_weight_group", kwargs=group)
+    _raise_retired(next((e for e in errors if e), ""))
 
 
 async def load_weights(engine: AsyncLLM, version: int) -> str:
@@ -218,9 +225,15 @@ async def load_weights(engine: AsyncLLM, version: int) -> str:
     """
     errors = await engine.collective_rpc("mas_load_weights", kwargs={"version": version})
     error = next((e for e in errors if e), "")
+    _raise_retired(error)  # nothing was loaded
     if not await engine.reset_prefix_cache():
         raise RuntimeError("vLLM refused to reset its prefix cache: requests were still running during the update")
     return error
+
+
+def _raise_retired(error: str) -> None:
+    if error.startswith(RETIRED):
+        raise GroupRetired(error.removeprefix(RETIRED))
 
 
 class WeightSyncExtension:
@@ -230,11 +243,25 @@ class WeightSyncExtension:
     """
 
     def mas_join_weight_group(
-        self, *, policy: str, backend: str, host: str, port: int, rank: int, world_size: int, timeout_s: float
-    ) -> None:
-        self._mas_receiver = open_receiver(
-            policy=policy, backend=backend, host=host, port=port, rank=rank, world_size=world_size, timeout_s=timeout_s
-        )
+        self,
+        *,
+        policy: str,
+        backend: str,
+        host: str,
+        port: int,
+        rank: int,
+        world_size: int,
+        timeout_s: float,
+        generation: int = 0,
+    ) -> str:
+        try:
+            self._mas_receiver = open_receiver(
+                policy=policy, backend=backend, host=host, port=port, rank=rank, world_size=world_size,
+                timeout_s=timeout_s, generation=generation,
+            )  # fmt: skip
+        except GroupRetired as e:
+            return RETIRED + str(e)
+        return ""
 
     def mas_load_weights(self, version: int) -> str:
         receiver = getattr(self, "_mas_receiver", None)
@@ -244,6 +271,8 @@ class WeightSyncExtension:
             got, tensors = receiver.receive(self._mas_manifest())
         except ManifestMismatch as e:
             return str(e)
+        except WeightSyncError as e:  # retired, or broken by a lost peer: the group is re-formed
+            return RETIRED + str(e)
         if got != version:
             return f"the broadcast carried version {got}, the trainer announced {version}"
         self.reload_weights(weights_iterator=iter(tensors), is_checkpoint_format=True)  # type: ignore[attr-defined]

@@ -1,7 +1,8 @@
 """Every wait has a bound and a named error that says who was waited for (docs/faults.md): the router waiting
 for its peers to join, a peer waiting for a silent router, an env worker waiting for a generate result, a
 trainer's weight broadcast that no replica receives, a replica waiting for weights that never come, a
-backend's generate that never returns and a call into vLLM that never finishes.
+re-formed weight group that a rank never joins, a failed send that no re-form order follows, a backend's
+generate that never returns and a call into vLLM that never finishes.
 (The weight group's join: tests/integration/test_weight_sync.py; the step barrier: test_faults.py.)"""
 
 from __future__ import annotations
@@ -112,6 +113,42 @@ def test_a_replica_waiting_for_weights_that_never_come_names_its_trainer():
     with pytest.raises(WeightSyncError, match=r"rank 1 of policy 'vertical'.s weight group \(gloo\): the header of "
                        r"the next version did not complete within 1 s, waiting for its trainer \(rank 0\)"):  # fmt: skip
         receiver.receive()
+
+
+def test_a_re_formed_generation_that_a_rank_never_joins_names_the_generation():
+    from mas_async.weights.group import WeightGroupError, open_weight_group
+
+    port = free_ports("127.0.0.1", 1)[0]
+    with pytest.raises(WeightGroupError, match=r"rank 0 of policy 'vertical'.s weight group: generation 1 was not "
+                       r"joined by all 2 ranks within 1s"):  # fmt: skip
+        open_weight_group(
+            policy="vertical", backend="gloo", host="127.0.0.1", port=port, rank=0, world_size=2, timeout_s=1.0,
+            generation=1,
+        )  # fmt: skip
+
+
+def test_a_failed_send_that_no_re_form_follows_names_the_wait():
+    """A send that lost a replica waits for the router's order to re-form the group, at most the weight-sync
+    bound; past it, a named error (the trainer stops, the run restarts from its checkpoint)."""
+    from types import SimpleNamespace
+
+    from mas_async.training.publisher import WeightPublisher
+    from mas_async.weights.group import WeightGroupSpec, WeightSyncError
+    from mas_async.weights.sender import WeightSender
+
+    class LostReplica(WeightSender):
+        def __init__(self) -> None:
+            self.group = SimpleNamespace(retire=lambda: None, generation=0)
+
+        def send(self, version, named_tensors):
+            raise WeightSyncError("Connection closed by peer")
+
+    spec = WeightGroupSpec("vertical", "gloo", "127.0.0.1", 1, world_size=2, timeout_s=0.5)
+    publisher = WeightPublisher(spec, 1 << 20, lambda msg: None)
+    publisher.sender, publisher.generation = LostReplica(), 0
+    with pytest.raises(WeightSyncError, match=r"policy 'vertical': the send of v4 failed \(Connection closed by peer\) "
+                       r"and the router ordered no re-formed weight group within trainer.weight_sync_timeout_s=0.5s"):  # fmt: skip
+        asyncio.run(publisher.publish(lambda: (4, [])))
 
 
 def test_the_weight_sync_bound_comes_from_the_config():

@@ -10,6 +10,7 @@ import pytest
 
 from mas_async.config import load_config
 from mas_async.deployment import Deployment
+from mas_async.launch.launcher import Restarts
 from mas_async.launch.restarts import RestartBudget
 from mas_async.metrics import Keys
 from mas_async.router.faults import RUN_RESTART_ENV, FaultLog
@@ -195,16 +196,21 @@ class _Quiet:
     def note(self, text: str) -> None: ...
 
 
-def test_the_process_killed_by_a_signal_is_the_cause_not_those_that_failed_on_its_loss(tmp_path):
-    """A replica SIGKILLed mid-broadcast: its trainer fails on the broken group and the router on the trainer's
-    error, all found dead at once; the restart is the replica's."""
-    from mas_async.launch.launcher import Restarts, RunLost, supervise
+def _restarts() -> Restarts:
+    config = load_config(ROOT / "configs" / "plan_path_tiny.yaml")
+    return Restarts(engine=None, launches={}, budget=RestartBudget(3, 600), whole_run=True, config=config)  # type: ignore[arg-type]
 
-    children = [_Dead("router", 1), _Dead("trainer/vertical", 1), _Dead("inference/vertical/0", -9)]
-    restarts = Restarts(engine=None, launches={}, budget=RestartBudget(3, 600), whole_run=True)  # type: ignore[arg-type]
+
+def test_the_process_killed_by_a_signal_is_the_cause_not_those_that_failed_on_its_loss(tmp_path):
+    """A trainer SIGKILLed mid-step: a replica and the router fail on its loss, all found dead at once; the
+    restart is the trainer's."""
+    from mas_async.launch.launcher import RunLost, supervise
+
+    children = [_Dead("router", 1), _Dead("inference/vertical/0", 1), _Dead("trainer/vertical", -9)]
+    restarts = _restarts()
     with pytest.raises(RunLost) as lost:
         supervise(children, tmp_path, _Quiet(), restarts)  # type: ignore[arg-type]
-    assert lost.value.role == "inference" and restarts.budget.used("router") == 0
+    assert lost.value.role == "trainer" and restarts.budget.used("router") == 0
 
 
 class _Hung(_Dead):
@@ -236,11 +242,11 @@ class _RouterThatNames(_Dead):
 def test_a_hung_process_the_router_declared_lost_is_killed_and_is_the_cause(tmp_path):
     """A hung trainer never exits by itself: the router names it and stops; the launcher kills it, and the
     whole-run restart is the trainer's, not the router's."""
-    from mas_async.launch.launcher import Restarts, RunLost, supervise
+    from mas_async.launch.launcher import RunLost, supervise
 
     trainer, replica = _Hung("trainer/vertical"), _Hung("inference/vertical/0")
     children = [_RouterThatNames(tmp_path, "trainer/vertical"), trainer, replica]
-    restarts = Restarts(engine=None, launches={}, budget=RestartBudget(3, 600), whole_run=True)  # type: ignore[arg-type]
+    restarts = _restarts()
     with pytest.raises(RunLost) as lost:
         supervise(children, tmp_path, _Quiet(), restarts)  # type: ignore[arg-type]
     assert trainer.killed and lost.value.role == "trainer" and restarts.budget.used("router") == 0
@@ -257,3 +263,105 @@ def test_a_record_older_than_the_process_it_names_is_about_its_predecessor(tmp_p
     record_lost_peer(tmp_path, "env_worker/0", 101, "silent")
     assert _kill_lost([worker], reader, {"env_worker/0": 0.0}, _Quiet()) == [worker]  # type: ignore[list-item]
     assert worker.killed
+
+
+def _request(router: Router, request_id: int, policy: str = "vertical") -> None:
+    """An env worker's Generate, as the router's hot path sees it."""
+    import numpy as np
+
+    from mas_async.wire.messages import Generate, encode, peek
+
+    msg = Generate(request_id, policy, "env_worker/0", time.time() + 60, np.arange(3, dtype=np.int32), 1, 4, 1.0,
+                   1.0, False, [])  # fmt: skip
+    frames = encode(msg)
+    router._route_generate(b"env_worker/0", peek(frames)[1], frames)
+
+
+def _result(router: Router, replica: bytes, request_id: int) -> None:
+    from mas_async.wire.messages import GenerateResult, encode, peek
+
+    frames = encode(GenerateResult(request_id, "env_worker/0", "", []))
+    router._route_result(replica, peek(frames)[1], frames)
+
+
+def _to(sent: _Sent, identity: bytes) -> list:
+    """The Generate and GenerateResult messages sent to `identity`."""
+    msgs = [decode(frames[1:]) for frames in sent.frames if frames[0] == identity]
+    return [m for m in msgs if type(m).__name__ in ("Generate", "GenerateResult")]
+
+
+def _replica_run(tmp_path, replicas: int) -> Router:
+    router = _router(tmp_path, f"policies.vertical.replicas={replicas}")
+    router.io = _Sent()
+    router._on_hello(b"trainer/vertical", Hello("trainer", "trainer/vertical", "vertical", 0, PROTOCOL_VERSION, 5))
+    for r in range(replicas):
+        name = f"inference/vertical/{r}"
+        router._on_hello(name.encode(), Hello("inference", name, "vertical", 8, PROTOCOL_VERSION, 10 + r))
+    router.io.frames.clear()
+    return router
+
+
+def test_a_lost_replica_s_requests_go_to_a_live_one_and_its_replacement_serves_after_the_re_form(tmp_path):
+    from mas_async.wire.messages import ReformWeightGroup, WeightsLoaded
+
+    router = _replica_run(tmp_path, replicas=2)
+    a, b, trainer = b"inference/vertical/0", b"inference/vertical/1", b"trainer/vertical"
+    for request_id in range(4):  # the least-loaded replica each time: two each
+        _request(router, request_id)
+    on_a = [m.request_id for m in _to(router.io, a)]
+    assert len(on_a) == 2 and len(_to(router.io, b)) == 2
+    router.io.frames.clear()
+
+    hello = Hello("inference", "inference/vertical/0", "vertical", 8, PROTOCOL_VERSION, 99, time.time() - 1.0)
+    router._on_hello(a, hello)  # the launcher restarted replica 0
+    assert sorted(m.request_id for m in _to(router.io, b)) == sorted(on_a)
+    orders = [m for m in router.io.frames if decode(m[1:]).__class__ is ReformWeightGroup]
+    assert sorted(f[0] for f in orders) == sorted([trainer, a, b])  # the trainer and every replica
+    assert {decode(f[1:]).generation for f in orders} == {1}
+    router.io.frames.clear()
+
+    _result(router, a, on_a[0])  # a late result of the lost replica: not its request any more
+    assert router.refused == 1 and not _to(router.io, b"env_worker/0")
+    _request(router, 10)  # the replacement has not loaded the weights: it gets no request
+    assert [m.request_id for m in _to(router.io, b)] == [10] and not _to(router.io, a)
+
+    router._handle(a, WeightsLoaded("vertical", 0, "inference/vertical/0", ""))  # v0 again, sent in generation 1
+    _request(router, 11)
+    assert [m.request_id for m in _to(router.io, a)] == [11]  # it serves now (the least loaded)
+    _result(router, a, 11)
+    row = router.faults.take()
+    assert row[Keys.restarts("inference")] == 1 and row[Keys.REISSUED_REQUESTS] == 2
+    assert 1.0 <= row[Keys.RECOVERY_S] < 30  # from the death to the replacement's first result
+
+
+def test_a_lone_replica_s_requests_wait_at_the_router_for_its_replacement(tmp_path):
+    from mas_async.wire.messages import WeightsLoaded
+
+    router = _replica_run(tmp_path, replicas=1)
+    a = b"inference/vertical/0"
+    _request(router, 1)
+    router._peer_died(a, router.peers[a])  # silent: declared dead (it is not the run's end)
+    _request(router, 2)
+    hello = Hello("inference", "inference/vertical/0", "vertical", 8, PROTOCOL_VERSION, 99, time.time())
+    router.io.frames.clear()
+    router._on_hello(a, hello)
+    assert not _to(router.io, a)  # held, not lost
+    assert not _to(router.io, b"env_worker/0")  # and no error sent back
+    router._handle(a, WeightsLoaded("vertical", 0, "inference/vertical/0", ""))
+    assert sorted(m.request_id for m in _to(router.io, a)) == [1, 2]
+    assert router.faults.take()[Keys.REISSUED_REQUESTS] == 1
+
+
+def test_the_re_form_waits_until_every_replica_of_the_policy_is_back(tmp_path):
+    from mas_async.wire.messages import ReformWeightGroup
+
+    router = _replica_run(tmp_path, replicas=2)
+    a, b = b"inference/vertical/0", b"inference/vertical/1"
+    router._peer_died(a, router.peers[a])
+    router._peer_died(b, router.peers[b])
+    router.io.frames.clear()
+    router._on_hello(a, Hello("inference", "inference/vertical/0", "vertical", 8, PROTOCOL_VERSION, 98, time.time()))
+    assert not [f for f in router.io.frames if decode(f[1:]).__class__ is ReformWeightGroup]  # b is still down
+    router._on_hello(b, Hello("inference", "inference/vertical/1", "vertical", 8, PROTOCOL_VERSION, 99, time.time()))
+    orders = [f for f in router.io.frames if decode(f[1:]).__class__ is ReformWeightGroup]
+    assert len(orders) == 3 and router.generations["vertical"] == 1  # one re-form, for both

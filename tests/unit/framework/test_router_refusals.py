@@ -75,7 +75,7 @@ def _forged() -> list[Message]:
         Groups("vertical", 0, "train0-0", 0, 4, 40, []),
         EpisodeDone("train0-0", 0, "train", 0, "", {"success": 1.0}, {"vertical": 4}),
         Trained("vertical", 1, "", {}),
-        UpdateWeights("vertical", 1),
+        UpdateWeights("vertical", 1, 0),
         WeightsLoaded("vertical", 1, "inference/vertical/0", ""),
         Heartbeat(0.0),
     ]
@@ -103,7 +103,7 @@ def test_each_kind_is_taken_only_from_the_role_that_sends_it(tmp_path):
         (WORKER, Trained("vertical", 1, "", {})),
         (WORKER, GenerateResult(1, "env_worker/0", "", [])),
         (WORKER, WeightsLoaded("vertical", 1, "inference/vertical/0", "")),
-        (WORKER, UpdateWeights("vertical", 1)),
+        (WORKER, UpdateWeights("vertical", 1, 0)),
         (REPLICA, _generate()),
         (REPLICA, Groups("vertical", 0, "train0-0", 0, 4, 40, [])),
         (TRAINER, EpisodeDone("train0-0", 0, "train", 0, "", {}, {})),

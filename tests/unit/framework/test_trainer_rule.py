@@ -14,7 +14,9 @@ from mas_async.config import load_config
 from mas_async.deployment import Deployment
 from mas_async.tiny_model import materialise
 from mas_async.training.learner import PolicyLearner
+from mas_async.training.publisher import WeightPublisher
 from mas_async.training.trainer import Trainer
+from mas_async.weights.group import WeightGroupSpec
 from mas_async.wire.messages import Groups, TrainStep, sample_to_wire
 from mas_async.wire.samples import Sample
 from tests.support.paths import ROOT
@@ -85,10 +87,13 @@ def _stepping_trainer(setup, during):
     config, deployment = setup
     trainer = Trainer(config, deployment, "vertical", ROOT / "runs" / "unused")
     trainer.learner.step = lambda batch, version: {"samples": len(batch)}
-    trainer.sender = _RecordingSender(during)
-    trainer._group_ready.set()
     sent = []
     trainer.send = sent.append
+    spec = WeightGroupSpec.of(config, deployment, "vertical")
+    trainer.publisher = WeightPublisher(spec, 1 << 20, trainer.send)
+    trainer.publisher.sender = _RecordingSender(during)
+    trainer.publisher.generation = 0  # as if main() joined the weight group's first generation
+    trainer._group_ready.set()
     return trainer, sent
 
 
@@ -112,7 +117,7 @@ def test_samples_arriving_after_their_step_are_reported_with_the_next_step_not_k
     asyncio.run(trainer._step(TrainStep("vertical", 0, 0, 2)))
     assert sent[-1].metrics["version_mismatch"] == 0 and trainer.late == 1 and 0 not in trainer.buffers
     trainer.receive([_sample(1)], iteration=1)
-    trainer.sender.during = lambda: None
+    trainer.publisher.sender.during = lambda: None
     asyncio.run(trainer._step(TrainStep("vertical", 1, 1, 1)))
     assert sent[-1].metrics["version_mismatch"] == 1
 

@@ -229,11 +229,23 @@ class InferenceServer(Peer):
                 log.warning(
                     "the receive of v%d was abandoned (%s); the trainer sends again in the re-formed group", version, e
                 )
+                if not isinstance(e, GroupRetired):
+                    self.spawn(self._expect_reform(version, generation, str(e)), f"expect-reform-{generation}")
                 return
             except ValueError as e:  # manifest mismatch or wrong version: reported; the router stops the run
                 error = str(e)
             log.info("weights v%d loaded in %.3fs%s", version, time.monotonic() - t0, f" ({error})" if error else "")
             self.send(WeightsLoaded(self.policy, version, self.peer_id, error))
+
+    async def _expect_reform(self, version: int, generation: int, error: str) -> None:
+        """A receive broke without its generation being retired (its pair with a lost rank closed): a re-form
+        must follow. If none is ordered within the weight-sync bound, the error is reported (the router
+        stops the run, naming it) rather than waited on for ever."""
+        timeout_s = self.cfg.trainer.weight_sync_timeout_s
+        await asyncio.sleep(timeout_s)
+        if self._ordered <= generation:
+            why = f"the receive failed and no re-formed weight group was ordered within {timeout_s:g}s: {error}"
+            self.send(WeightsLoaded(self.policy, version, self.peer_id, why))
 
     @contextlib.asynccontextmanager
     async def _writing(self):

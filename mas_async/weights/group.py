@@ -112,15 +112,16 @@ class WeightGroup:
     def _wait(self, work: dist.Work, what: str) -> None:
         """Wait for `work` to complete, checking every POLL_S whether the group was retired (an abandoned
         work ends with the group's own timeout, or when its peers close their sockets). A timed wait
-        raises when the time is up and leaves the work running; one that completed returns or raises its
-        own error."""
+        raises when the time is up and leaves the work running (it may complete just after); a completed
+        work's own wait returns, or raises the operation's error."""
         while True:
             try:
                 work.wait(POLL)
                 return
             except RuntimeError:
                 if work.is_completed():
-                    raise  # the operation's own error
+                    work.wait()
+                    return
             if self.retired():
                 raise GroupRetired(
                     f"rank {self.rank} of policy {self.policy!r}'s weight group (generation {self.generation}): "

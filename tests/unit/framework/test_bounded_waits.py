@@ -208,3 +208,30 @@ def test_a_vllm_call_that_never_finishes_is_named():
             backend._call(asyncio.sleep(60), "loading weights v3", 0.2)
     finally:
         backend._stop_loop()
+
+
+def test_a_broadcast_that_completes_as_its_poll_times_out_is_a_success():
+    """The bounded wait polls `Work.wait(POLL_S)`, which raises when the time is up; a work that completes
+    right then is a success (its own wait says so), not a timeout: a receive misread that way would be
+    abandoned while the trainer counts it delivered."""
+    from types import SimpleNamespace
+
+    from mas_async.weights.group import WeightGroup
+
+    class JustInTime:
+        def __init__(self) -> None:
+            self.waits = 0
+
+        def wait(self, timeout=None):
+            self.waits += 1
+            if timeout is not None:
+                raise RuntimeError("Operation timed out!")
+            return True
+
+        def is_completed(self) -> bool:
+            return True
+
+    work = JustInTime()
+    group = SimpleNamespace(retired=lambda: False, rank=1, policy="vertical", generation=0)
+    WeightGroup._wait(group, work, "bucket 1 of 1 of v1")  # type: ignore[arg-type]
+    assert work.waits == 2

@@ -134,3 +134,26 @@ def test_a_send_of_another_generation_is_ignored_and_a_retired_receive_reports_n
         assert [(m.version, m.error) for m in sent] == [(1, "")]
 
     asyncio.run(scenario())
+
+
+def test_a_receive_broken_without_a_re_form_is_reported_after_the_weight_sync_bound(model_path):
+    """A receive that broke while its generation was not retired waits for a re-form; if none is ordered
+    within `trainer.weight_sync_timeout_s`, the error is reported (the router stops the run, named)."""
+    from mas_async.weights.group import WeightSyncError
+
+    async def scenario():
+        server, backend, sent = _server(model_path, staleness=0)
+        server.cfg.trainer.weight_sync_timeout_s = 0.2
+
+        def broken(version):
+            raise WeightSyncError("Connection closed by peer")
+
+        backend.receive_weights = broken
+        await asyncio.wait_for(server._update(1, 0), 2)
+        assert sent == []  # not yet: a re-form may follow
+        await asyncio.sleep(0.5)
+        return sent
+
+    [report] = asyncio.run(scenario())
+    assert report.version == 1 and "no re-formed weight group was ordered within 0.2s" in report.error
+    assert "Connection closed by peer" in report.error

@@ -66,7 +66,8 @@ class WeightGroup:
     rank: int
     world_size: int
     device: torch.device
-    pg: dist.ProcessGroup
+    pg: dist.ProcessGroup | None
+    """None once the generation is retired (the communicator is let go of, see `retire`)."""
     store: dist.Store
     """The TCPStore (rank 0 hosts its server; a re-formed generation meets on the same one)."""
     timeout_s: float = 300.0
@@ -75,29 +76,47 @@ class WeightGroup:
     _retired: threading.Event = field(default_factory=threading.Event)
 
     def retire(self) -> None:
-        """Rank 0: give this generation up (a newer one is being formed, or a send failed): every rank still
-        waiting in it raises `GroupRetired` within `POLL_S`. Any rank: stop waiting in it here."""
-        self._retired.set()
-        if self.rank == 0 and self.prefix_store is not None:
+        """Give this generation up (rank 0: a newer one is being formed, or a send failed; the others: rank 0
+        did, or a newer one is joined here): every rank still waiting in it raises `GroupRetired` within
+        `POLL_S`, and its communicator is let go of (`_let_go`)."""
+        if self.rank == 0 and self.prefix_store is not None and not self._retired.is_set():
             self.prefix_store.set(RETIRED_KEY, "1")
-        if self.backend == "nccl":  # a kernel waiting for a lost peer never returns: abort the communicator
-            self.pg.abort()
+        self._retired.set()
+        self._let_go()
 
     def retired(self) -> bool:
         """Was this generation given up (here, or by rank 0 through the store)?"""
-        if self._retired.is_set():
-            return True
-        if self.rank > 0 and self.prefix_store is not None and self.prefix_store.check([RETIRED_KEY]):
-            self._retired.set()
+        if not self._retired.is_set() and self.rank > 0 and self.prefix_store is not None:
+            if self.prefix_store.check([RETIRED_KEY]):
+                self.retire()
         return self._retired.is_set()
+
+    def _let_go(self) -> None:
+        """Close the communicator of a retired generation, off the caller's thread. Its sockets closing ends
+        at once a peer's receive from this rank; its destructor waits for this rank's own abandoned work,
+        up to the group's timeout, so it must not run where the next generation is being joined."""
+        pg, self.pg = self.pg, None
+        if pg is None:
+            return
+        if self.backend == "nccl":  # a kernel waiting for a lost peer never returns: abort the communicator
+            pg.abort()
+        held = [pg]
+        del pg  # `held` is the last reference: the thread that empties it runs the destructor
+        name = f"weights-{self.policy}-gen{self.generation}-close"
+        threading.Thread(target=held.clear, name=name, daemon=True).start()
 
     def broadcast(self, tensor: torch.Tensor, what: str = "a broadcast") -> None:
         """Broadcast `tensor` in place from rank 0 and wait for it (at most `timeout_s`; `what` names it
         in the error; `GroupRetired` if the group is retired meanwhile)."""
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
+        pg = self.pg
+        if pg is None or self._retired.is_set():
+            raise self._abandoned(what)
         try:
-            self._wait(self.pg.broadcast([tensor], opts), what)
+            work = pg.broadcast([tensor], opts)
+            del pg  # only `_let_go`'s thread may hold the communicator last (its destructor may block)
+            self._wait(work, what)
         except GroupRetired:
             raise
         except (RuntimeError, dist.DistError) as e:
@@ -123,13 +142,18 @@ class WeightGroup:
                     work.wait()
                     return
             if self.retired():
-                raise GroupRetired(
-                    f"rank {self.rank} of policy {self.policy!r}'s weight group (generation {self.generation}): "
-                    f"{what} was abandoned, the group is being re-formed"
-                )
+                raise self._abandoned(what)
+
+    def _abandoned(self, what: str) -> GroupRetired:
+        return GroupRetired(
+            f"rank {self.rank} of policy {self.policy!r}'s weight group (generation {self.generation}): "
+            f"{what} was abandoned, the group is being re-formed"
+        )
 
     def close(self) -> None:
         """Release the communicator (the store server stops when the object is collected)."""
+        if self.pg is None:
+            return
         shutdown = getattr(self.pg, "shutdown", None)
         if shutdown is not None:
             shutdown()

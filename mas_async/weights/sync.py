@@ -84,6 +84,13 @@ def open_receiver(
     return WeightReceiver(group)
 
 
+def retire_replaced(endpoint: WeightSender | WeightReceiver | CudaIpcSender | CudaIpcReceiver | None) -> None:
+    """Give up the generation of a sender or receiver that a newer one replaces (`WeightGroup.retire`:
+    its communicator is closed off this thread); cuda_ipc has no generations."""
+    if isinstance(endpoint, (WeightSender, WeightReceiver)):
+        endpoint.group.retire()
+
+
 def _check(backend: str, rank: int, expected_rank: int | None, generation: int) -> None:
     if backend not in SYNC_BACKENDS:
         raise ValueError(f"unknown weight-sync backend {backend!r}; known: {list(SYNC_BACKENDS)}")

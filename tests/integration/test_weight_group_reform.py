@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import queue
 import signal
 import socket
 import threading
@@ -29,6 +30,8 @@ from mas_async.weights.receiver import WeightReceiver
 from mas_async.weights.sender import WeightSender
 
 WAIT_S = 60.0
+PROMPT_S = 10 * POLL_S + 5
+"""A wait that must end at once, not at the group's bound (WAIT_S): spawn and rendezvous take a second or two."""
 WORLD = 3
 
 
@@ -46,12 +49,15 @@ def _tensors(version: int) -> list[tuple[str, torch.Tensor]]:
 def _receiver(port: int, rank: int, commands: Any, out: Any) -> None:
     """Join a generation ("join", g) or receive a version ("receive",) on command; report each outcome."""
     torch.set_num_threads(1)
+    out.put((rank, "ready"))
     receiver = None
     while True:
         command = commands.get(timeout=WAIT_S)
         started = time.monotonic()
         try:
             if command[0] == "join":
+                if receiver is not None:  # as a server does: the generation it replaces is given up
+                    receiver.group.retire()
                 group = open_weight_group(
                     policy="pi", backend="gloo", host="127.0.0.1", port=port, rank=rank, world_size=WORLD,
                     timeout_s=WAIT_S, generation=command[1],
@@ -70,27 +76,39 @@ def _receiver(port: int, rank: int, commands: Any, out: Any) -> None:
 
 
 class _Receivers:
+    """The receiver processes, each with its own command and report queues: a queue shared with a process
+    that is SIGKILLed may be left locked by it."""
+
     def __init__(self, port: int) -> None:
         self.port = port
         self.ctx = mp.get_context("spawn")
-        self.out = self.ctx.Queue()
         self.procs: dict[int, Any] = {}
         self.commands: dict[int, Any] = {}
+        self.outs: dict[int, Any] = {}
 
-    def start(self, rank: int) -> None:
-        self.commands[rank] = self.ctx.Queue()
-        proc = self.ctx.Process(target=_receiver, args=(self.port, rank, self.commands[rank], self.out), daemon=True)
-        proc.start()
-        self.procs[rank] = proc
+    def start(self, *ranks: int) -> None:
+        """Start receivers `ranks` and wait until they run (so their joins are not timed from their spawn)."""
+        for rank in ranks:
+            self.commands[rank], self.outs[rank] = self.ctx.Queue(), self.ctx.Queue()
+            args = (self.port, rank, self.commands[rank], self.outs[rank])
+            self.procs[rank] = self.ctx.Process(target=_receiver, args=args, daemon=True)
+            self.procs[rank].start()
+        assert self.reports(*ranks) == dict.fromkeys(ranks, ("ready",))
 
     def tell(self, rank: int, *command: Any) -> None:
         self.commands[rank].put(command)
 
-    def reports(self, n: int) -> dict[int, tuple]:
+    def reports(self, *ranks: int) -> dict[int, tuple]:
+        """The next report of each of `ranks`."""
         got = {}
-        for _ in range(n):
-            rank, *report = self.out.get(timeout=WAIT_S)
-            got[rank] = tuple(report)
+        for rank in ranks:
+            try:
+                got[rank] = tuple(self.outs[rank].get(timeout=WAIT_S))[1:]
+            except queue.Empty:
+                exits = {rank: proc.exitcode for rank, proc in self.procs.items()}
+                raise AssertionError(
+                    f"receiver {rank} sent no report in {WAIT_S} s (got {got}); receivers' exit codes {exits}"
+                ) from None
         return got
 
     def kill(self, rank: int) -> None:
@@ -130,26 +148,28 @@ def _form(receivers: _Receivers, generation: int, store: Any = None) -> Any:
     for rank in (1, 2):
         receivers.tell(rank, "join", generation)
     thread, box = _in_thread(lambda: _open_rank0(receivers.port, generation, store))
-    assert {r[0] for r in receivers.reports(2).values()} == {"joined"}
+    joins = receivers.reports(1, 2)
+    assert {r[0] for r in joins.values()} == {"joined"}, joins
+    assert all(r[2] < PROMPT_S for r in joins.values()), joins  # not held up by a generation given up
     thread.join(WAIT_S)
     return box["value"]
 
 
 def test_a_lost_receiver_is_replaced_in_a_new_generation_and_the_live_one_stops_waiting() -> None:
     """Receiver 2 is SIGKILLed; rank 0's send of v2 fails, it retires generation 0, and receiver 1, waiting
-    for the rest of v2, gives up at once (the retired key, or its pair with the lost rank broken), not at
-    the group's 60 s bound. A new receiver 2
-    joins generation 1 with the others on the same store, and v2 reaches both whole."""
+    for the rest of v2, gives up at once (the retired key, or its pair with rank 0 or the lost rank
+    closed), not at the group's 60 s bound. A new receiver 2 joins generation 1 with the others on the
+    same store, at once too (the abandoned work of generation 0 does not hold receiver 1 up), and v2
+    reaches both whole."""
     receivers = _Receivers(_free_port())
     try:
-        for rank in (1, 2):
-            receivers.start(rank)
+        receivers.start(1, 2)
         group = _form(receivers, 0)
         sender = WeightSender(group, bucket_bytes=64 * 64 * 4)  # a bucket per tensor: v2 is several broadcasts
         for rank in (1, 2):
             receivers.tell(rank, "receive")
         sender.send(1, _tensors(1))
-        assert receivers.reports(2) == {1: ("received", 1, True), 2: ("received", 1, True)}
+        assert receivers.reports(1, 2) == {1: ("received", 1, True), 2: ("received", 1, True)}
 
         receivers.kill(2)
         receivers.tell(1, "receive")
@@ -157,14 +177,14 @@ def test_a_lost_receiver_is_replaced_in_a_new_generation_and_the_live_one_stops_
             sender.send(2, _tensors(2))
         group.retire()
         report = receivers.reports(1)[1]
-        assert report[0] in ("retired", "broken") and report[2] < 10 * POLL_S + 5, report  # not at the group's bound
+        assert report[0] in ("retired", "broken") and report[2] < PROMPT_S, report  # not at the group's bound
 
         receivers.start(2)
         sender = WeightSender(_form(receivers, 1, store=group.store), bucket_bytes=64 * 64 * 4)
         for rank in (1, 2):
             receivers.tell(rank, "receive")
         sender.send(2, _tensors(2))
-        assert receivers.reports(2) == {1: ("received", 2, True), 2: ("received", 2, True)}
+        assert receivers.reports(1, 2) == {1: ("received", 2, True), 2: ("received", 2, True)}
     finally:
         receivers.close()
 
@@ -175,8 +195,7 @@ def test_a_generation_retired_before_every_rank_joined_frees_those_waiting_in_it
     port = _free_port()
     receivers = _Receivers(port)
     try:
-        for rank in (1, 2):
-            receivers.start(rank)
+        receivers.start(1, 2)
         store = _form(receivers, 0).store
 
         receivers.tell(1, "join", 1)

@@ -15,7 +15,7 @@ import inspect
 from typing import TYPE_CHECKING, Protocol
 
 from mas_async.api.registry import BACKENDS, resolve
-from mas_async.weights.sync import open_receiver
+from mas_async.weights.sync import open_receiver, retire_replaced
 
 if TYPE_CHECKING:
     import torch
@@ -114,7 +114,8 @@ class ThreadedBackend:
         """Join the policy's weight sync: a torch.distributed group (gloo, nccl), or, with "cuda_ipc", the
         control channel of the trainer's shared buffers on this same GPU (`mas_async.weights.sync`). A
         re-formed group gets a new receiver with buffers of its own (a receive abandoned in the old one
-        may still end in the old buffers)."""
+        may still end in the old buffers); the old one's generation is given up first."""
+        retire_replaced(self.receiver)
         self.receiver = open_receiver(
             policy=policy, backend=backend, host=host, port=port, rank=rank, world_size=world_size,
             timeout_s=timeout_s, generation=generation,

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mas_async.weights.group import GroupRetired, ManifestMismatch, WeightSyncError, dtype_name
-from mas_async.weights.sync import open_receiver
+from mas_async.weights.sync import open_receiver, retire_replaced
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
@@ -254,6 +254,7 @@ class WeightSyncExtension:
         timeout_s: float,
         generation: int = 0,
     ) -> str:
+        retire_replaced(getattr(self, "_mas_receiver", None))
         try:
             self._mas_receiver = open_receiver(
                 policy=policy, backend=backend, host=host, port=port, rank=rank, world_size=world_size,

@@ -45,7 +45,7 @@ import zmq
 from torch import nn
 
 from mas_async.inference.backends.base import ThreadedBackend
-from mas_async.weights.flat_params import adopt_parameters, check_named_tensors, flatten_parameters
+from mas_async.weights.flat_params import ParameterAdopter, check_named_tensors, flatten_parameters
 from mas_async.weights.group import dtype_name, open_weight_group
 from mas_async.weights.receiver import WeightReceiver
 from mas_async.weights.sender import WeightSender
@@ -74,7 +74,7 @@ def shapes(params: int) -> list[tuple[str, tuple[int, ...]]]:
 
 class BenchEngine:
     """A receiver's engine without a model around its parameters; loads like the transformers backend:
-    `adopt_weights` (checked, no copy) when it exists, else `load_weights` (checked copy)."""
+    `adopt_weights` (checked once per buffer set, no copy) when it exists, else `load_weights` (checked copy)."""
 
     def __init__(self, named_shapes: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype, device: torch.device):
         self.params = {
@@ -82,6 +82,7 @@ class BenchEngine:
             for name, shape in named_shapes
         }
         self.manifest = [(name, list(p.shape), dtype_name(p.dtype)) for name, p in self.params.items()]
+        self.adopter = ParameterAdopter(self.params)
         self.version = 0
 
     def parameter_manifest(self) -> list[tuple[str, list[int], str]]:
@@ -94,7 +95,7 @@ class BenchEngine:
                 self.params[name].copy_(tensor)
 
     def adopt_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
-        adopt_parameters(self.params, named_tensors)
+        self.adopter.adopt(named_tensors)
 
     def generate(self, requests: list) -> list:
         raise NotImplementedError("a weight-sync benchmark engine does not generate")

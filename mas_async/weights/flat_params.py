@@ -5,7 +5,8 @@ contiguous buffer per (device, dtype), in `named_parameters()` order, which is t
 `WeightSender` packs its buckets. A bucket is then one region of that buffer, and the sender
 broadcasts the region itself instead of first copying the tensors into a bucket buffer.
 
-Receiver side (an inference engine): `adopt_parameters` points each parameter at a received tensor
+Receiver side (an inference engine): `adopt_parameters` (`ParameterAdopter` version after version)
+points each parameter at a received tensor
 (a view of the receiver's bucket buffers) instead of copying it in. `ThreadedBackend` receives each
 version into the one of two buffer sets the model is not using, so the next broadcast never writes
 into the weights being served and a failed broadcast leaves them untouched.
@@ -74,8 +75,29 @@ def check_named_tensors(params: dict[str, nn.Parameter], named_tensors: list[tup
 def adopt_parameters(params: dict[str, nn.Parameter], named_tensors: list[tuple[str, torch.Tensor]]) -> None:
     """Make each parameter a view of its received tensor (no copy), after checking every name, shape
     and dtype. A tensor on another device than its parameter is copied over instead."""
-    check_named_tensors(params, named_tensors)
-    with torch.no_grad():
-        for name, tensor in named_tensors:
-            param = params[name]
-            param.data = tensor if tensor.device == param.device else tensor.to(param.device)
+    ParameterAdopter(params).adopt(named_tensors)
+
+
+class ParameterAdopter:
+    """`adopt_parameters` for one engine, version after version. A receiver hands out the same views of a
+    buffer set every version (`WeightReceiver.receive`), so a list of the very (name, tensor) pairs
+    checked before is not checked again; the last `keep` lists are remembered (two buffer sets)."""
+
+    def __init__(self, params: dict[str, nn.Parameter], keep: int = 2) -> None:
+        self.params = params
+        self.keep = keep
+        self._checked: list[list[tuple[str, torch.Tensor]]] = []
+
+    def adopt(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+        if not any(_same_pairs(checked, named_tensors) for checked in self._checked):
+            check_named_tensors(self.params, named_tensors)
+            self._checked = [*self._checked, list(named_tensors)][-self.keep :]
+        with torch.no_grad():
+            for name, tensor in named_tensors:
+                param = self.params[name]
+                param.data = tensor if tensor.device == param.device else tensor.to(param.device)
+
+
+def _same_pairs(a: list[tuple[str, torch.Tensor]], b: list[tuple[str, torch.Tensor]]) -> bool:
+    """The same pair objects in the same order (a remembered list holds them, so no id is reused)."""
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))

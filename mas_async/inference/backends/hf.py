@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from mas_async.inference.request import GenerationRequest
-from mas_async.weights.flat_params import adopt_parameters, check_named_tensors
+from mas_async.weights.flat_params import ParameterAdopter, check_named_tensors
 from mas_async.weights.group import dtype_name, torch_dtype
 from mas_async.wire.samples import Completion
 
@@ -61,6 +61,7 @@ class HFBackend:
             raise ValueError(f"max_batch_sequences must be at least 1, got {max_batch_sequences}")
         self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=weights_dtype)
         self._manifest: list[tuple[str, list[int], str]] | None = None
+        self._adopter: ParameterAdopter | None = None
         self.model.to(device).eval()
         self.device = torch.device(device)
         self.max_batch_sequences = max_batch_sequences
@@ -182,7 +183,9 @@ class HFBackend:
     def adopt_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
         """Replace every parameter without a copy: each becomes a view of its received tensor (checked
         first, like `load_weights`). The tensors must stay untouched until the next update."""
-        adopt_parameters(dict(self.model.named_parameters()), named_tensors)
+        if self._adopter is None:
+            self._adopter = ParameterAdopter(dict(self.model.named_parameters()))
+        self._adopter.adopt(named_tensors)
 
 
 def _nucleus(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

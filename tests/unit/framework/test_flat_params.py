@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from mas_async.tiny_model import build_model
-from mas_async.weights.flat_params import adopt_parameters, flatten_parameters
+from mas_async.weights.flat_params import ParameterAdopter, adopt_parameters, flatten_parameters
 from mas_async.weights.sender import contiguous_region
 
 
@@ -80,3 +80,27 @@ def test_adopting_takes_the_tensors_without_a_copy_and_checks_first() -> None:
         assert torch.equal(p, served[n]), n
     with pytest.raises(ValueError, match="missing"):
         adopt_parameters(params, new[:-1])
+
+
+def test_an_adopter_checks_a_list_of_pairs_once_and_any_other_list_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The receiver hands out the same pairs of a buffer set every version: checked the first time only;
+    a list with another pair (a new layout, or a wrong tensor) is checked, and refused before any change."""
+    import mas_async.weights.flat_params as flat_params
+
+    m = _mixed_module()
+    params = dict(m.named_parameters())
+    adopter = ParameterAdopter(params)
+    checks = []
+    real_check = flat_params.check_named_tensors
+    monkeypatch.setattr(flat_params, "check_named_tensors", lambda *a: checks.append(1) or real_check(*a))
+    sets = [[(n, torch.randn_like(p.float()).to(p.dtype)) for n, p in params.items()] for _ in range(2)]
+    for version in range(6):  # two buffer sets in turn, as ThreadedBackend adopts them
+        pairs = sets[version % 2]
+        adopter.adopt(list(pairs))
+        assert all(params[n].data_ptr() == t.data_ptr() for n, t in pairs)
+    assert len(checks) == 2
+    wrong = list(sets[0])
+    wrong[1] = ("a.bias", torch.zeros(7))
+    with pytest.raises(ValueError, match=r"'a.bias' is float32\[7\]"):
+        adopter.adopt(wrong)
+    assert len(checks) == 3 and params["a.bias"].data_ptr() == sets[1][1][1].data_ptr()

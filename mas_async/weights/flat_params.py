@@ -3,7 +3,8 @@
 Sender side (the trainer): `flatten_parameters` makes every parameter of a model a view into one
 contiguous buffer per (device, dtype), in `named_parameters()` order, which is the order in which
 `WeightSender` packs its buckets. A bucket is then one region of that buffer, and the sender
-broadcasts the region itself instead of first copying the tensors into a bucket buffer.
+broadcasts the region itself instead of first copying the tensors into a bucket buffer; the
+`headroom` reserved in front of each buffer carries the send's header with its first bucket.
 
 Receiver side (an inference engine): `adopt_parameters` (`ParameterAdopter` version after version)
 points each parameter at a received tensor
@@ -14,12 +15,18 @@ into the weights being served and a failed broadcast leaves them untouched.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 
 import torch
 from torch import nn
 
 from mas_async.weights.group import dtype_name
+
+HEADROOM_BYTES = 16
+"""Bytes reserved in front of every flat buffer, for the header of a weight send (`mas_async.weights.sender`)."""
+_first_of_buffer: dict[int, weakref.ref] = {}
+"""storage address of a flat buffer -> its first parameter (alive: the storage and its headroom are ours)."""
 
 
 def flatten_parameters(named_parameters: Iterable[tuple[str, nn.Parameter]]) -> list[torch.Tensor]:
@@ -39,7 +46,8 @@ def flatten_parameters(named_parameters: Iterable[tuple[str, nn.Parameter]]) -> 
         groups.setdefault((p.device, p.dtype), []).append(p)
     buffers = []
     for (device, dtype), members in groups.items():
-        flat = torch.empty(sum(p.numel() for p in members), dtype=dtype, device=device)
+        room = HEADROOM_BYTES // torch.empty((), dtype=dtype).element_size()
+        flat = torch.empty(room + sum(p.numel() for p in members), dtype=dtype, device=device)[room:]
         offset = 0
         with torch.no_grad():
             for p in members:
@@ -47,8 +55,24 @@ def flatten_parameters(named_parameters: Iterable[tuple[str, nn.Parameter]]) -> 
                 view.copy_(p.data)
                 p.data = view
                 offset += p.numel()
+        _first_of_buffer[flat.untyped_storage().data_ptr()] = weakref.ref(members[0])
         buffers.append(flat)
     return buffers
+
+
+def headroom(region: torch.Tensor) -> torch.Tensor | None:
+    """The HEADROOM_BYTES reserved right before `region` and the region itself, as one uint8 tensor (a
+    sender writes its header there and broadcasts both at once, with no copy), when `region` starts a
+    flat buffer of `flatten_parameters` whose first parameter still lives in it; None otherwise."""
+    storage = region.untyped_storage()
+    first = _first_of_buffer.get(storage.data_ptr(), lambda: None)()
+    if first is None or first.data_ptr() != region.data_ptr() or region.storage_offset() == 0:
+        return None
+    if first.untyped_storage().data_ptr() != storage.data_ptr():
+        return None
+    start = region.storage_offset() * region.element_size() - HEADROOM_BYTES
+    whole = torch.empty(0, dtype=torch.uint8, device=region.device)
+    return whole.set_(storage, start, (HEADROOM_BYTES + region.numel() * region.element_size(),), (1,))
 
 
 def check_named_tensors(params: dict[str, nn.Parameter], named_tensors: list[tuple[str, torch.Tensor]]) -> None:

@@ -237,6 +237,9 @@ def test_flattened_parameters_are_sent_without_a_copy_and_the_manifest_only_once
     assert [s["buckets"] for s in stats] == [3, 3, 3]
     assert [s["copied_buckets"] for s in stats] == [0, 0, 0]
     assert stats[0]["manifest_bytes"] > 0 and [s["manifest_bytes"] for s in stats[1:]] == [0, 0]
+    # The header travels in the headroom in front of the first flat buffer: after the first send (header,
+    # manifest, buckets) a version is its buckets' broadcasts and nothing else.
+    assert [s["broadcasts"] for s in stats] == [5, 3, 3]
 
 
 def test_separate_tensors_are_copied_into_buckets() -> None:
@@ -246,6 +249,55 @@ def test_separate_tensors_are_copied_into_buckets() -> None:
     # broadcast as it is.
     assert [s["copied_buckets"] for s in stats] == [1, 1]
     assert stats[1]["manifest_bytes"] == 0  # new tensors, same layout: the manifest is not sent again
+    # The first bucket is a lone tensor with no headroom before it: the header is a broadcast of its own.
+    assert [s["broadcasts"] for s in stats] == [7, 6]
+
+
+def _layout_of(version: int) -> tuple[str, list[tuple[str, torch.Tensor]]]:
+    """Versions 1..10, two of each layout in turn: flattened (the header in the first bucket's headroom),
+    flattened in another order (a new manifest), separate tensors (a lone first tensor: the header
+    apart), flattened, and a copied first bucket (the header in the copy buffer)."""
+    tensors = _tensors(version)
+    layout = (version - 1) // 2
+    if layout == 1:
+        tensors = tensors[::-1]
+    if layout == 4:
+        tensors = tensors[2:4] + tensors[:2] + tensors[4:]  # layer.0.weight + scale: one copied bucket
+    return ["flat", "flat", "separate", "flat", "copied"][layout], tensors
+
+
+def _changing_sender(port: int, bucket_bytes: int, versions: list[int], out: Any) -> None:
+    sender = WeightSender(_open(port, 0), bucket_bytes=bucket_bytes)
+    stats = []
+    for v in versions:
+        kind, tensors = _layout_of(v)
+        if kind == "flat":
+            params = [(name, nn.Parameter(t, requires_grad=False)) for name, t in tensors]
+            flatten_parameters(params)
+            tensors = [(name, p.detach()) for name, p in params]
+        stats.append(sender.send(v, tensors))
+    out.put(("sender", stats))
+
+
+def test_the_layout_may_change_between_versions_whichever_way_the_header_travels() -> None:
+    """Every change of manifest reaches the receivers whole: from a layout whose first bucket carries the
+    header (they expect that bucket first) to another such, to one with the header apart, and back."""
+    versions = list(range(1, 11))
+    reports = _run(bucket_bytes=96, versions=versions, expectations={1: [None] * 10, 2: [None] * 10},
+                   sender=_changing_sender)  # fmt: skip
+    *received, (_, stats) = reports
+    assert sorted((rank, version) for rank, version, _ in received) == [(r, v) for r in (1, 2) for v in versions]
+    for _, version, raw in received:
+        sent = {n: t for n, t in _layout_of(version)[1]}
+        assert [n for n, *_ in raw] == list(sent), version
+        for name, dtype, shape, data in raw:
+            assert (dtype, shape) == (dtype_name(sent[name].dtype), list(sent[name].shape)), (version, name)
+            assert data == sent[name].reshape(-1).view(torch.uint8).numpy().tobytes(), (version, name)
+    assert [s["manifest_bytes"] > 0 for s in stats] == [True, False] * 5
+    assert [s["copied_buckets"] > 0 for s in stats[::2]] == [False, False, True, False, True]
+    # A new layout: header (apart, or in the previous layout's first bucket) + manifest + buckets. The same
+    # layout again: its buckets alone, but for the separate tensors' header.
+    assert [s["broadcasts"] - s["buckets"] for s in stats] == [2, 0, 2, 0, 2, 1, 2, 0, 2, 0]
 
 
 def test_an_adopting_engine_is_updated_without_touching_the_weights_it_serves() -> None:

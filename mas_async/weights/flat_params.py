@@ -55,6 +55,8 @@ def flatten_parameters(named_parameters: Iterable[tuple[str, nn.Parameter]]) -> 
                 view.copy_(p.data)
                 p.data = view
                 offset += p.numel()
+        for address in [a for a, first in _first_of_buffer.items() if first() is None]:  # buffers gone
+            del _first_of_buffer[address]
         _first_of_buffer[flat.untyped_storage().data_ptr()] = weakref.ref(members[0])
         buffers.append(flat)
     return buffers
@@ -66,13 +68,16 @@ def headroom(region: torch.Tensor) -> torch.Tensor | None:
     flat buffer of `flatten_parameters` whose first parameter still lives in it; None otherwise."""
     storage = region.untyped_storage()
     first = _first_of_buffer.get(storage.data_ptr(), lambda: None)()
-    if first is None or first.data_ptr() != region.data_ptr() or region.storage_offset() == 0:
+    if (
+        first is None
+        or first.data_ptr() != region.data_ptr()
+        or first.untyped_storage().data_ptr() != storage.data_ptr()
+    ):
         return None
-    if first.untyped_storage().data_ptr() != storage.data_ptr():
+    if region.storage_offset() * region.element_size() != HEADROOM_BYTES:  # not where flatten_parameters put it
         return None
-    start = region.storage_offset() * region.element_size() - HEADROOM_BYTES
     whole = torch.empty(0, dtype=torch.uint8, device=region.device)
-    return whole.set_(storage, start, (HEADROOM_BYTES + region.numel() * region.element_size(),), (1,))
+    return whole.set_(storage, 0, (HEADROOM_BYTES + region.numel() * region.element_size(),), (1,))
 
 
 def check_named_tensors(params: dict[str, nn.Parameter], named_tensors: list[tuple[str, torch.Tensor]]) -> None:

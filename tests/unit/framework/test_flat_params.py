@@ -9,7 +9,13 @@ import torch
 from torch import nn
 
 from mas_async.tiny_model import build_model
-from mas_async.weights.flat_params import ParameterAdopter, adopt_parameters, flatten_parameters
+from mas_async.weights.flat_params import (
+    HEADROOM_BYTES,
+    ParameterAdopter,
+    adopt_parameters,
+    flatten_parameters,
+    headroom,
+)
 from mas_async.weights.sender import contiguous_region
 
 
@@ -104,3 +110,22 @@ def test_an_adopter_checks_a_list_of_pairs_once_and_any_other_list_again(monkeyp
     with pytest.raises(ValueError, match=r"'a.bias' is float32\[7\]"):
         adopter.adopt(wrong)
     assert len(checks) == 3 and params["a.bias"].data_ptr() == sets[1][1][1].data_ptr()
+
+
+def test_a_flat_buffer_has_headroom_for_the_header_and_nothing_else_does() -> None:
+    """`headroom` gives the 16 reserved bytes plus the region only for the start of a buffer that
+    `flatten_parameters` made and its first parameter still lives in."""
+    m = _mixed_module()
+    buffers = flatten_parameters(m.named_parameters())
+    f32 = [p.detach().reshape(-1) for p in m.parameters() if p.dtype == torch.float32]
+    region = contiguous_region(f32)
+    assert region is not None
+    room = headroom(region)
+    assert room is not None and room.dtype == torch.uint8
+    assert room.numel() == HEADROOM_BYTES + region.numel() * 4 and room.data_ptr() + HEADROOM_BYTES == region.data_ptr()
+    room[:HEADROOM_BYTES] = 7  # the header's bytes are no parameter's
+    assert torch.equal(buffers[0], region)
+    assert headroom(contiguous_region(f32[1:])) is None  # not the buffer's start
+    assert headroom(torch.zeros(10)[2:]) is None  # not a flat buffer
+    m.a.weight.data = m.a.weight.data.clone()  # the first parameter left the buffer
+    assert headroom(region) is None

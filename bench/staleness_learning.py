@@ -25,18 +25,23 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "configs/plan_path_tiny.yaml"
+SMOKE = ["rollout.batch_size=4", "eval.every=1", "eval.size=4", "algorithm.k=4"]
+"""Overrides of a --smoke run: small batches and an evaluation every iteration, so that 2 iterations
+produce a curve."""
 
 
-def train(run_dir: Path, k: int, seed: int, iterations: int, extra: list[str]) -> None:
+def train(run_dir: Path, seed: int, iterations: int, overrides: list[str], name: str) -> None:
+    """One `mas-async train CONFIG` run into `run_dir` (its output to `run_dir`.log); `name` says which
+    run failed."""
     command = [
         sys.executable, "-m", "mas_async", "train", CONFIG, f"run.output_dir={run_dir}", f"run.seed={seed}",
-        f"run.iterations={iterations}", f"rollout.max_staleness={k}", "trainer.checkpoint_every=0", *extra,
+        f"run.iterations={iterations}", "trainer.checkpoint_every=0", *overrides,
     ]  # fmt: skip
     log = run_dir.with_suffix(".log")
     with log.open("w") as f:
         code = subprocess.call(command, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=3600)
     if code != 0:
-        raise SystemExit(f"staleness_learning: k={k} seed={seed} failed (status {code}); see {log}")
+        raise SystemExit(f"{name} failed (status {code}); see {log}")
 
 
 def curve(run_dir: Path) -> dict[str, list[float]]:
@@ -81,7 +86,8 @@ def summarise(curves: dict[int, list[dict]]) -> dict[int, dict]:
     return table
 
 
-def _fmt(values: list) -> str:
+def fmt(values: list) -> str:
+    """Mean (min-max) of the known values, and how many are None ("never")."""
     known = [v for v in values if v is not None]
     if not known:
         return "-"
@@ -90,24 +96,25 @@ def _fmt(values: list) -> str:
     return f"{mean:.3g} ({min(known):.3g}-{max(known):.3g})" + (f", {missing} never" if missing else "")
 
 
-def plot(curves: dict[int, list[dict]], path: Path) -> None:
+def plot(curves: dict[str, list[dict]], path: Path, legend: str, title: str) -> None:
+    """Success against wall time and against iterations, one colour per arm (the keys of `curves`, in
+    order), one line per seed."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (by_time, by_iter) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for k, runs in curves.items():
-        color = f"C{k}"
+    for n, (arm, runs) in enumerate(curves.items()):
         for i, c in enumerate(runs):
-            label = f"k={k}" if i == 0 else None
-            by_time.plot([t / 60 for t in c["elapsed_s"]], c["success"], color=color, alpha=0.7, label=label)
-            by_iter.plot(c["iteration"], c["success"], color=color, alpha=0.7, label=label)
+            label = arm if i == 0 else None
+            by_time.plot([t / 60 for t in c["elapsed_s"]], c["success"], color=f"C{n}", alpha=0.7, label=label)
+            by_iter.plot(c["iteration"], c["success"], color=f"C{n}", alpha=0.7, label=label)
     by_time.set_xlabel("wall time (min)")
     by_iter.set_xlabel("iteration")
     by_time.set_ylabel("held-out team success")
-    by_time.legend(title="max_staleness")
-    fig.suptitle("Plan-Path demo: strict (k=0) against bounded staleness, one line per seed")
+    by_time.legend(title=legend)
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
@@ -123,13 +130,19 @@ def main() -> None:
     extra: list[str] = []
     if args.smoke:
         args.ks, args.seeds, args.iterations = [0, 1], [0], 2
-        extra = ["rollout.batch_size=4", "eval.every=1", "eval.size=4", "algorithm.k=4"]
+        extra = SMOKE
     args.out.mkdir(parents=True, exist_ok=True)
     curves: dict[int, list[dict]] = {}
     for seed in args.seeds:  # interleaved, so that a slow stretch of the machine hits every k alike
         for k in args.ks:
             run_dir = args.out / f"k{k}-seed{seed}"
-            train(run_dir, k, seed, args.iterations, extra)
+            train(
+                run_dir,
+                seed,
+                args.iterations,
+                [f"rollout.max_staleness={k}", *extra],
+                f"staleness_learning: k={k} seed={seed}",
+            )
             curves.setdefault(k, []).append(curve(run_dir))
             print(f"k={k} seed={seed}: final {final(curves[k][-1]):.3f} in {curves[k][-1]['wall_s']:.0f} s", flush=True)
     table = summarise(curves)
@@ -138,11 +151,13 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for k, row in table.items():
         print(
-            f"| {k} | {_fmt(row['final_success'])} | {_fmt(row['wall_s'])} | {_fmt(row['iterations_per_min'])} "
-            f"| {_fmt(row['time_to_strict_final_s'])} |"
+            f"| {k} | {fmt(row['final_success'])} | {fmt(row['wall_s'])} | {fmt(row['iterations_per_min'])} "
+            f"| {fmt(row['time_to_strict_final_s'])} |"
         )
     (args.out / "staleness_learning.json").write_text(json.dumps({"curves": curves, "table": table}, indent=1))
-    plot(curves, args.out / "staleness_learning.png")
+    by_k = {f"k={k}": runs for k, runs in curves.items()}
+    title = "Plan-Path demo: strict (k=0) against bounded staleness, one line per seed"
+    plot(by_k, args.out / "staleness_learning.png", "max_staleness", title)
     print(f"\nwrote {args.out / 'staleness_learning.json'} and {args.out / 'staleness_learning.png'}")
 
 

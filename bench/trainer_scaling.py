@@ -1,6 +1,8 @@
 """Trainer scale-out on this machine: samples/s and memory per rank of one policy's training step with 1
-rank, 2 ranks (DistributedDataParallel over gloo) and 2 ranks with ZeRO (`trainer.zero`), on the same
-batch; ratios against 1 rank measured in the same run, median and range over repeats (interleaved).
+rank, 2 ranks (DistributedDataParallel over gloo), 2 ranks with ZeRO (`trainer.zero`) and 1 rank training
+LoRA adapters (`policies.<p>.lora`), on the same batch; ratios against 1 rank measured in the same run,
+median and range over repeats (interleaved). Then the weight sync of the full model against the LoRA
+adapters only: bytes and seconds per version, trainer to one hf inference backend over gloo.
 
     python bench/trainer_scaling.py                    # tiny model, 64 samples, 4 timed steps, 3 repeats
     python bench/trainer_scaling.py --samples 128 --steps 8 --repeats 5
@@ -31,7 +33,11 @@ import torch.multiprocessing as mp
 ROOT = Path(__file__).resolve().parents[1]
 
 CONFIG = "configs/plan_path_tiny.yaml"
-SETTINGS = {"1 rank": (1, False), "2 ranks": (2, False), "2 ranks + ZeRO": (2, True)}
+SETTINGS = {"1 rank": (1, False, False), "2 ranks": (2, False, False), "2 ranks + ZeRO": (2, True, False),
+            "1 rank + LoRA": (1, False, True)}  # fmt: skip
+"""name: (ranks, ZeRO, LoRA)."""
+LORA = "{r: 8, alpha: 16}"
+"""`policies.vertical.lora` of the LoRA setting: rank 8 on every linear layer."""
 GROUP = 4
 
 
@@ -57,22 +63,29 @@ def _share(samples: list[Any], rank: int, world: int) -> list[Any]:
     return [s for g in groups[rank::world] for s in g]
 
 
-def _rank(rank: int, world: int, zero: bool, port: int, model: str, count: int, steps: int, out: dict) -> None:
+def _learner(model: str, lora: bool, dp: Any = None, zero: bool = False) -> Any:
     from mas_async.config import load_config
-    from mas_async.training.data_parallel import DataParallel
     from mas_async.training.learner import PolicyLearner
 
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     overrides = [f"trainer.zero={str(zero).lower()}", "algorithm.ppo_epochs=1", "algorithm.mini_batches=1"]
-    config = load_config(ROOT / CONFIG, overrides)
+    config = load_config(ROOT / CONFIG, overrides + ([f"policies.vertical.lora={LORA}"] if lora else []))
+    torch.manual_seed(0)
+    return PolicyLearner(config, "vertical", model, dp=dp)
+
+
+def _rank(
+    rank: int, world: int, zero: bool, lora: bool, port: int, model: str, count: int, steps: int, out: dict
+) -> None:
+    from mas_async.training.data_parallel import DataParallel
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     dp = None
     if world > 1:
         dp = DataParallel.join(
             policy="vertical", device="cpu", host="127.0.0.1", port=port, rank=rank, world_size=world, timeout_s=120
         )
     try:
-        torch.manual_seed(0)
-        learner = PolicyLearner(config, "vertical", model, dp=dp)
+        learner = _learner(model, lora, dp, zero)
         share = _share(_batch(count, seed=0), rank, world)
         learner.step(share, 0)  # warm-up
         if dp is not None:
@@ -92,16 +105,51 @@ def _rank(rank: int, world: int, zero: bool, port: int, model: str, count: int, 
             dp.close()
 
 
+def _sync_rank(rank: int, lora: bool, port: int, model: str, versions: int, out: dict) -> None:
+    """Rank 0: a trainer's learner sends `versions` versions; rank 1: an hf backend receives and loads them."""
+    from mas_async.config import load_config
+    from mas_async.inference.backends.base import ThreadedBackend
+    from mas_async.inference.backends.hf import HFBackend
+    from mas_async.lora import LoraSetup
+    from mas_async.weights.sync import open_sender
+
+    torch.set_num_threads(1)
+    group = {"policy": "vertical", "backend": "gloo", "host": "127.0.0.1", "port": port, "world_size": 2}
+    if rank == 1:
+        spec = load_config(ROOT / CONFIG, [f"policies.vertical.lora={LORA}"]).policies["vertical"].lora
+        server = ThreadedBackend(HFBackend(model, lora=LoraSetup.of(spec, model) if lora else None))
+        server.join_weight_group(rank=1, **group)
+        for version in range(1, versions + 1):
+            server.update_weights(version)
+        return
+    learner = _learner(model, lora)
+    sender = open_sender(**group)
+    seconds = []
+    for version in range(1, versions + 1):
+        began = time.perf_counter()
+        stats = sender.send(version, learner.named_tensors())
+        seconds.append(time.perf_counter() - began)
+    out.update({"bytes": stats["bytes"], "fraction": stats["bytes"] / learner.full_bytes(), "seconds": seconds[1:]})
+
+
+def measure_sync(model: str, lora: bool, versions: int) -> dict[str, Any]:
+    """Bytes, share of the full model and seconds of each version's send (the first, which also sends
+    the manifest, left out)."""
+    out = mp.Manager().dict()
+    mp.spawn(_sync_rank, args=(lora, _free_port(), model, versions + 1, out), nprocs=2)
+    return dict(out)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def measure(world: int, zero: bool, model: str, count: int, steps: int) -> dict[str, float]:
+def measure(world: int, zero: bool, lora: bool, model: str, count: int, steps: int) -> dict[str, float]:
     """One setting in fresh processes: samples/s over the timed steps, and the per-rank maxima of memory."""
     out = mp.Manager().dict()
-    mp.spawn(_rank, args=(world, zero, _free_port(), model, count, steps, out), nprocs=world)
+    mp.spawn(_rank, args=(world, zero, lora, _free_port(), model, count, steps, out), nprocs=world)
     ranks = [out[r] for r in range(world)]
     seconds = max(r["seconds"] for r in ranks)
     return {
@@ -117,11 +165,13 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=64, help="samples per step (a multiple of 8)")
     parser.add_argument("--steps", type=int, default=4, help="timed steps per measurement")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--syncs", type=int, default=20, help="timed weight syncs, full and LoRA")
+    parser.add_argument("--sync-only", action="store_true", help="only the weight syncs (e.g. for a larger --model)")
     parser.add_argument("--smoke", action="store_true", help="1 step, 1 repeat, 16 samples")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     if args.smoke:
-        args.samples, args.steps, args.repeats = 16, 1, 1
+        args.samples, args.steps, args.repeats, args.syncs = 16, 1, 1, 2
     if args.samples % (2 * GROUP):
         raise SystemExit(f"--samples must be a multiple of {2 * GROUP} (whole groups of {GROUP} for each of 2 ranks)")
 
@@ -129,19 +179,38 @@ def main() -> None:
     from mas_async.model_source import resolve_model
 
     model = str(resolve_model(args.model, model_cache_dir()))
-    runs: dict[str, list[dict[str, float]]] = {name: [] for name in SETTINGS}
-    for repeat in range(args.repeats):
-        for name, (world, zero) in SETTINGS.items():
-            runs[name].append(measure(world, zero, model, args.samples, args.steps))
+    settings = {} if args.sync_only else SETTINGS
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in settings}
+    for repeat in range(args.repeats if settings else 0):
+        for name, (world, zero, lora) in settings.items():
+            runs[name].append(measure(world, zero, lora, model, args.samples, args.steps))
             print(
                 f"repeat {repeat + 1}/{args.repeats}, {name}: {runs[name][-1]['samples_per_s']:.1f} samples/s",
                 flush=True,
             )
 
-    base = runs["1 rank"]
     figures: dict[str, Any] = {"model": args.model, "samples": args.samples, "steps": args.steps, "settings": {}}
     print(f"\n{args.model}, {args.samples} samples a step, {args.steps} timed steps, {args.repeats} repeats, "
           f"{os.cpu_count()} cores\n")  # fmt: skip
+    if runs:
+        print_steps(runs, figures)
+    print(
+        "\n| weight sync, one hf server, gloo | bytes per version | of the full model | seconds per version, median (range) |"
+    )
+    print("|---|---|---|---|")
+    for name, lora in (("full model", False), (f"LoRA {LORA}", True)):
+        sync = measure_sync(model, lora, args.syncs)
+        figures.setdefault("sync", {})[name] = sync
+        seconds = sync["seconds"]
+        print(f"| {name} | {sync['bytes']:.0f} | {sync['fraction']:.3f} | "
+              f"{statistics.median(seconds) * 1e3:.2f} ms ({min(seconds) * 1e3:.2f}-{max(seconds) * 1e3:.2f}) |")  # fmt: skip
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
+
+
+def print_steps(runs: dict[str, list[dict[str, float]]], figures: dict[str, Any]) -> None:
+    """The table of the training-step settings, with ratios against 1 rank (also into `figures`)."""
+    base = runs["1 rank"]
     print(
         "| setting | samples/s, median (range) | vs 1 rank, median (range) | optimiser state per rank | peak RSS per rank |"
     )
@@ -155,8 +224,6 @@ def main() -> None:
                                      "peak_rss_mb": rss}  # fmt: skip
         print(f"| {name} | {statistics.median(rate):.1f} ({min(rate):.1f}-{max(rate):.1f}) | "
               f"{statistics.median(ratio):.2f} ({min(ratio):.2f}-{max(ratio):.2f}) | {state:.2f} MiB | {rss:.0f} MiB |")  # fmt: skip
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=2))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 Layout under RUN_DIR/checkpoints/:
 - `<policy>/v<version>/`: the policy's weights (`save_pretrained`, loadable by an inference server as a
-  model folder) and `trainer_state.pt` (optimiser, scheduler, RNG states, version). Each policy has its
+  model folder; with LoRA the merged model, and the adapters in `adapter/`) and `trainer_state.pt`
+  (optimiser, scheduler, RNG states, version). Each policy has its
   own folder, so checkpoints of different policies never overwrite each other.
 - `router/v<version>.json`: the router's data position at that version (the next iteration).
 - `best.json`: the version with the best held-out success so far (`eval/team_success_rate`) and that
@@ -62,6 +63,8 @@ def save_policy(run_dir: Path, policy: str, version: int, learner: PolicyLearner
     alone writes the folder."""
     import torch  # here, not at the top: the router imports this module and never needs torch
 
+    from mas_async.lora import ADAPTER_DIR, merged_model
+
     final = policy_checkpoint(run_dir, policy, version)
     optimizer = learner.optimizer_state()
     ranks = [_rng_state() | {"numpy_rng": json.dumps(learner.rng.bit_generator.state)}]
@@ -71,7 +74,11 @@ def save_policy(run_dir: Path, policy: str, version: int, learner: PolicyLearner
         return final
     tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    learner.model.save_pretrained(tmp, safe_serialization=True)
+    if learner.lora is None:
+        learner.model.save_pretrained(tmp, safe_serialization=True)
+    else:  # the merged model (a complete model folder), and the adapters a resumed run starts from
+        merged_model(learner.model).save_pretrained(tmp, safe_serialization=True)
+        learner.model.save_pretrained(tmp / ADAPTER_DIR, safe_serialization=True)
     for name in TOKENIZER_FILES:  # so the checkpoint is a complete model folder (vLLM loads it as one)
         source = Path(learner.model_path) / name
         if source.exists():

@@ -39,6 +39,20 @@ SELF_PLACING_BACKENDS = ("vllm",)
 """Backends that choose their own GPU: `device` and `server_device` do not say where they run."""
 
 
+class LoraConfig(_Section):
+    r: int = Field(8, ge=1)
+    """Rank of each adapter's low-rank pair (A: r x in, B: out x r)."""
+    alpha: float = Field(16.0, gt=0)
+    """Scale numerator: an adapter adds (alpha / r) * B @ A to its layer's weight."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapters' input while training (recomputed log-probs run without it)."""
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        min_length=1,
+    )
+    """Names (last component) of the linear layers that get an adapter."""
+
+
 class PolicyConfig(_Section):
     model: str = "builtin:tiny-char"
     """'builtin:<preset>' (materialised once by the launcher), 'gguf:<file or package>' (imported once
@@ -67,6 +81,11 @@ class PolicyConfig(_Section):
     GPUs). The router sends each rank whole episodes' groups, balanced by tokens; the update equals one
     rank's on the same batch. Rank 0 alone sends the weights to the inference servers and saves
     checkpoints. Several ranks on GPUs would each need their own device, which is not placed yet: refused there."""
+    lora: LoraConfig | None = None
+    """Train LoRA adapters (peft) on the frozen model instead of every weight: the trainer's optimiser
+    holds the adapters only, each weight sync sends the adapter tensors only, the hf backend serves the
+    model with the adapters applied (peft) and the vLLM backend merges them into its weights
+    (docs/lora.md). Checkpoints hold the adapters and the merged model."""
     max_batch_sequences: int = Field(512, ge=1)
     """Most sequences one batched generate call holds (dynamic batching limit)."""
     batch_gather_ms: float = Field(5.0, ge=0)
@@ -449,6 +468,12 @@ class Config(_Section):
                 raise ValueError(
                     f"policies.{name}.trainer_ranks={spec.trainer_ranks} on {spec.device}: several trainer ranks "
                     "would each need their own GPU, which is not placed yet; use trainer_ranks=1 on GPUs"
+                )
+        for name, spec in self.policies.items():
+            if spec.lora is not None and spec.backend == "mock":
+                raise ValueError(
+                    f"policies.{name}.lora: the mock backend runs no model, so it cannot apply adapters; "
+                    "use backend hf or vllm"
                 )
         self._algorithm_can_learn()
         self._weight_backend_can_work()

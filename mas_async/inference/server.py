@@ -43,6 +43,7 @@ from mas_async.inference.gate import UpdateGate
 from mas_async.inference.limits import GenerateLimits
 from mas_async.inference.request import GenerationRequest
 from mas_async.inference.wave import WaveGather
+from mas_async.lora import starting_point
 from mas_async.runtime.actor import DIED_AT_ENV, Peer
 from mas_async.runtime.log_limit import printable
 from mas_async.weights.group import GroupRetired, WeightGroupSpec, WeightSyncError
@@ -83,16 +84,20 @@ class InferenceServer(Peer):
         self.deployment = deployment
         self.replica = replica
         self.weight_group = WeightGroupSpec.of(config, deployment, policy) if deployment.training else None
+        # A LoRA policy in training serves its base with adapters; served without training (eval), its
+        # weights are a plain model folder (a checkpoint holds the merged model).
+        model_path, lora = starting_point(deployment, policy, spec.lora if deployment.training else None)
         self.backend = make_backend(
             spec.backend,
-            deployment.weights_path(policy),
+            model_path,
             dtype=spec.dtype,
             max_batch_sequences=spec.max_batch_sequences,
             seed=config.run.seed * 1000 + replica,
             device=spec.server_device or spec.device,
+            lora=lora,
         )
         self.backend.version = deployment.start_version
-        self.limits = GenerateLimits.of(config, policy, deployment.weights_path(policy), self.backend)
+        self.limits = GenerateLimits.of(config, policy, model_path, self.backend)
         self.refused = 0
         """Generate requests answered with an error because a value was out of range."""
         self._queue: list[Generate] = []

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from mas_async.config import Config
+from mas_async.lora import LoraSetup, adapter_parameters, with_adapters
 from mas_async.training.advantages import compute_advantages
 from mas_async.training.kept_weights import KeptWeights
 from mas_async.training.logprobs import completion_logprobs
@@ -65,7 +66,10 @@ class PolicyLearner:
         model_path: str,
         total_iterations: int | None = None,
         dp: DataParallel | None = None,
+        adapter: str | None = None,
     ) -> None:
+        """`model_path`: the weights to start from; with `policies.<p>.lora`, the base model, and the
+        adapters are fresh or those saved in `adapter` (a checkpoint's)."""
         from transformers import AutoModelForCausalLM
 
         spec = config.policies[policy]
@@ -75,14 +79,20 @@ class PolicyLearner:
         self.model_path = model_path
         self.device = torch.device(spec.device)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype(spec.dtype)).to(self.device)
-        self.model.train()
         if config.trainer.activation_checkpointing:  # before DDP wraps the model; non-reentrant works with DDP
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.lora = LoraSetup.of(spec.lora, model_path, adapter) if spec.lora is not None else None
+        if self.lora is not None:
+            torch.manual_seed(config.run.seed)  # the same fresh adapters on every rank
+            self.model = with_adapters(self.model, self.lora, trainable=True)
+        self.model.train()
+        self.trained = adapter_parameters(self.model) if self.lora else list(self.model.named_parameters())
+        """What the optimiser steps and the weight sync sends: every parameter, or the adapters only."""
         self.autocast = config.trainer.bf16_autocast
         """Forward passes under torch.autocast in bfloat16 (`trainer.bf16_autocast`)."""
         # One contiguous buffer per dtype: the weight broadcast sends it as it is, with no copy.
         # Flattened after the move to the device, so the buffers live there.
-        self.flat = flatten_parameters(self.model.named_parameters())
+        self.flat = flatten_parameters(self.trained)
         self.max_staleness = config.rollout.max_staleness
         self.kept = KeptWeights(self.flat, self.max_staleness)
         self.reference = None
@@ -105,7 +115,7 @@ class PolicyLearner:
                 self.model, device_ids=[self.device] if on_gpu else None, broadcast_buffers=False
             )
         self.optimizer = make_optimizer(
-            self.model.parameters(),
+            [p for _, p in self.trained],
             lr=spec.lr,
             weight_decay=config.trainer.weight_decay,
             sharded=dp is not None and config.trainer.zero,
@@ -117,7 +127,12 @@ class PolicyLearner:
         self.rng = np.random.default_rng(config.run.seed if self.rank == 0 else [config.run.seed, self.rank])
 
     def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
-        return [(name, p.detach()) for name, p in self.model.named_parameters()]
+        """What the weight sync sends: every parameter, or with LoRA the adapters only."""
+        return [(name, p.detach()) for name, p in self.trained]
+
+    def full_bytes(self) -> int:
+        """Bytes of every parameter of the model (tied ones once): what a full weight sync would send."""
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
 
     def keep_weights(self, version: int) -> None:
         """Stale mode: keep a copy of the weights now held as `version` (`kept_weights.KeptWeights`)."""
@@ -130,7 +145,8 @@ class PolicyLearner:
     def _stale_check(self, samples: list[Sample], version: int) -> tuple[list[torch.Tensor], int]:
         """|recompute - rollout| of samples of older versions under their kept weights, and how many had none."""
         recompute = lambda checked: self._logprobs(self.model, checked)  # noqa: E731
-        return self.kept.check(samples, version, recompute, self.cfg.trainer.stale_check_samples)
+        with self._without_dropout():
+            return self.kept.check(samples, version, recompute, self.cfg.trainer.stale_check_samples)
 
     def _micro_batches(self, samples: list[Sample]) -> list[list[int]]:
         """Index runs of `samples` within `trainer.micro_batch_sequences` and `max_tokens_per_micro_batch`."""
@@ -163,7 +179,7 @@ class PolicyLearner:
             compute_advantages(samples, algo.grouping, algo.eps, algo.normalize_std, algo.std_scope)
             if samples else np.zeros(0)
         )  # fmt: skip
-        with torch.no_grad():
+        with torch.no_grad(), self._without_dropout():
             old = self._logprobs(self.model, samples)
             ref = self._logprobs(self.reference, samples) if self.reference is not None else None
         rollout = [torch.from_numpy(np.array(s.logprobs, dtype=np.float32)) for s in samples]
@@ -238,6 +254,15 @@ class PolicyLearner:
             **extra,
             **self._importance_metrics(stats, computed_tokens, stale),
         }
+
+    @contextlib.contextmanager
+    def _without_dropout(self):
+        """The recomputes of log-probs run in eval mode: deterministic, like the servers' (LoRA dropout)."""
+        self.model.eval()
+        try:
+            yield
+        finally:
+            self.model.train()
 
     def _global(self, counts: list[int]) -> list[int]:
         """`counts` summed over the policy's trainer ranks (themselves with one rank)."""

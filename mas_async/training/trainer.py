@@ -35,6 +35,7 @@ from pathlib import Path
 from mas_async.checkpoint import STATE, checkpoint_due, load_policy_state, policy_checkpoint, save_policy
 from mas_async.config import Config
 from mas_async.deployment import Deployment, trainer_peer
+from mas_async.lora import starting_point
 from mas_async.router.clock import VersionClock
 from mas_async.runtime.actor import Peer
 from mas_async.training.data_parallel import DataParallel, merge_metrics
@@ -86,7 +87,8 @@ class Trainer(Peer):
                 port=deployment.trainer_ports[policy], rank=rank, world_size=ranks,
                 timeout_s=config.trainer.group_timeout_s,
             )  # fmt: skip
-        self.learner = PolicyLearner(config, policy, deployment.weights_path(policy), dp=self.dp)
+        model_path, lora = starting_point(deployment, policy, config.policies[policy].lora)
+        self.learner = PolicyLearner(config, policy, model_path, dp=self.dp, adapter=lora and lora.adapter)
         self.version = deployment.start_version
         if self.version:
             load_policy_state(run_dir, policy, self.version, self.learner)
@@ -228,7 +230,14 @@ class Trainer(Peer):
             if checkpoint_due(self.cfg, self.version):
                 await asyncio.to_thread(save_policy, self.run_dir, self.policy, self.version, self.learner)
                 metrics["checkpoint_version"] = self.version
-            metrics.update({"time/weight_sync_s": sync["seconds"], "weight_sync_bytes": sync["bytes"]})
+            metrics.update(
+                {
+                    "time/weight_sync_s": sync["seconds"],
+                    "weight_sync_bytes": sync["bytes"],
+                    # Of a full sync's bytes: 1 without LoRA, the adapters' share with it.
+                    "weight_sync_fraction": sync["bytes"] / self.learner.full_bytes(),
+                }
+            )
             self.send(Trained(self.policy, self.version, "", metrics if self.rank == 0 else {}))
             log.info(
                 "iteration %d: v%d, %d samples, loss %.4f, logprob diff %.2e, sync %.3fs",

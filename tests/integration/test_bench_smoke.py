@@ -101,15 +101,20 @@ def test_faults_smoke(tmp_path: Path) -> None:
 
 
 def test_trainer_scaling_smoke(tmp_path: Path) -> None:
-    """1 rank, 2 ranks and 2 ranks with ZeRO on the same batch: a rate each, ZeRO's optimiser state per
-    rank about half of one rank's."""
+    """1 rank, 2 ranks, 2 ranks with ZeRO and 1 rank with LoRA on the same batch: a rate each, ZeRO's
+    optimiser state per rank about half of one rank's, LoRA's a fraction; a LoRA sync sends a fraction
+    of the full model's bytes."""
     stdout, figures = _run("trainer_scaling.py", tmp_path)
     settings = figures["settings"]
-    assert set(settings) == {"1 rank", "2 ranks", "2 ranks + ZeRO"} and "| 2 ranks + ZeRO |" in stdout
+    assert set(settings) == {"1 rank", "2 ranks", "2 ranks + ZeRO", "1 rank + LoRA"} and "| 2 ranks + ZeRO |" in stdout
     assert all(s["samples_per_s"][0] > 0 and s["vs_1_rank"][0] > 0 for s in settings.values())
     assert settings["1 rank"]["vs_1_rank"] == [1.0]
     one, zero = settings["1 rank"]["optimizer_state_mb"], settings["2 ranks + ZeRO"]["optimizer_state_mb"]
     assert 0.4 * one < zero < 0.6 * one and settings["2 ranks"]["optimizer_state_mb"] == one
+    assert 0 < settings["1 rank + LoRA"]["optimizer_state_mb"] < 0.5 * one
+    full, lora = figures["sync"].values()
+    assert full["fraction"] == 1.0 and 0 < lora["fraction"] < 0.5 and lora["bytes"] < full["bytes"]
+    assert all(s > 0 for s in full["seconds"] + lora["seconds"])
 
 
 def test_trainer_logprobs_smoke(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """Data-parallel trainer ranks (`policies.<p>.trainer_ranks`): 2 ranks, each with its share of a batch
 (whole groups), make the same update as 1 rank on the whole batch: parameters within 1e-6 after one
-step (fp32, gloo on 127.0.0.1, real processes). The same with ZeRO, and with accumulation by token
-budget; and a rank with no sample at all still joins the step."""
+step (fp32, gloo on 127.0.0.1, real processes). The same with ZeRO, with accumulation by token budget
+and with LoRA adapters; and a rank with no sample at all still joins the step."""
 
 from __future__ import annotations
 
@@ -57,8 +57,8 @@ def model_path(tmp_path_factory):
 
 @pytest.mark.parametrize(
     "overrides",
-    [[], ["trainer.zero=true"], ["trainer.max_tokens_per_micro_batch=12"]],
-    ids=["ddp", "zero", "token-budget"],
+    [[], ["trainer.zero=true"], ["trainer.max_tokens_per_micro_batch=12"], ["policies.vertical.lora={r: 4}"]],
+    ids=["ddp", "zero", "token-budget", "lora"],
 )
 def test_two_ranks_make_the_update_of_one(model_path, overrides):
     samples = batch(model_path, count=12)  # 3 groups of 4

@@ -1,5 +1,6 @@
 """Checkpoint and resume: kill -9 the whole run mid-iteration, resume it, and the metrics show every
-iteration exactly once with continuous versions."""
+iteration exactly once with continuous versions. The vertical policy trains LoRA adapters and the
+horizontal one every weight, so both kinds of checkpoint are resumed."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from tests.integration.launch import FAST, alive, child_pids, cleanup, start_tra
 
 def test_kill_9_mid_iteration_then_resume(tmp_path):
     run_dir = tmp_path / "run"
-    args = ["run.iterations=6", "trainer.checkpoint_every=2", *FAST, "eval.every=2"]
+    lora = ["policies.vertical.lora={r: 8, alpha: 16}", "policies.vertical.lr=0.01"]
+    args = ["run.iterations=6", "trainer.checkpoint_every=2", *FAST, "eval.every=2", *lora]
     proc = start_train("configs/plan_path_tiny.yaml", run_dir, *args)
     try:
         pids = child_pids(run_dir)
@@ -44,11 +46,14 @@ def test_kill_9_mid_iteration_then_resume(tmp_path):
     assert [r["iteration"] for r in rows] == [0, 1, 2, 3, 4, 5, 6]  # none lost, none repeated
     for i, row in enumerate(rows[:6]):
         assert row["policy/vertical/version"] == i and row["policy/horizontal/version"] == i
-        assert row["policy/vertical/version_mismatch"] == 0
-        assert row["policy/vertical/logprob_abs_diff"] < 1e-4  # servers resumed with the trainer's weights
+        for policy in ("vertical", "horizontal"):
+            assert row[f"policy/{policy}/version_mismatch"] == 0
+            assert row[f"policy/{policy}/logprob_abs_diff"] < 1e-4  # servers resumed with the trainer's weights
+        assert row["policy/vertical/weight_sync_fraction"] < 0.5  # adapters only
     trainer_log = (run_dir / "logs" / "trainer-vertical.log").read_text()
     assert "v5" in trainer_log and "v6" in trainer_log
     assert {p.name for p in (run_dir / "checkpoints" / "vertical").iterdir()} >= {"v000002", "v000004", "v000006"}
+    assert (run_dir / "checkpoints" / "vertical" / "v000006" / "adapter" / "adapter_model.safetensors").is_file()
     assert not list((run_dir / "checkpoints").glob("*/.tmp-*"))  # no half-written checkpoint left behind
 
 

@@ -6,8 +6,8 @@ gloo weight group whose rank 0, the "trainer", is an HF model with an Adam optim
 Checked: greedy outputs equal the hf backend's for the same weights; after a trainer step and a
 weight update, the sampled tokens' log-probs equal the trainer's recompute (mean abs diff < 1e-4 in
 fp32) and carry the new version; a request that reaches the server during an update waits for it and
-is served by one version only; a bad broadcast loads nothing. Last, a short `mas-async train` run
-with the vllm backend for every policy. The engine process is shut down, and killed by pid if it
+is served by one version only; a bad broadcast loads nothing. Last, short `mas-async train` runs with
+the vllm backend: strict, bounded staleness, and LoRA (adapters only in each sync, merged by vLLM). The engine process is shut down, and killed by pid if it
 outlives that, when the module ends.
 
 The model is the built-in small-char preset: vLLM's CPU attention needs a head size that is a
@@ -370,25 +370,35 @@ def test_a_receive_in_a_retired_group_stops_and_the_re_formed_group_delivers_the
     assert diff < TOLERANCE
 
 
-VLLM_POLICIES = {0: ("vertical", "horizontal"), 1: ("vertical",)}
+LORA = "{r: 8, alpha: 16, target_modules: [q_proj, v_proj, up_proj, down_proj]}"
+RUNS = {
+    # name: (rollout.max_staleness, the policies vLLM serves (hf the others), LoRA, iterations)
+    "strict": (0, ("vertical", "horizontal"), False, 2),
+    # k=1 serves one policy with vLLM: one vLLM engine start less in CI
+    "stale": (1, ("vertical",), False, 3),
+    # LoRA on both policies: adapters merged by vLLM (vertical), applied by peft on hf (horizontal); three
+    # iterations, so that a merge into base weights the previous reload had changed would show
+    "lora": (0, ("vertical",), True, 3),
+}
 
 
-@pytest.mark.parametrize("staleness", [0, 1])
-def test_training_through_the_launcher_with_vllm_for_every_policy(tmp_path: Path, staleness: int) -> None:
-    """Strict, and bounded staleness k=1 (vLLM drains its running requests before each update: the next
-    iteration's episodes keep coming, and wait only for the load itself)."""
+@pytest.mark.parametrize("run", list(RUNS))
+def test_training_through_the_launcher_with_vllm(tmp_path: Path, run: str) -> None:
+    """Strict; bounded staleness k=1 (vLLM drains its running requests before each update: the next
+    iteration's episodes keep coming, and wait only for the load itself); LoRA adapters only in each sync."""
     from tests.integration.launch import FAST, cleanup, start_train
 
+    staleness, on_vllm, lora, iterations = RUNS[run]
     run_dir = tmp_path / "run"
-    iterations = 2 + staleness
+    lr = "policies.{}.lr=0.02"
     proc = start_train(
         "configs/plan_path_tiny.yaml",
         run_dir,
         f"run.iterations={iterations}",
         f"rollout.max_staleness={staleness}",
         *FAST,
-        # k=1 serves one policy with vLLM (the other with hf): one vLLM engine start less in CI
-        *(f"policies.{p}.{key}" for p in VLLM_POLICIES[staleness] for key in ("backend=vllm", f"model={MODEL}")),
+        *(f"policies.{p}.{key}" for p in on_vllm for key in ("backend=vllm", f"model={MODEL}")),
+        *(o for p in ("vertical", "horizontal") for o in (f"policies.{p}.lora={LORA}", lr.format(p)) if lora),
     )
     try:
         out, _ = proc.communicate(timeout=500)
@@ -402,7 +412,12 @@ def test_training_through_the_launcher_with_vllm_for_every_policy(tmp_path: Path
             assert row[f"policy/{policy}/version"] == i
             assert row[f"policy/{policy}/version_mismatch"] == 0
             diff = row[f"policy/{policy}/logprob_abs_diff"]
-            print(f"launcher run (k={staleness}), iteration {i}, {policy}: logprob_abs_diff = {diff:.2e}")
+            print(f"launcher run ({run}), iteration {i}, {policy}: logprob_abs_diff = {diff:.2e}")
             assert diff < TOLERANCE  # stale mode: checked under the weights that generated each sample
             if staleness:
                 assert row[f"policy/{policy}/staleness_max"] <= 1 and row[f"policy/{policy}/stale_dropped"] == 0
+            fraction = row[f"policy/{policy}/weight_sync_fraction"]
+            print(f"  weight sync: {row[f'policy/{policy}/weight_sync_bytes']:.0f} bytes, {fraction:.3f} of the model")
+            assert (0 < fraction < 0.5) if lora else fraction == 1.0
+            if lora:  # the adapters moved: the match is about weights that changed
+                assert row[f"policy/{policy}/grad_norm"] > 0.0

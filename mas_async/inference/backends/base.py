@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     import torch
 
     from mas_async.inference.request import GenerationRequest
+    from mas_async.lora import LoraSetup
     from mas_async.weights.cuda_ipc import CudaIpcReceiver
     from mas_async.weights.receiver import WeightReceiver
     from mas_async.wire.samples import Completion
@@ -149,19 +150,32 @@ class ThreadedBackend:
 
 
 def make_backend(
-    name: str, model_path: str, *, dtype: str, max_batch_sequences: int, seed: int, device: str = "cpu"
+    name: str,
+    model_path: str,
+    *,
+    dtype: str,
+    max_batch_sequences: int,
+    seed: int,
+    device: str = "cpu",
+    lora: LoraSetup | None = None,
 ) -> InferenceBackend:
     """The backend named in the policy's config (`policies.<name>.backend`): a key of
     `mas_async.api.BACKENDS` or a "module:Class" path. The class is built with `(model_path, dtype=...,
-    max_batch_sequences=..., seed=...)`, plus `device=...` when the policy is not on the CPU (a backend
-    without that parameter is then refused); a synchronous engine (a `generate` that is not a coroutine
-    function) runs behind `ThreadedBackend`, one batch at a time in a thread."""
+    max_batch_sequences=..., seed=...)`, plus `device=...` when the policy is not on the CPU and `lora=...`
+    when it trains LoRA adapters (a backend without that parameter is then refused); a synchronous engine
+    (a `generate` that is not a coroutine function) runs behind `ThreadedBackend`, one batch at a time in
+    a thread."""
     cls = resolve(name, BACKENDS, "inference backend")
-    kwargs: dict[str, str] = {}
+    parameters = inspect.signature(cls).parameters
+    kwargs: dict[str, object] = {}
     if device != "cpu":  # only then, so that backends written before the key existed keep working
-        if "device" not in inspect.signature(cls).parameters:
+        if "device" not in parameters:
             raise ValueError(f"inference backend {name!r} takes no device argument, so it cannot run on {device!r}")
         kwargs["device"] = device
+    if lora is not None:
+        if "lora" not in parameters:
+            raise ValueError(f"inference backend {name!r} takes no lora argument, so it cannot serve LoRA adapters")
+        kwargs["lora"] = lora
     engine = cls(model_path, dtype=dtype, max_batch_sequences=max_batch_sequences, seed=seed, **kwargs)
     if inspect.iscoroutinefunction(getattr(engine, "generate", None)):
         return engine

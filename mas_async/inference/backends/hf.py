@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from mas_async.inference.request import GenerationRequest
+from mas_async.lora import LoraSetup, adapter_parameters, with_adapters
 from mas_async.weights.flat_params import ParameterAdopter, check_named_tensors
 from mas_async.weights.group import dtype_name, torch_dtype
 from mas_async.wire.samples import Completion
@@ -53,13 +54,20 @@ class HFBackend:
         device: str = "cpu",
         max_batch_sequences: int = 512,
         seed: int = 0,
+        lora: LoraSetup | None = None,
     ) -> None:
+        """`lora`: serve `model_path` (the base) with the policy's adapters applied (peft, as the trainer
+        computes them); weight updates then carry the adapters only."""
         from transformers import AutoModelForCausalLM
 
         weights_dtype = torch_dtype(dtype)
         if max_batch_sequences < 1:
             raise ValueError(f"max_batch_sequences must be at least 1, got {max_batch_sequences}")
         self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=weights_dtype)
+        if lora is not None:
+            self.model = with_adapters(self.model, lora, trainable=False)
+        self._updated = adapter_parameters(self.model) if lora is not None else list(self.model.named_parameters())
+        """The parameters a weight update replaces: every one, or the adapters only."""
         self._manifest: list[tuple[str, list[int], str]] | None = None
         self._adopter: ParameterAdopter | None = None
         self.model.to(device).eval()
@@ -70,7 +78,8 @@ class HFBackend:
         self.pad_id: int = 0 if pad is None else int(pad)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         # transformers 5 renamed the KV-cache argument (and output field) past_key_values -> cache.
-        forward_args = inspect.signature(self.model.forward).parameters
+        plain = self.model.get_base_model() if lora is not None else self.model
+        forward_args = inspect.signature(plain.forward).parameters
         self._cache_kwarg = "cache" if "cache" in forward_args else "past_key_values"
         self.version: int = 0
 
@@ -165,16 +174,16 @@ class HFBackend:
     # --- weights ------------------------------------------------------------------------------
 
     def parameter_manifest(self) -> list[tuple[str, list[int], str]]:
-        """(name, shape, dtype) of every parameter, in `named_parameters()` order (tied ones once).
-        Loading weights never changes it, so it is computed once."""
+        """(name, shape, dtype) of every parameter an update replaces (with LoRA, every adapter one), in
+        `named_parameters()` order (tied ones once). Loading weights never changes it, so it is computed once."""
         if self._manifest is None:
-            self._manifest = [(n, list(p.shape), dtype_name(p.dtype)) for n, p in self.model.named_parameters()]
+            self._manifest = [(n, list(p.shape), dtype_name(p.dtype)) for n, p in self._updated]
         return self._manifest
 
     def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
         """Replace every parameter by copying. All names, shapes and dtypes are checked against the
         model before the first copy, so a mismatch raises a ValueError and leaves the model untouched."""
-        params = dict(self.model.named_parameters())
+        params = dict(self._updated)
         check_named_tensors(params, named_tensors)
         with torch.no_grad():
             for name, tensor in named_tensors:
@@ -184,7 +193,7 @@ class HFBackend:
         """Replace every parameter without a copy: each becomes a view of its received tensor (checked
         first, like `load_weights`). The tensors must stay untouched until the next update."""
         if self._adopter is None:
-            self._adopter = ParameterAdopter(dict(self.model.named_parameters()))
+            self._adopter = ParameterAdopter(dict(self._updated))
         self._adopter.adopt(named_tensors)
 
 

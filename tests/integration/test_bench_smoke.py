@@ -58,7 +58,7 @@ def test_router_smoke(tmp_path: Path) -> None:
 
 def test_gpu_check_smoke(tmp_path: Path) -> None:
     """The GPU check's CPU rehearsal: hf server and trainer, a step, the versioned update over gloo and the
-    log-prob match; the CUDA IPC part says it is skipped; the demo learns for 2 iterations through
+    log-prob match, in full and with LoRA adapters; the CUDA IPC part says it is skipped; the demo learns for 2 iterations through
     `mas-async train` on the CPU (gloo)."""
     stdout, figures = _run("gpu_check.py", tmp_path)
     assert stdout.startswith("vLLM: ") and "CUDA IPC: skipped" in stdout
@@ -66,6 +66,9 @@ def test_gpu_check_smoke(tmp_path: Path) -> None:
     run = figures["passes"]["float32"]
     assert run["logprob"]["mean_abs_diff"] < 1e-4 < run["logprob"]["step_moved"]
     assert run["rollout"]["tokens"] > 0 and run["train_step"]["tokens_per_s"] > 0 and run["gloo_sync"]["ratio"] > 0
+    lora = figures["passes"]["float32+lora"]  # adapters only: a fraction of the bytes, the same match
+    assert lora["logprob"]["mean_abs_diff"] < 1e-4 < lora["logprob"]["step_moved"]
+    assert 0 < lora["bytes"] < 0.5 * run["bytes"] and lora["of_full_model"] < 0.5 and run["of_full_model"] == 1.0
     demo = figures["demo"]
     assert demo["iterations"] == 2 and demo["returncode"] == 0 and demo["wall_s"] > 0
     assert demo["weight_backends"] == {"vertical": "gloo", "horizontal": "gloo"} and demo["version_mismatch_max"] == 0

@@ -419,5 +419,8 @@ def test_training_through_the_launcher_with_vllm(tmp_path: Path, run: str) -> No
             fraction = row[f"policy/{policy}/weight_sync_fraction"]
             print(f"  weight sync: {row[f'policy/{policy}/weight_sync_bytes']:.0f} bytes, {fraction:.3f} of the model")
             assert (0 < fraction < 0.5) if lora else fraction == 1.0
-            if lora:  # the adapters moved: the match is about weights that changed
-                assert row[f"policy/{policy}/grad_norm"] > 0.0
+    if lora:  # some step before the last moved the adapters: a later match is about weights that changed
+        # (an iteration whose every group had one reward has zero advantages, so no gradient)
+        norms = [row[f"policy/{p}/grad_norm"] for row in rows[: iterations - 1] for p in ("vertical", "horizontal")]
+        print(f"  grad norms before the last iteration: {norms}")
+        assert max(norms) > 0.0

@@ -117,7 +117,6 @@ def merge_adapters(
 ) -> dict[str, torch.Tensor]:
     """The weights of `base` that have adapters, each W + scale * B @ A (computed in float32, returned in
     W's dtype). Every adapted weight needs both its A and its B."""
-
     pairs: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in adapters:
         weight, part = base_weight_name(name)

@@ -290,9 +290,8 @@ class WeightSyncExtension:
         self._mas_lora = lora
         self._mas_lora_manifest = adapter_manifest(lora, model_config.dtype)
         self._mas_base: dict[str, torch.Tensor] = {}
-        for path, name in self._mas_checkpoint_names():
-            with safe_open(str(path), framework="pt") as f:
-                self._mas_base[name] = f.get_tensor(name).to(model_config.dtype)
+        for f, names in self._mas_checkpoint_files():
+            self._mas_base.update((name, f.get_tensor(name).to(model_config.dtype)) for name in names)
         if lora.adapter is not None:
             self._mas_reload(saved_adapters(lora.adapter))
 
@@ -322,25 +321,25 @@ class WeightSyncExtension:
         self.reload_weights(weights_iterator=iter(tensors), is_checkpoint_format=True)  # type: ignore[attr-defined]
         self._mas_refresh_tied_lm_head()
 
-    def _mas_checkpoint_names(self) -> Iterator[tuple[Path, str]]:
-        """(file, name) of every tensor of the model folder's safetensors files, a tied lm_head not (it is
-        the embedding)."""
+    def _mas_checkpoint_files(self) -> Iterator[tuple[Any, list[str]]]:
+        """Each safetensors file of the model folder, open, with the names of its tensors (a tied lm_head
+        not: it is the embedding)."""
         model_config = self.vllm_config.model_config  # type: ignore[attr-defined]
         tied = getattr(model_config.hf_text_config, "tie_word_embeddings", False)
         for path in sorted(Path(model_config.model).glob("*.safetensors")):
             with safe_open(str(path), framework="pt") as f:
-                names = list(f.keys())
-            yield from ((path, name) for name in names if not (tied and name == "lm_head.weight"))
+                yield f, [name for name in f.keys() if not (tied and name == "lm_head.weight")]  # noqa: SIM118
 
     def _mas_manifest(self) -> list[tuple[str, list[int], str]]:
         """What the trainer sends: the checkpoint's tensors (a tied lm_head once, as the embedding),
         in the engine's dtype. Read from the safetensors headers of the model folder."""
         model_config = self.vllm_config.model_config  # type: ignore[attr-defined]
-        manifest = []
-        for path, name in self._mas_checkpoint_names():
-            with safe_open(str(path), framework="pt") as f:
-                manifest.append((name, list(f.get_slice(name).get_shape()), dtype_name(model_config.dtype)))
-        return manifest
+        dtype = dtype_name(model_config.dtype)
+        return [
+            (name, list(f.get_slice(name).get_shape()), dtype)
+            for f, names in self._mas_checkpoint_files()
+            for name in names
+        ]
 
     def _mas_refresh_tied_lm_head(self) -> None:
         from vllm.config import set_current_vllm_config

@@ -86,6 +86,13 @@ class PolicyConfig(_Section):
     holds the adapters only, each weight sync sends the adapter tensors only, the hf backend serves the
     model with the adapters applied (peft) and the vLLM backend merges them into its weights
     (docs/lora.md). Checkpoints hold the adapters and the merged model."""
+    base: str | None = None
+    """Share the inference servers of this other policy, which hold one copy of the same model: each
+    request names its policy, whose own LoRA adapters serve it, and each policy keeps its own trainer,
+    optimiser and weight group (docs/lora.md). Both policies need `lora`, the same model, dtype and
+    device, and the hf backend; the base's serving settings (`replicas`, `max_batch_sequences`, batch
+    gathering) apply. In training only: `mas-async eval` serves each policy alone, from its checkpoint's
+    merged model."""
     max_batch_sequences: int = Field(512, ge=1)
     """Most sequences one batched generate call holds (dynamic batching limit)."""
     batch_gather_ms: float = Field(5.0, ge=0)
@@ -475,6 +482,7 @@ class Config(_Section):
                     f"policies.{name}.lora: the mock backend runs no model, so it cannot apply adapters; "
                     "use backend hf or vllm"
                 )
+        self._shared_bases_can_work()
         self._algorithm_can_learn()
         self._weight_backend_can_work()
         if self.rollout.top_p < 1.0:
@@ -491,6 +499,62 @@ class Config(_Section):
         if self.eval.k > 1 and self.eval.greedy:
             raise ValueError("eval.k > 1 repeats identical greedy episodes; set eval.greedy=false")
         return self
+
+    def _shared_bases_can_work(self) -> None:
+        """Refuse a `policies.<p>.base` that does not name a policy whose servers can hold p's adapters."""
+        for name, spec in self.policies.items():
+            if spec.base is None:
+                continue
+            where = f"policies.{name}.base={spec.base}"
+            host = self.policies.get(spec.base)
+            if host is None:
+                raise ValueError(f"{where}: not one of the policies ({', '.join(sorted(self.policies))})")
+            if spec.base == name:
+                raise ValueError(f"{where}: a policy cannot be its own base")
+            if host.base is not None:
+                raise ValueError(f"{where}: that policy is served on {host.base}'s servers; name {host.base} instead")
+            if spec.lora is None or host.lora is None:
+                raise ValueError(f"{where}: both policies need `lora` (a shared base serves each one's adapters)")
+            for key in ("r", "alpha", "target_modules"):
+                if getattr(spec.lora, key) != getattr(host.lora, key):
+                    raise ValueError(
+                        f"{where}: lora.{key} differs ({getattr(spec.lora, key)!r} against {getattr(host.lora, key)!r}); "
+                        "the policies on one base serve adapters of one shape"
+                    )
+            for key in ("model", "dtype", "backend", "device", "server_device"):
+                if getattr(spec, key) != getattr(host, key):
+                    raise ValueError(
+                        f"{where}: {key} differs ({getattr(spec, key)!r} against {getattr(host, key)!r}); the "
+                        "policies share one copy of the model"
+                    )
+            if spec.backend != "hf":
+                raise ValueError(
+                    f"{where}: backend {spec.backend!r} cannot serve several policies' adapters on one base; use hf "
+                    "(vLLM 0.32 loads LoRA adapters only from folders, docs/lora.md)"
+                )
+            on_one_gpu = spec.trainer_on() == spec.servers_on() != "cpu"
+            if self.cluster.weight_backend == "cuda_ipc" or (self.cluster.weight_backend == "auto" and on_one_gpu):
+                raise ValueError(
+                    f"{where}: a shared base receives its policies' weights over gloo or nccl, not CUDA IPC (trainer "
+                    "and servers on one GPU); put the servers on another device (server_device) or use gloo"
+                )
+            if "replicas" in spec.model_fields_set and spec.replicas != host.replicas:
+                raise ValueError(
+                    f"{where}: policies.{name}.replicas={spec.replicas}, but its servers are {spec.base}'s "
+                    f"({host.replicas}); leave it unset"
+                )
+
+    def server_policy(self, policy: str, training: bool = True) -> str:
+        """The policy whose inference servers serve `policy`: its `base` in training, else itself."""
+        base = self.policies[policy].base
+        return base if training and base is not None else policy
+
+    def served_policies(self, policy: str, training: bool = True) -> list[str]:
+        """The policies that the inference servers of `policy` serve: itself first, then those whose base
+        it is (in training); empty for a policy that is served on another's servers."""
+        if self.server_policy(policy, training) != policy:
+            return []
+        return [policy, *(p for p in self.policies if p != policy and self.server_policy(p, training) == policy)]
 
     def _algorithm_can_learn(self) -> None:
         """Refuse the algorithm settings whose advantages are identically zero or mix baselines."""

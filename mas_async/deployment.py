@@ -64,6 +64,14 @@ def trainer_peer(policy: str, rank: int = 0) -> str:
     return f"trainer/{policy}" if rank == 0 else f"trainer/{policy}/{rank}"
 
 
+def replica_names(config: Config, policy: str, training: bool = True) -> list[str]:
+    """The peer ids of `policy`'s own inference replicas, inference/P/R (none when it is served on another
+    policy's base, `policies.<p>.base`)."""
+    if config.server_policy(policy, training) != policy:
+        return []
+    return [f"inference/{policy}/{r}" for r in range(config.policies[policy].replicas)]
+
+
 def trainer_rank(peer: str) -> int:
     """The rank of a trainer peer id (`trainer_peer`'s inverse)."""
     parts = peer.split("/")

@@ -1,4 +1,8 @@
-"""The inference server: serves one policy with a backend and loads version-tagged weights.
+"""The inference server: serves a policy with a backend and loads version-tagged weights.
+
+In training, the servers of a policy also serve the policies that share its base (`policies.<p>.base`):
+each request names its policy, each policy has its own adapters, weight group and version, and a batch
+holding several policies' requests runs one policy at a time.
 
 Requests queue as they arrive; the batching task takes everything queued and hands it to the backend
 as one batch (dynamic batching; a backend with continuous batching, like vLLM, may have several batches
@@ -38,7 +42,7 @@ import time
 
 from mas_async.config import Config
 from mas_async.deployment import Deployment
-from mas_async.inference.backends.base import make_backend
+from mas_async.inference.backends.base import InferenceBackend, make_backend
 from mas_async.inference.gate import UpdateGate
 from mas_async.inference.limits import GenerateLimits
 from mas_async.inference.request import GenerationRequest
@@ -83,10 +87,15 @@ class InferenceServer(Peer):
         self.cfg = config
         self.deployment = deployment
         self.replica = replica
-        self.weight_group = WeightGroupSpec.of(config, deployment, policy) if deployment.training else None
+        self.served = config.served_policies(policy, deployment.training)
+        """The policies whose requests this server takes: its own, then those that share its base."""
+        self.weight_groups = (
+            {p: WeightGroupSpec.of(config, deployment, p) for p in self.served} if deployment.training else {}
+        )
         # A LoRA policy in training serves its base with adapters; served without training (eval), its
         # weights are a plain model folder (a checkpoint holds the merged model).
         model_path, lora = starting_point(deployment, policy, spec.lora if deployment.training else None)
+        guests = {p: starting_point(deployment, p, config.policies[p].lora)[1] for p in self.served[1:]}
         self.backend = make_backend(
             spec.backend,
             model_path,
@@ -95,8 +104,12 @@ class InferenceServer(Peer):
             seed=config.run.seed * 1000 + replica,
             device=spec.server_device or spec.device,
             lora=lora,
+            guests=guests,
         )
-        self.backend.version = deployment.start_version
+        self.guests = {p: self.backend.guest(p) for p in guests}
+        """policy -> the backend of a policy that shares this one's base: a view of the same engine."""
+        for backend in (self.backend, *self.guests.values()):
+            backend.version = deployment.start_version
         self.limits = GenerateLimits.of(config, policy, model_path, self.backend)
         self.refused = 0
         """Generate requests answered with an error because a value was out of range."""
@@ -104,14 +117,14 @@ class InferenceServer(Peer):
         self._wakeup = asyncio.Event()
         self.gather = WaveGather(spec.batch_gather_ms / 1000, spec.batch_gather_fraction, spec.max_batch_sequences)
         self.gate = UpdateGate()
-        self._updates = asyncio.Lock()
-        """One weight update at a time (a second receive would write the set the first one filled)."""
+        self._updates = {p: asyncio.Lock() for p in self.served}
+        """One weight update of a policy at a time (a second receive would write the set the first one filled)."""
         self.overlap_updates = config.rollout.max_staleness > 0 and hasattr(self.backend, "receive_weights")
         """Receive while generating, then swap (bounded staleness); else drain first (strict mode)."""
-        self.generation = -1
-        """The generation of the weight group joined (-1: none yet)."""
-        self._ordered = 0
-        """The newest generation the router ordered."""
+        self.generation = dict.fromkeys(self.served, -1)
+        """policy -> the generation of its weight group joined (-1: none yet)."""
+        self._ordered = dict.fromkeys(self.served, 0)
+        """policy -> the newest generation of its weight group the router ordered."""
         self.replacement = bool(os.environ.get(DIED_AT_ENV))
         """This process replaces a lost replica: it joins the generation the router re-forms, not the first."""
 
@@ -120,28 +133,27 @@ class InferenceServer(Peer):
             await self._batch_loop()
             return
         if not self.replacement:
-            await self._join(0)
+            await asyncio.gather(*(self._join(policy, 0) for policy in self.served))
         await self._batch_loop()
 
-    async def _join(self, generation: int) -> bool:
-        """Join generation `generation` of the weight group, unless a newer one was ordered (False then)."""
-        assert self.weight_group is not None
-        async with self._updates:
-            if generation < self._ordered or generation <= self.generation:
+    async def _join(self, policy: str, generation: int) -> bool:
+        """Join generation `generation` of `policy`'s weight group, unless a newer one was ordered (False then)."""
+        async with self._updates[policy]:
+            if generation < self._ordered[policy] or generation <= self.generation[policy]:
                 return False
-            args = self.weight_group.join_args(1 + self.replica, generation)
+            args = self.weight_groups[policy].join_args(1 + self.replica, generation)
             try:
-                await asyncio.to_thread(self.backend.join_weight_group, **args)
+                await asyncio.to_thread(self.backend_of(policy).join_weight_group, **args)
             except GroupRetired as e:
                 log.warning("%s", e)
                 return False
-            self.generation = generation
-            log.info("weight group of %s joined as rank %d (generation %d)", self.policy, 1 + self.replica, generation)
+            self.generation[policy] = generation
+            log.info("weight group of %s joined as rank %d (generation %d)", policy, 1 + self.replica, generation)
             return True
 
     async def on_message(self, msg: Message) -> None:
         if isinstance(msg, Generate):
-            error = self.limits.check(msg)
+            error = self.limits.check(msg) or self._serves(msg.policy)
             if error:
                 self.refused += 1
                 if n := self.warnings.due("refused"):
@@ -151,13 +163,21 @@ class InferenceServer(Peer):
             self._queue.append(msg)
             self._wakeup.set()
             self.gather.arrived()
-        elif isinstance(msg, UpdateWeights):
-            self.spawn(self._update(msg.version, msg.generation), f"update-v{msg.version}")
-        elif isinstance(msg, ReformWeightGroup) and self.weight_group is not None:
-            self._ordered = max(self._ordered, msg.generation)
-            self.spawn(self._join(msg.generation), f"join-{msg.generation}")
+        elif isinstance(msg, UpdateWeights) and msg.policy in self.weight_groups:
+            self.spawn(self._update(msg.policy, msg.version, msg.generation), f"update-{msg.policy}-v{msg.version}")
+        elif isinstance(msg, ReformWeightGroup) and msg.policy in self.weight_groups:
+            self._ordered[msg.policy] = max(self._ordered[msg.policy], msg.generation)
+            self.spawn(self._join(msg.policy, msg.generation), f"join-{msg.policy}-{msg.generation}")
         else:
             self.unexpected(msg)
+
+    def _serves(self, policy: str) -> str:
+        """ "" when this server serves `policy`, else why not."""
+        return "" if policy in self.served else f"Generate.policy={policy!r}: this server serves {self.served}"
+
+    def backend_of(self, policy: str) -> InferenceBackend:
+        """The backend that serves `policy`: this server's own, or a guest's view of it."""
+        return self.backend if policy == self.policy else self.guests[policy]
 
     async def _batch_loop(self) -> None:
         while True:
@@ -184,73 +204,85 @@ class InferenceServer(Peer):
                     live.append(req)
             if not live:
                 return
-            requests = [
-                GenerationRequest(
-                    prompt_ids=r.prompt_ids,
-                    n=r.n,
-                    max_tokens=r.max_tokens,
-                    temperature=r.temperature,
-                    top_p=r.top_p,
-                    greedy=r.greedy,
-                    stop_token_ids=list(r.stop_token_ids),
-                )  # fmt: skip
-                for r in live
-            ]
             started = time.monotonic()
-            # The requests' callers give up at their deadline; a backend still busy request_timeout_s later
-            # is hung, and a hung replica must stop (the launcher restarts it) rather than hold its gate.
-            bound = max(r.deadline for r in live) - now + self.cfg.rollout.request_timeout_s
-            try:
-                results = await asyncio.wait_for(self.backend.generate(requests), bound)
-            except TimeoutError:
-                raise BackendHung(
-                    f"{self.peer_id}: the backend's generate of {len(live)} requests did not return within {bound:.0f} s "
-                    f"(the latest deadline plus rollout.request_timeout_s)"
-                ) from None
+            for policy in self.served:  # (one policy's requests at a time: each runs with its own adapters)
+                of_policy = [r for r in live if r.policy == policy]
+                if of_policy:
+                    await self._generate(policy, of_policy, now)
             self.gather.batch_done(len(live), time.monotonic() - started)
-            for req, completions in zip(live, results, strict=True):
-                self.send(GenerateResult(req.request_id, req.origin, "", [completion_to_wire(c) for c in completions]))
         finally:
             await self.gate.release_read()
 
-    async def _update(self, version: int, generation: int) -> None:
-        async with self._updates:
-            if generation != self.generation:  # sent in a generation this replica is not (or no longer) in
+    async def _generate(self, policy: str, live: list[Generate], now: float) -> None:
+        """Generate `policy`'s requests `live` and send their results."""
+        requests = [
+            GenerationRequest(
+                prompt_ids=r.prompt_ids,
+                n=r.n,
+                max_tokens=r.max_tokens,
+                temperature=r.temperature,
+                top_p=r.top_p,
+                greedy=r.greedy,
+                stop_token_ids=list(r.stop_token_ids),
+            )  # fmt: skip
+            for r in live
+        ]
+        # The requests' callers give up at their deadline; a backend still busy request_timeout_s later
+        # is hung, and a hung replica must stop (the launcher restarts it) rather than hold its gate.
+        bound = max(r.deadline for r in live) - now + self.cfg.rollout.request_timeout_s
+        try:
+            results = await asyncio.wait_for(self.backend_of(policy).generate(requests), bound)
+        except TimeoutError:
+            raise BackendHung(
+                f"{self.peer_id}: the backend's generate of {len(live)} requests did not return within {bound:.0f} s "
+                f"(the latest deadline plus rollout.request_timeout_s)"
+            ) from None
+        for req, completions in zip(live, results, strict=True):
+            self.send(GenerateResult(req.request_id, req.origin, "", [completion_to_wire(c) for c in completions]))
+
+    async def _update(self, policy: str, version: int, generation: int) -> None:
+        backend = self.backend_of(policy)
+        async with self._updates[policy]:
+            if generation != self.generation[policy]:  # sent in a generation this replica is not (or no longer) in
                 log.info(
-                    "ignored the send of v%d in generation %d (in generation %d)", version, generation, self.generation
-                )
+                    "ignored the send of %s v%d in generation %d (in generation %d)",
+                    policy, version, generation, self.generation[policy],
+                )  # fmt: skip
                 return
             t0 = time.monotonic()
             error = ""
             try:
                 if self.overlap_updates:
-                    tensors = await asyncio.to_thread(self.backend.receive_weights, version)
+                    tensors = await asyncio.to_thread(backend.receive_weights, version)
                     async with self._writing():
-                        self.backend.apply_weights(version, tensors)
+                        backend.apply_weights(version, tensors)
                 else:
                     async with self._writing():
-                        await asyncio.to_thread(self.backend.update_weights, version)
+                        await asyncio.to_thread(backend.update_weights, version)
             except WeightSyncError as e:  # retired, or broken by a lost replica: the router has the group re-formed
                 log.warning(
-                    "the receive of v%d was abandoned (%s); the trainer sends again in the re-formed group", version, e
-                )
+                    "the receive of %s v%d was abandoned (%s); the trainer sends again in the re-formed group",
+                    policy, version, e,
+                )  # fmt: skip
                 if not isinstance(e, GroupRetired):
-                    self.spawn(self._expect_reform(version, generation, str(e)), f"expect-reform-{generation}")
+                    reform = self._expect_reform(policy, version, generation, str(e))
+                    self.spawn(reform, f"expect-reform-{policy}-{generation}")
                 return
             except ValueError as e:  # manifest mismatch or wrong version: reported; the router stops the run
                 error = str(e)
-            log.info("weights v%d loaded in %.3fs%s", version, time.monotonic() - t0, f" ({error})" if error else "")
-            self.send(WeightsLoaded(self.policy, version, self.peer_id, error))
+            took, why = time.monotonic() - t0, f" ({error})" if error else ""
+            log.info("weights v%d loaded in %.3fs for %s%s", version, took, policy, why)
+            self.send(WeightsLoaded(policy, version, self.peer_id, error))
 
-    async def _expect_reform(self, version: int, generation: int, error: str) -> None:
+    async def _expect_reform(self, policy: str, version: int, generation: int, error: str) -> None:
         """A receive broke without its generation being retired (its pair with a lost rank closed): a re-form
         must follow. If none is ordered within the weight-sync bound, the error is reported (the router
         stops the run, naming it) rather than waited on for ever."""
         timeout_s = self.cfg.trainer.weight_sync_timeout_s
         await asyncio.sleep(timeout_s)
-        if self._ordered <= generation:
+        if self._ordered[policy] <= generation:
             why = f"the receive failed and no re-formed weight group was ordered within {timeout_s:g}s: {error}"
-            self.send(WeightsLoaded(self.policy, version, self.peer_id, why))
+            self.send(WeightsLoaded(policy, version, self.peer_id, why))
 
     @contextlib.asynccontextmanager
     async def _writing(self):

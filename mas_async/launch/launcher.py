@@ -30,7 +30,7 @@ from typing import Any
 
 from mas_async.checkpoint import complete_versions, latest_complete, load_best, policy_checkpoint
 from mas_async.config import Config, ConfigError, dump_config, load_config
-from mas_async.deployment import Deployment, trainer_peer
+from mas_async.deployment import Deployment, replica_names, trainer_peer
 from mas_async.launch.engines.base import Child, Engine, Node, ProcessSpec
 from mas_async.launch.engines.local import LocalEngine
 from mas_async.launch.engines.registry import open_engine
@@ -173,10 +173,8 @@ def process_specs(config: Config, training: bool = True) -> list[ProcessSpec]:
         for rank in range(spec.trainer_ranks if training else 0):
             args = ("--policy", policy, "--index", str(rank))
             specs.append(ProcessSpec(trainer_peer(policy, rank), "trainer", args, policy))
-        for r in range(spec.replicas):
-            specs.append(
-                ProcessSpec(f"inference/{policy}/{r}", "inference", ("--policy", policy, "--index", str(r)), policy)
-            )
+        for r, name in enumerate(replica_names(config, policy, training)):
+            specs.append(ProcessSpec(name, "inference", ("--policy", policy, "--index", str(r)), policy))
     for i in range(config.cluster.env_workers):
         specs.append(ProcessSpec(f"env_worker/{i}", "env_worker", ("--index", str(i))))
     return specs

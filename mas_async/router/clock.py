@@ -36,7 +36,7 @@ class VersionClock:
     def __init__(
         self,
         policies: Iterable[str],
-        replicas: Iterable[str],
+        loads: Iterable[tuple[str, str]],
         start_version: int = 0,
         max_staleness: int = 0,
         ranks: dict[str, int] | None = None,
@@ -46,8 +46,9 @@ class VersionClock:
         self.policies = list(policies)
         self.ranks = {p: (ranks or {}).get(p, 1) for p in self.policies}
         """policy -> its trainer ranks; every one of them reports Trained for a step to be complete."""
-        self.replicas = set(replicas)
-        """Names of every inference replica (e.g. "inference/p/0"); each must load every version."""
+        self.loads = set(loads)
+        """(policy, inference replica) for every replica of every policy, e.g. ("p", "inference/p/0"): each
+        must load each version (a replica that serves several policies loads each one's weights)."""
         self.version = start_version
         """The weight version every policy and replica holds now (between steps)."""
         self.max_staleness = max_staleness
@@ -55,7 +56,7 @@ class VersionClock:
         """(policy, version, rank) -> samples forwarded to that trainer rank for the step from version."""
         self._tokens: dict[tuple[str, int, int], int] = defaultdict(int)
         self._trained: dict[tuple[str, int], dict[str, Any]] = {}
-        self._loaded: set[str] = set()
+        self._loaded: set[tuple[str, str]] = set()
         self.stepping = False
 
     # -- which samples count ------------------------------------------------------------------------
@@ -114,15 +115,15 @@ class VersionClock:
             raise ClockError(f"Trained from trainer rank {rank} of {policy!r}, which has {self.ranks[policy]} ranks")
         self._trained[(policy, rank)] = metrics
 
-    def loaded(self, replica: str, version: int) -> None:
-        """Inference replica `replica` loaded weights `version`."""
-        self._check(replica, version)
-        self._loaded.add(replica)
+    def loaded(self, policy: str, replica: str, version: int) -> None:
+        """Inference replica `replica` loaded `policy`'s weights `version`."""
+        self._check(_load_name(policy, replica), version)
+        self._loaded.add((policy, replica))
 
     def step_complete(self) -> bool:
         """Every trainer stepped and every replica loaded the new version."""
         ranks = sum(self.ranks.values())
-        return self.stepping and len(self._trained) == ranks and self.replicas <= self._loaded
+        return self.stepping and len(self._trained) == ranks and self.loads <= self._loaded
 
     def waiting_for(self) -> list[str]:
         """Who has not reported the step in progress yet: trainer ranks ("trainer rank R of P") and replicas."""
@@ -132,7 +133,7 @@ class VersionClock:
             for rank in range(self.ranks[policy])
             if (policy, rank) not in self._trained
         ]
-        return ranks + sorted(self.replicas - self._loaded)
+        return ranks + sorted(_load_name(*load) for load in self.loads - self._loaded)
 
     def advance(self) -> dict[str, dict[str, Any]]:
         """Close the completed step: every policy now holds version + 1. Returns each policy's metrics
@@ -152,3 +153,9 @@ class VersionClock:
         if not self.stepping or version != self.version + 1:
             expected = self.version + 1 if self.stepping else "none (no step in progress)"
             raise ClockError(f"{who} reports version {version}, expected {expected}")
+
+
+def _load_name(policy: str, replica: str) -> str:
+    """How a replica's load of a policy's weights is named in messages: the replica's name, plus "for <policy>"
+    when it serves that policy on another one's base."""
+    return replica if replica.split("/")[1:2] == [policy] else f"{replica} for {policy!r}"

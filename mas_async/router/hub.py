@@ -43,7 +43,7 @@ import zmq
 from mas_async.api.registry import ENVS, resolve
 from mas_async.checkpoint import checkpoint_due, load_best, prune_checkpoints, save_best, save_router
 from mas_async.config import Config
-from mas_async.deployment import Deployment, trainer_peer, trainer_rank
+from mas_async.deployment import Deployment, replica_names, trainer_peer, trainer_rank
 from mas_async.metrics import Keys, MetricsWriter, keep_rows_before
 from mas_async.router.clock import ClockError, StepTimeout, VersionClock
 from mas_async.router.episodes import EpisodeBook, EpisodeTask, plan_episodes
@@ -93,7 +93,7 @@ SENDERS: dict[type[Message], str] = {
 """The role that sends each kind to the router. Besides these, any peer that joined sends Heartbeat, and
 anyone Hello; every other kind is the router's own (Welcome, Shutdown, RunEpisode, TrainStep)."""
 OWN_POLICY = (Trained, UpdateWeights, WeightsLoaded)
-"""Kinds that a trainer or an inference server sends only about the policy it joined for."""
+"""Kinds that a trainer or an inference server sends only about a policy it serves."""
 MAX_COUNT = 1 << 31
 """Bound of a Groups message's sample and token counts: far above any episode's, far below what would
 overflow the sums the router sends on (msgpack integers are 64-bit)."""
@@ -108,7 +108,7 @@ def expected_peers(config: Config, training: bool) -> set[str]:
     """Names of every peer of a deployment (their socket identities)."""
     names = {f"env_worker/{i}" for i in range(config.cluster.env_workers)}
     for policy, spec in config.policies.items():
-        names |= {f"inference/{policy}/{r}" for r in range(spec.replicas)}
+        names |= set(replica_names(config, policy, training))
         if training:
             names |= {trainer_peer(policy, r) for r in range(spec.trainer_ranks)}
     return names
@@ -134,10 +134,15 @@ class Router(Actor):
         """policy -> the generation of its weight group (re-formed each time a replica is replaced)."""
         self._reform_due: set[str] = set()
         """Policies whose weight group must be re-formed once its trainer and every replica are alive."""
-        replicas = {name for name in self.table.expected if name.startswith("inference/")}
+        training = deployment.training
+        loads = [
+            (policy, name)
+            for policy in self.policies
+            for name in replica_names(config, config.server_policy(policy, training), training)
+        ]
         ranks = {policy: spec.trainer_ranks for policy, spec in config.policies.items()}
         self.clock = VersionClock(
-            self.policies, replicas, deployment.start_version, config.rollout.max_staleness, ranks
+            self.policies, loads, deployment.start_version, config.rollout.max_staleness, ranks
         )  # fmt: skip
         self.books: dict[int, EpisodeBook] = {}
         """iteration -> its book, from when the clock lets it open until its row is written."""
@@ -223,7 +228,7 @@ class Router(Actor):
                 if cls is not Heartbeat and SENDERS.get(cls) != peer.role:
                     self.refuse(identity, cls, f"a {peer.role} does not send it")
                     return
-                if cls in OWN_POLICY and header.policy != peer.policy:
+                if cls in OWN_POLICY and header.policy not in peer.policies:
                     self.refuse(identity, cls, "it names a policy its sender does not serve")
                     return
             if cls is Generate:
@@ -315,9 +320,10 @@ class Router(Actor):
             if msg.error:
                 raise RuntimeError(f"{msg.replica} failed to load weights v{msg.version}: {msg.error}")
             if not (msg.version == self.clock.version and self.generations[msg.policy]):
-                self.clock.loaded(msg.replica, msg.version)  # (else: the version held, sent again after a re-form)
-            if self.table.serve(identity):  # a replacement holds the weights the others serve: it takes requests
-                log.info("%s serves v%d", msg.replica, msg.version)
+                # (else: the version held, sent again after a re-form)
+                self.clock.loaded(msg.policy, msg.replica, msg.version)
+            if self.table.serve(identity, msg.policy):  # a replacement holds the weights the others serve
+                log.info("%s serves %s v%d", msg.replica, msg.policy, msg.version)
                 for origin, header, frames in self._parked.pop(msg.policy, []):
                     self._route_generate(origin, header, frames)
             self._check_step_done()
@@ -332,6 +338,9 @@ class Router(Actor):
         if msg.peer_id != name or msg.role != peer_role(name):
             self.refuse(identity, Hello, "its peer_id or role is not its sender's")
             return
+        if msg.role in ("inference", "trainer") and msg.policy != name.split("/")[1]:
+            self.refuse(identity, Hello, "its policy is not the one its name says")
+            return
         if msg.protocol != PROTOCOL_VERSION:
             raise RuntimeError(f"{name} speaks protocol {msg.protocol}, the router {PROTOCOL_VERSION}")
         previous = self.peers.get(identity)
@@ -343,7 +352,9 @@ class Router(Actor):
             self.faults.restarted(msg.role, msg.died_at or time.time(), identity)
         # A replacement replica of a training run serves once it loaded the weights the others hold.
         serving = not (replacement and msg.role == "inference" and self.deployment.training)
-        self.table.join(identity, PeerInfo(msg.role, msg.policy, msg.capacity, msg.pid, serving=serving))
+        served = self.cfg.served_policies(msg.policy, self.deployment.training) if msg.role == "inference" else []
+        info = PeerInfo(msg.role, msg.policy, msg.capacity, msg.pid, policies=tuple(served))
+        self.table.join(identity, info, serving)
         self.send_to(identity, Welcome(PROTOCOL_VERSION))
         log.info("%s joined (pid %d); %d/%d peers", name, msg.pid, len(self.peers), len(self.table.expected))
         if self.table.all_joined():
@@ -351,19 +362,22 @@ class Router(Actor):
         if msg.role == "env_worker":
             self._dispatch()  # a replacement takes queued episodes (its predecessor's among them) at once
         elif replacement and not serving:
-            self._reform_due.add(msg.policy)
+            self._reform_due.update(info.policies)
         elif replacement:  # (an evaluation's replica: no weight group, it serves the weights it started with)
-            for origin, header, frames in self._parked.pop(msg.policy, []):
-                self._route_generate(origin, header, frames)
-        if msg.policy in self._reform_due:  # (a trainer or replica that was not up yet may complete the group)
-            self._reform(msg.policy)
+            for policy in info.policies:
+                for origin, header, frames in self._parked.pop(policy, []):
+                    self._route_generate(origin, header, frames)
+        for policy in info.policies:  # (a trainer or replica that was not up yet may complete the group)
+            if policy in self._reform_due:
+                self._reform(policy)
 
     def _reform(self, policy: str) -> None:
         """Order `policy`'s weight group re-formed under a new generation (a replica was replaced), once its
         trainer and every replica are alive; the trainer then sends its current version again."""
         replicas = self.table.of_policy("inference", policy, alive=True)
         trainer = self.peers.get(trainer_peer(policy, 0).encode())
-        if len(replicas) < self.cfg.policies[policy].replicas or trainer is None or not trainer.alive:
+        servers = self.cfg.policies[self.cfg.server_policy(policy, self.deployment.training)]
+        if len(replicas) < servers.replicas or trainer is None or not trainer.alive:
             log.info("the weight group of %s waits for its trainer and every replica to be up", policy)
             return
         self._reform_due.discard(policy)

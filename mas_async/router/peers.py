@@ -2,7 +2,8 @@
 
 Every peer says Hello once (a repeated Hello replaces its entry) and sends a Heartbeat every
 `heartbeat_s`; `silent(now, timeout)` names the peers that stopped. Replicas are kept per policy so the
-hot path picks the live replica with the fewest outstanding requests without scanning every peer.
+hot path picks the live replica with the fewest outstanding requests without scanning every peer; a
+replica that serves several policies (a shared base, `policies.<p>.base`) is listed under each.
 """
 
 from __future__ import annotations
@@ -21,8 +22,14 @@ class PeerInfo:
     outstanding: int = 0
     """Inference: requests in flight. Env worker: episodes in flight."""
     alive: bool = True
-    serving: bool = True
-    """Inference: the router routes requests to it (a replacement only once it loaded the current weights)."""
+    policies: tuple[str, ...] = ()
+    """Every policy it serves: an inference replica's own, then those that share its base; () means (policy,)."""
+    routed: set[str] = field(default_factory=set)
+    """Inference: the policies whose requests the router sends it (a replacement gets each one only once it
+    loaded that policy's current weights)."""
+
+    def __post_init__(self) -> None:
+        self.policies = self.policies or (self.policy,)
 
 
 class PeerTable:
@@ -34,20 +41,24 @@ class PeerTable:
         self.peers: dict[bytes, PeerInfo] = {}
         self._replicas: dict[str, list[tuple[bytes, PeerInfo]]] = {}
 
-    def join(self, identity: bytes, info: PeerInfo) -> None:
+    def join(self, identity: bytes, info: PeerInfo, serving: bool = True) -> None:
+        """Add a peer (a repeated Hello replaces its entry); a replica takes requests at once if `serving`,
+        else policy by policy as `serve` is called."""
         self.peers[identity] = info
-        if info.role == "inference":  # a repeated Hello replaces the replica's entry
-            replicas = [r for r in self._replicas.get(info.policy, []) if r[0] != identity]
-            self._replicas[info.policy] = [*replicas, (identity, info)] if info.serving else replicas
+        if info.role == "inference":
+            for policy in info.policies:
+                self._replicas[policy] = [r for r in self._replicas.get(policy, []) if r[0] != identity]
+                if serving:
+                    self.serve(identity, policy)
 
-    def serve(self, identity: bytes) -> bool:
-        """Start routing requests to replica `identity` (a replacement that loaded the current weights);
-        False if it already serves or is not alive."""
+    def serve(self, identity: bytes, policy: str) -> bool:
+        """Start routing `policy`'s requests to replica `identity` (a replacement that loaded its current
+        weights); False if it already does or is not alive."""
         info = self.peers[identity]
-        if info.serving or not info.alive:
+        if policy in info.routed or not info.alive:
             return False
-        info.serving = True
-        self._replicas[info.policy] = [*self._replicas.get(info.policy, []), (identity, info)]
+        info.routed.add(policy)
+        self._replicas[policy] = [*self._replicas.get(policy, []), (identity, info)]
         return True
 
     def all_joined(self) -> bool:
@@ -85,11 +96,13 @@ class PeerTable:
 
     def mark_dead(self, identity: bytes) -> PeerInfo:
         info = self.peers[identity]
-        info.alive = info.serving = False
+        info.alive = False
+        info.routed.clear()
         if info.role == "inference":
-            self._replicas[info.policy] = [r for r in self._replicas[info.policy] if r[0] != identity]
+            for policy in info.policies:
+                self._replicas[policy] = [r for r in self._replicas.get(policy, []) if r[0] != identity]
         return info
 
     def of_policy(self, role: str, policy: str, alive: bool = False) -> list[bytes]:
-        """Identities of the peers of `role` for `policy` (only the live ones with `alive`)."""
-        return [i for i, p in self.peers.items() if p.role == role and p.policy == policy and (p.alive or not alive)]
+        """Identities of the peers of `role` that serve `policy` (only the live ones with `alive`)."""
+        return [i for i, p in self.peers.items() if p.role == role and policy in p.policies and (p.alive or not alive)]

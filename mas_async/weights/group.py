@@ -294,7 +294,7 @@ class WeightGroupSpec:
     host: str
     port: int
     world_size: int
-    """1 trainer rank + the policy's inference replicas."""
+    """1 trainer rank + the inference replicas that serve the policy (its base's, on a shared base)."""
     timeout_s: float = 300.0
     """Bound of joining and of every wait of a send or receive (`trainer.weight_sync_timeout_s`)."""
 
@@ -307,7 +307,7 @@ class WeightGroupSpec:
             backend=weight_backend(config, policy),
             host=deployment.store_host(policy),
             port=deployment.weight_ports[policy],
-            world_size=1 + config.policies[policy].replicas,
+            world_size=1 + config.policies[config.server_policy(policy)].replicas,
             timeout_s=config.trainer.weight_sync_timeout_s,
         )
 

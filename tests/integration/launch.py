@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from tests.support.paths import ROOT
 
-__all__ = ["FAST", "ROOT", "alive", "child_pids", "cleanup", "run_train", "start_train", "wait_for_rows"]
+__all__ = ["FAST", "ROOT", "alive", "child_pids", "cleanup", "kill_when", "run_train", "start_train", "wait_for_rows"]
 
 # Small and fast: 2 env workers, tiny batches; every role still runs as its own process.
 FAST = ["rollout.batch_size=4", "eval.every=1", "eval.size=4", "algorithm.k=4"]
@@ -93,3 +94,17 @@ def cleanup(proc: subprocess.Popen, run_dir: Path) -> None:
         except (ProcessLookupError, PermissionError):
             pass
     proc.wait(timeout=10)
+
+
+def kill_when(run_dir: Path, name: str, watched: str, pattern: str, delay_s: float = 0.0) -> int:
+    """SIGKILL process `name` as soon as process `watched`'s log matches `pattern` (and `delay_s` later)."""
+    deadline = time.monotonic() + 180
+    log = run_dir / "logs" / f"{watched.replace('/', '-')}.log"
+    while time.monotonic() < deadline:
+        if log.exists() and re.search(pattern, log.read_text(errors="replace")):
+            time.sleep(delay_s)
+            pid = json.loads((run_dir / "pids.json").read_text())[name]
+            os.kill(pid, signal.SIGKILL)
+            return pid
+        time.sleep(0.02)
+    raise TimeoutError(f"{watched}'s log never matched {pattern!r}")

@@ -129,3 +129,19 @@ def test_trainer_logprobs_smoke(tmp_path: Path) -> None:
     assert all(len(w["seconds"]) == 1 and w["seconds"][0] > 0 for w in ways.values())
     assert ways["baseline"]["speedup"] == [1.0]
     assert ways["unmasked"]["max_abs_diff"] < 1e-5 and ways["shared"]["max_abs_diff"] < 1e-5
+
+
+def test_shared_base_smoke(tmp_path: Path) -> None:
+    """The shared-base arm and its role-swap probe: one inference process, both probes evaluated."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "shared_base.py"), "--smoke", "--arms", "shared", "--out", str(tmp_path)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run,) = json.loads((tmp_path / "shared_base.json").read_text())["shared base"]["runs"]
+    assert run["inference"] == ["inference/horizontal/0"]
+    assert set(run["probe"]) == {"as trained", "roles swapped"}
+    assert all(0.0 <= v <= 1.0 for v in run["probe"].values())
+    assert run["worst"]["vertical/version_mismatch"] == 0 and run["worst"]["vertical/logprob_abs_diff"] < 1e-4
+    assert (tmp_path / "shared-seed0-swapped" / "eval.json").is_file() and (tmp_path / "shared_base.png").is_file()
+    assert "role-swap probe" in proc.stdout

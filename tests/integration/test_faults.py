@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from mas_async.metrics import Keys
-from tests.integration.launch import alive, child_pids, cleanup, start_train, wait_for_rows
+from tests.integration.launch import alive, child_pids, cleanup, kill_when, start_train, wait_for_rows
 
 CONFIG = "configs/plan_path_tiny.yaml"
 POLICIES = ("vertical", "horizontal")
@@ -123,7 +123,7 @@ def test_a_lone_replica_killed_during_a_weight_update_is_replaced_alone_and_join
     proc = start_train(CONFIG, run_dir, *args)
     try:
         child_pids(run_dir)
-        killed = _kill_when(run_dir, "inference/vertical/0", "trainer/vertical", r"iteration 2: stepping from v2")
+        killed = kill_when(run_dir, "inference/vertical/0", "trainer/vertical", r"iteration 2: stepping from v2")
         out, _ = proc.communicate(timeout=300)
     finally:
         cleanup(proc, run_dir)
@@ -145,20 +145,6 @@ def test_a_lone_replica_killed_during_a_weight_update_is_replaced_alone_and_join
     assert "weight group of vertical re-formed (generation 1)" in trainer_log
 
 
-def _kill_when(run_dir: Path, name: str, watched: str, pattern: str, delay_s: float = 0.0) -> int:
-    """SIGKILL process `name` as soon as process `watched`'s log matches `pattern` (and `delay_s` later)."""
-    deadline = time.monotonic() + 180
-    log = run_dir / "logs" / f"{watched.replace('/', '-')}.log"
-    while time.monotonic() < deadline:
-        if log.exists() and re.search(pattern, log.read_text(errors="replace")):
-            time.sleep(delay_s)
-            pid = json.loads((run_dir / "pids.json").read_text())[name]
-            os.kill(pid, signal.SIGKILL)
-            return pid
-        time.sleep(0.02)
-    raise TimeoutError(f"{watched}'s log never matched {pattern!r}")
-
-
 def _run_restarted_after(tmp_path: Path, name: str, watched: str, pattern: str, delay_s: float = 0.0) -> None:
     run_dir, iterations, batch = tmp_path / "run", 6, 4
     args = [f"run.iterations={iterations}", f"rollout.batch_size={batch}", "algorithm.k=4", "eval.every=2",
@@ -166,7 +152,7 @@ def _run_restarted_after(tmp_path: Path, name: str, watched: str, pattern: str, 
     proc = start_train(CONFIG, run_dir, *args)
     try:
         child_pids(run_dir)
-        _kill_when(run_dir, name, watched, pattern, delay_s)
+        kill_when(run_dir, name, watched, pattern, delay_s)
         out, _ = proc.communicate(timeout=300)
     finally:
         cleanup(proc, run_dir)

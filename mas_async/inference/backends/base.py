@@ -6,6 +6,8 @@ this interface: one batch at a time in a worker thread, weights received by the 
 policy's weight sync (`mas_async.weights.sync`: a broadcast, or CUDA IPC views of the trainer's shared
 buffers) and adopted with the engine's `adopt_weights`, or copied with its `load_weights`. The vLLM backend implements the interface
 natively (`concurrent = True`: several batches may be in flight; vLLM batches them continuously).
+An engine that serves other policies on its base (`guests`) is reached for each of them through
+`ThreadedBackend.guest(policy)`: the same engine, that policy's adapters, weight sync and version.
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ class SyncEngine(Protocol):
     def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None: ...
 
     # Optional: `adopt_weights(named_tensors)`, taking the tensors as its parameters without a copy.
+    # An engine built with `guests` also takes `adapter=<guest policy>` in generate, load_weights and
+    # adopt_weights, and keeps each guest's version in `guest_versions`.
 
 
 class ThreadedBackend:
@@ -83,22 +87,35 @@ class ThreadedBackend:
 
     concurrent = False
 
-    def __init__(self, engine: SyncEngine) -> None:
+    def __init__(self, engine: SyncEngine, adapter: str = "") -> None:
         self.engine = engine
+        self.adapter = adapter
+        """"": the engine's own policy; else the guest policy this backend serves on the engine's base."""
+        self._named = {"adapter": adapter} if adapter else {}
         self.receiver: WeightReceiver | CudaIpcReceiver | None = None
         self._live_set = 1
         """The receiver's buffer set the engine's parameters are views of (after an adopt)."""
 
+    def guest(self, policy: str) -> ThreadedBackend:
+        """The backend of guest `policy` on this engine's base: its own adapters, weight sync and version
+        (batches of different policies must still run one at a time: the server serves them in turn)."""
+        if policy not in getattr(self.engine, "guest_versions", {}):
+            raise ValueError(f"the engine serves no guest policy {policy!r}")
+        return ThreadedBackend(self.engine, adapter=policy)
+
     @property
     def version(self) -> int:
-        return self.engine.version
+        return self.engine.guest_versions[self.adapter] if self.adapter else self.engine.version
 
     @version.setter
     def version(self, value: int) -> None:
-        self.engine.version = value
+        if self.adapter:
+            self.engine.guest_versions[self.adapter] = value
+        else:
+            self.engine.version = value
 
     async def generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
-        return await asyncio.to_thread(self.engine.generate, requests)
+        return await asyncio.to_thread(self.engine.generate, requests, **self._named)
 
     def join_weight_group(
         self,
@@ -142,11 +159,11 @@ class ThreadedBackend:
         """Make the received `tensors` the weights served as `version` (no batch runs meanwhile)."""
         adopt = getattr(self.engine, "adopt_weights", None)
         if adopt is not None:
-            adopt(tensors)
+            adopt(tensors, **self._named)
             self._live_set = 1 - self._live_set
         else:
-            self.engine.load_weights(tensors)
-        self.engine.version = version
+            self.engine.load_weights(tensors, **self._named)
+        self.version = version
 
 
 def make_backend(
@@ -158,13 +175,15 @@ def make_backend(
     seed: int,
     device: str = "cpu",
     lora: LoraSetup | None = None,
+    guests: dict[str, LoraSetup] | None = None,
 ) -> InferenceBackend:
     """The backend named in the policy's config (`policies.<name>.backend`): a key of
     `mas_async.api.BACKENDS` or a "module:Class" path. The class is built with `(model_path, dtype=...,
     max_batch_sequences=..., seed=...)`, plus `device=...` when the policy is not on the CPU and `lora=...`
-    when it trains LoRA adapters (a backend without that parameter is then refused); a synchronous engine
-    (a `generate` that is not a coroutine function) runs behind `ThreadedBackend`, one batch at a time in
-    a thread."""
+    when it trains LoRA adapters (a backend without that parameter is then refused), and `guests=...` when
+    other policies share its base (`policies.<p>.base`; reach each through `ThreadedBackend.guest`); a
+    synchronous engine (a `generate` that is not a coroutine function) runs behind `ThreadedBackend`, one
+    batch at a time in a thread."""
     cls = resolve(name, BACKENDS, "inference backend")
     parameters = inspect.signature(cls).parameters
     kwargs: dict[str, object] = {}
@@ -176,7 +195,13 @@ def make_backend(
         if "lora" not in parameters:
             raise ValueError(f"inference backend {name!r} takes no lora argument, so it cannot serve LoRA adapters")
         kwargs["lora"] = lora
+    if guests:
+        if "guests" not in parameters:
+            raise ValueError(f"inference backend {name!r} takes no guests argument, so it cannot share its base")
+        kwargs["guests"] = guests
     engine = cls(model_path, dtype=dtype, max_batch_sequences=max_batch_sequences, seed=seed, **kwargs)
     if inspect.iscoroutinefunction(getattr(engine, "generate", None)):
+        if guests:
+            raise ValueError(f"inference backend {name!r} is asynchronous: its guests cannot be served in turn")
         return engine
     return ThreadedBackend(engine)

@@ -10,6 +10,10 @@ agreement is the evidence that the server ran exactly the trainer's weights.
 
 New weights arrive through `load_weights` (checked against `parameter_manifest` before anything is
 written), after which the server sets `version`.
+
+With LoRA, one backend may also serve other policies on the same base (`guests`, `policies.<p>.base`):
+each keeps its own set of adapter tensors and its own version, and a batch of one policy runs with that
+policy's set swapped into the adapter parameters (a pointer swap, `ParameterAdopter`; no copy).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import numpy as np
 import torch
 
 from mas_async.inference.request import GenerationRequest
-from mas_async.lora import LoraSetup, adapter_parameters, with_adapters
+from mas_async.lora import ADAPTER_NAME, LoraSetup, adapter_parameters, saved_adapters, with_adapters
 from mas_async.weights.flat_params import ParameterAdopter, check_named_tensors
 from mas_async.weights.group import dtype_name, torch_dtype
 from mas_async.wire.samples import Completion
@@ -55,9 +59,12 @@ class HFBackend:
         max_batch_sequences: int = 512,
         seed: int = 0,
         lora: LoraSetup | None = None,
+        guests: dict[str, LoraSetup] | None = None,
     ) -> None:
         """`lora`: serve `model_path` (the base) with the policy's adapters applied (peft, as the trainer
-        computes them); weight updates then carry the adapters only."""
+        computes them); weight updates then carry the adapters only. `guests`: policy -> LoRA setup of other
+        policies served on this base with adapters of their own (of the same rank, alpha and modules); a
+        generate, load or adopt naming one (`adapter=`) uses that policy's adapters and version."""
         from transformers import AutoModelForCausalLM
 
         weights_dtype = torch_dtype(dtype)
@@ -77,6 +84,19 @@ class HFBackend:
         pad = self.model.config.pad_token_id
         self.pad_id: int = 0 if pad is None else int(pad)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.guest_versions: dict[str, int] = {}
+        """Weight version of each guest policy's adapters (the own ones' is `version`)."""
+        self._sets: dict[str, list[tuple[str, torch.Tensor]]] = {}
+        """Adapter tensors of each policy served ("": the own), when there are guests."""
+        self._active = ""
+        """The policy whose adapter tensors the model's adapter parameters are now."""
+        if guests:
+            if lora is None:
+                raise ValueError("an hf backend serves guest policies' adapters only on a LoRA base (lora=...)")
+            self._sets[""] = [(name, param.data) for name, param in self._updated]
+            for policy, setup in guests.items():
+                self._sets[policy] = self._starting_adapters(policy, setup, lora)
+                self.guest_versions[policy] = 0
         # transformers 5 renamed the KV-cache argument (and output field) past_key_values -> cache.
         plain = self.model.get_base_model() if lora is not None else self.model
         forward_args = inspect.signature(plain.forward).parameters
@@ -85,24 +105,28 @@ class HFBackend:
 
     # --- generation ---------------------------------------------------------------------------
 
-    def generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
-        """Sample every request's n completions; results are in request order, n per request."""
+    def generate(self, requests: list[GenerationRequest], adapter: str = "") -> list[list[Completion]]:
+        """Sample every request's n completions (with guest policy `adapter`'s adapters when named); results
+        are in request order, n per request."""
         for i, request in enumerate(requests):
             request.check(i, self.max_positions)
+        self._use(adapter)
+        version = self.guest_versions[adapter] if adapter else self.version
         rows = [_Row(np.asarray(r.prompt_ids, dtype=np.int64), r) for r in requests for _ in range(r.n)]
         for start in range(0, len(rows), self.max_batch_sequences):
             self._generate_batch(rows[start : start + self.max_batch_sequences])
         results: list[list[Completion]] = []
         it = iter(rows)
         for request in requests:
-            results.append([self._completion(next(it)) for _ in range(request.n)])
+            results.append([self._completion(next(it), version) for _ in range(request.n)])
         return results
 
-    def _completion(self, row: _Row) -> Completion:
+    @staticmethod
+    def _completion(row: _Row, version: int) -> Completion:
         return Completion(
             token_ids=np.asarray(row.tokens, dtype=np.int32),
             logprobs=np.asarray(row.logprobs, dtype=np.float32),
-            version=self.version,
+            version=version,
             finish_reason=row.finish_reason,
         )
 
@@ -180,21 +204,76 @@ class HFBackend:
             self._manifest = [(n, list(p.shape), dtype_name(p.dtype)) for n, p in self._updated]
         return self._manifest
 
-    def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
-        """Replace every parameter by copying. All names, shapes and dtypes are checked against the
-        model before the first copy, so a mismatch raises a ValueError and leaves the model untouched."""
+    def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]], adapter: str = "") -> None:
+        """Replace every parameter (of guest policy `adapter`, when named) by copying. All names, shapes and
+        dtypes are checked against the model before the first copy, so a mismatch raises a ValueError and
+        leaves the model untouched."""
         params = dict(self._updated)
         check_named_tensors(params, named_tensors)
+        targets = dict(self._sets[adapter]) if self._sets else params
         with torch.no_grad():
             for name, tensor in named_tensors:
-                params[name].copy_(tensor)
+                targets[name].copy_(tensor)
 
-    def adopt_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
-        """Replace every parameter without a copy: each becomes a view of its received tensor (checked
-        first, like `load_weights`). The tensors must stay untouched until the next update."""
-        if self._adopter is None:
-            self._adopter = ParameterAdopter(dict(self._updated))
-        self._adopter.adopt(named_tensors)
+    def adopt_weights(self, named_tensors: list[tuple[str, torch.Tensor]], adapter: str = "") -> None:
+        """Replace every parameter (of guest policy `adapter`, when named) without a copy: each becomes a
+        view of its received tensor (checked first, like `load_weights`). The tensors must stay untouched
+        until the next update."""
+        adopter = self._parameter_adopter()
+        if not self._sets:
+            adopter.adopt(named_tensors)
+            return
+        if adapter == self._active:
+            adopter.adopt(named_tensors)
+        else:
+            check_named_tensors(adopter.params, named_tensors)
+        self._sets[adapter] = list(named_tensors)
+
+    def _parameter_adopter(self) -> ParameterAdopter:
+        if self._adopter is None:  # two buffer sets per policy served
+            self._adopter = ParameterAdopter(dict(self._updated), keep=2 * max(1, len(self._sets)))
+        return self._adopter
+
+    def _use(self, adapter: str) -> None:
+        """Make the adapter parameters those of `adapter` ("": the own ones) for the next batches."""
+        if adapter == self._active:
+            return
+        if adapter not in self._sets:
+            raise ValueError(f"this backend serves no guest policy {adapter!r} (guests: {sorted(self.guest_versions)})")
+        self._parameter_adopter().adopt(self._sets[adapter])
+        self._active = adapter
+
+    def _starting_adapters(self, policy: str, setup: LoraSetup, own: LoraSetup) -> list[tuple[str, torch.Tensor]]:
+        """Guest `policy`'s first adapter tensors: those saved in its checkpoint, else fresh ones: B is zero,
+        so the model served is the base whatever A is (here a copy of the own A; the trainer's first update
+        replaces both)."""
+        shape = ("r", "alpha", "target_modules")
+        if any(getattr(setup, key) != getattr(own, key) for key in shape):
+            raise ValueError(
+                f"guest policy {policy!r} has LoRA r={setup.r} alpha={setup.alpha} on {list(setup.target_modules)}, "
+                f"the base's policy r={own.r} alpha={own.alpha} on {list(own.target_modules)}: a shared base "
+                "serves adapters of one shape"
+            )
+        if setup.adapter is None:
+            fresh = [(name, tensor.detach().clone()) for name, tensor in self._sets[""]]
+            for name, tensor in fresh:
+                if ".lora_B." in name:
+                    tensor.zero_()
+            return fresh
+        saved = {_with_adapter_name(name): tensor for name, tensor in saved_adapters(setup.adapter)}
+        params = dict(self._updated)
+        loaded = [(name, saved[name].to(params[name].dtype)) for name in params if name in saved]
+        check_named_tensors(params, loaded)
+        return [(name, tensor.to(self.device)) for name, tensor in loaded]
+
+
+def _with_adapter_name(saved: str) -> str:
+    """A peft-saved adapter tensor's name as a parameter of the wrapped model (peft drops the adapter's name
+    when it saves): ...q_proj.lora_A.weight -> ...q_proj.lora_A.default.weight."""
+    for part in ("lora_A", "lora_B"):
+        if f".{part}.weight" in saved:
+            return saved.replace(f".{part}.weight", f".{part}.{ADAPTER_NAME}.weight")
+    return saved
 
 
 def _nucleus(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

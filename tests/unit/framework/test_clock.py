@@ -10,15 +10,16 @@ from mas_async.router.clock import ClockError, VersionClock
 
 
 def _clock(start: int = 0, k: int = 0) -> VersionClock:
-    return VersionClock(["a", "b"], ["inference/a/0", "inference/b/0", "inference/b/1"], start, k)
+    loads = [("a", "inference/a/0"), ("b", "inference/b/0"), ("b", "inference/b/1")]
+    return VersionClock(["a", "b"], loads, start, k)
 
 
 def _complete_step(clock: VersionClock) -> None:
     version = clock.begin_step() + 1
     for policy in clock.policies:
         clock.trained(policy, version, {})
-    for replica in clock.replicas:
-        clock.loaded(replica, version)
+    for policy, replica in clock.loads:
+        clock.loaded(policy, replica, version)
     clock.advance()
 
 
@@ -53,8 +54,8 @@ def test_stale_training_episodes_run_up_to_k_iterations_ahead_even_during_a_step
     assert not clock.may_dispatch(4, "eval") and not clock.may_dispatch(3, "eval")
     clock.trained("a", 4, {})
     clock.trained("b", 4, {})
-    for replica in clock.replicas:
-        clock.loaded(replica, 4)
+    for policy, replica in clock.loads:
+        clock.loaded(policy, replica, 4)
     clock.advance()
     assert clock.may_dispatch(6) and clock.may_dispatch(4, "eval") and not clock.may_dispatch(7)
 
@@ -90,11 +91,11 @@ def test_the_step_completes_when_every_trainer_stepped_and_every_replica_loaded(
     clock = _clock(3)
     assert clock.begin_step() == 3
     clock.trained("a", 4, {"loss": 1.0})
-    clock.loaded("inference/a/0", 4)
+    clock.loaded("a", "inference/a/0", 4)
     clock.trained("b", 4, {})
-    clock.loaded("inference/b/0", 4)
+    clock.loaded("b", "inference/b/0", 4)
     assert not clock.step_complete()  # inference/b/1 has not loaded v4
-    clock.loaded("inference/b/1", 4)
+    clock.loaded("b", "inference/b/1", 4)
     assert clock.step_complete()
     assert clock.advance() == {"a": {"loss": 1.0}, "b": {}}
     assert clock.version == 4 and clock.may_dispatch(4) and not clock.step_complete()
@@ -106,7 +107,7 @@ def test_a_wrong_version_or_a_report_outside_a_step_is_a_named_error():
         clock.trained("a", 4, {})
     clock.begin_step()
     with pytest.raises(ClockError, match="reports version 5, expected 4"):
-        clock.loaded("inference/a/0", 5)
+        clock.loaded("a", "inference/a/0", 5)
     with pytest.raises(ClockError, match="unknown policy"):
         clock.trained("zzz", 4, {})
     with pytest.raises(ClockError, match="not complete"):
@@ -116,7 +117,7 @@ def test_a_wrong_version_or_a_report_outside_a_step_is_a_named_error():
 
 
 def test_trainer_ranks_get_whole_episodes_balanced_by_tokens_and_all_must_report():
-    clock = VersionClock(["a", "b"], ["inference/a/0"], ranks={"a": 2})
+    clock = VersionClock(["a", "b"], [("a", "inference/a/0")], ranks={"a": 2})
     assert clock.least_loaded_rank("a", 0) == 0 and clock.least_loaded_rank("b", 0) == 0
     clock.forwarded("a", 0, 4, rank=0, tokens=100)
     assert clock.least_loaded_rank("a", 0) == 1
@@ -129,10 +130,24 @@ def test_trainer_ranks_get_whole_episodes_balanced_by_tokens_and_all_must_report
     clock.begin_step()
     clock.trained("a", 1, {"loss": 1.0}, rank=0)
     clock.trained("b", 1, {})
-    clock.loaded("inference/a/0", 1)
+    clock.loaded("a", "inference/a/0", 1)
     assert not clock.step_complete()  # rank 1 of "a" has not reported
     with pytest.raises(ClockError, match="rank 2 of 'a', which has 2 ranks"):
         clock.trained("a", 1, {}, rank=2)
     clock.trained("a", 1, {}, rank=1)
     assert clock.advance() == {"a": {"loss": 1.0}, "b": {}}
     assert clock.expected_samples("a", 0, 1) == 0 and clock.least_loaded_rank("a", 1) == 0
+
+
+def test_a_replica_that_serves_two_policies_loads_each_ones_version():
+    clock = VersionClock(["a", "b"], [("a", "inference/a/0"), ("b", "inference/a/0")])
+    clock.begin_step()
+    clock.trained("a", 1, {})
+    clock.trained("b", 1, {})
+    clock.loaded("a", "inference/a/0", 1)
+    assert not clock.step_complete()  # b's adapters are not loaded on the shared server yet
+    assert clock.waiting_for() == ["inference/a/0 for 'b'"]
+    with pytest.raises(ClockError, match="inference/a/0 for 'b' reports version 2"):
+        clock.loaded("b", "inference/a/0", 2)
+    clock.loaded("b", "inference/a/0", 1)
+    assert clock.step_complete()

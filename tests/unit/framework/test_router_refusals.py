@@ -125,6 +125,7 @@ def test_hello_from_a_stranger_or_under_another_role_is_refused_not_fatal(tmp_pa
         (b"env_worker/99", Hello("env_worker", "env_worker/99", "", 4, PROTOCOL_VERSION + 7, 1)),  # wrong protocol
         (b"env_worker/1", Hello("trainer", "env_worker/1", "vertical", 4, PROTOCOL_VERSION, 1)),  # role of another
         (b"env_worker/1", Hello("env_worker", "env_worker/0", "", 4, PROTOCOL_VERSION, 1)),  # id of another
+        (REPLICA, Hello("inference", REPLICA.decode(), "nobody", 4, PROTOCOL_VERSION, 9)),  # policy of another
     ]
     for ident, msg in hellos:
         router._on_frames(_frames(ident, msg))

@@ -62,7 +62,7 @@ def _server(model_path, staleness: int) -> tuple[InferenceServer, _Backend, list
     backend = _Backend()
     server.backend = backend
     server.overlap_updates = staleness > 0 and hasattr(backend, "receive_weights")
-    server.generation = 0  # as if it joined the weight group's first generation
+    server.generation["vertical"] = 0  # as if it joined the weight group's first generation
     sent: list = []
     server.send = sent.append
     return server, backend, sent
@@ -80,7 +80,7 @@ async def _serve(server: InferenceServer, i: int) -> None:
 def test_stale_mode_generates_during_the_receive_and_swaps_between_batches(model_path):
     async def scenario():
         server, backend, sent = _server(model_path, staleness=1)
-        update = asyncio.create_task(server._update(1, 0))
+        update = asyncio.create_task(server._update("vertical", 1, 0))
         await asyncio.sleep(0.05)
         await asyncio.wait_for(_serve(server, 1), 2)  # served while v1 is being received
         backend.release.set()
@@ -97,7 +97,7 @@ def test_stale_mode_generates_during_the_receive_and_swaps_between_batches(model
 def test_strict_mode_holds_requests_until_the_update_is_loaded(model_path):
     async def scenario():
         server, backend, _ = _server(model_path, staleness=0)
-        update = asyncio.create_task(server._update(1, 0))
+        update = asyncio.create_task(server._update("vertical", 1, 0))
         await asyncio.sleep(0.05)
         serve = asyncio.create_task(_serve(server, 1))
         await asyncio.sleep(0.05)
@@ -118,19 +118,19 @@ def test_a_send_of_another_generation_is_ignored_and_a_retired_receive_reports_n
 
     async def scenario():
         server, backend, sent = _server(model_path, staleness=0)
-        server.generation = 1
-        await asyncio.wait_for(server._update(1, 0), 2)
+        server.generation["vertical"] = 1
+        await asyncio.wait_for(server._update("vertical", 1, 0), 2)
         assert backend.events == [] and sent == []
 
         def retired(version):
             raise GroupRetired("generation 1 was retired")
 
         backend.receive_weights = retired
-        await asyncio.wait_for(server._update(1, 1), 2)
+        await asyncio.wait_for(server._update("vertical", 1, 1), 2)
         assert sent == [] and backend.version == 0
         backend.release.set()
         del backend.receive_weights  # the class's own again
-        await asyncio.wait_for(server._update(1, 1), 5)
+        await asyncio.wait_for(server._update("vertical", 1, 1), 5)
         assert [(m.version, m.error) for m in sent] == [(1, "")]
 
     asyncio.run(scenario())
@@ -149,7 +149,7 @@ def test_a_receive_broken_without_a_re_form_is_reported_after_the_weight_sync_bo
             raise WeightSyncError("Connection closed by peer")
 
         backend.receive_weights = broken
-        await asyncio.wait_for(server._update(1, 0), 2)
+        await asyncio.wait_for(server._update("vertical", 1, 0), 2)
         assert sent == []  # not yet: a re-form may follow
         await asyncio.sleep(0.5)
         return sent

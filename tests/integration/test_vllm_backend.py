@@ -144,7 +144,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         server.backend.join_weight_group(
             policy=POLICY, backend="gloo", host="127.0.0.1", port=port, rank=1, world_size=2
         )
-        server.generation = 0  # joined the group's first generation (what its main() does)
+        server.generation[POLICY] = 0  # joined the group's first generation (what its main() does)
         opener.join(timeout=60)
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
         yield Stack(server, model, torch.optim.Adam(model.parameters(), lr=1e-2), WeightSender(group["pg"]), model_dir)

@@ -24,10 +24,16 @@ What it does, per dtype (float32, then bfloat16; --smoke: float32 on the CPU):
    announces it. Checks the version and the log-probs as in 5; times the send against a
    device-to-device copy of the same bytes. Skipped by --smoke, with a line saying so.
 A second trainer step is timed too (the first one also allocates the optimiser state).
-9. The LoRA pass ("float32+lora"): steps 1-6 with `policies.vertical.lora` (LORA): the trainer steps
+8. The LoRA pass ("float32+lora"): steps 1-6 with `policies.vertical.lora` (LORA): the trainer steps
    adapters only, the server applies them with peft, every sync carries the adapters only (their bytes
    and share of the full model are reported); the same version and log-prob checks.
-8. Once, after the passes: the demo learning through `mas-async train` (every role its own process):
+9. The ranks pass: one policy's training step with 1 rank, 2 ranks (DistributedDataParallel) and 2 ranks
+   with ZeRO, rank r on cuda:r over NCCL (`bench/trainer_scaling.py`, `--rank-samples` x `--rank-steps`):
+   samples/s against 1 rank, optimiser state and peak GPU memory per rank; checks that both 2-rank
+   settings end on 1 rank's parameters and that ZeRO shards the state. Needs 2 GPUs (a line says it is
+   skipped on one); --smoke runs it on the CPU over gloo. With 2 GPUs the demo below trains its vertical
+   policy with 2 trainer ranks.
+10. Once, after the passes: the demo learning through `mas-async train` (every role its own process):
    configs/plan_path_tiny_gpu.yaml, both policies on cuda, weight sync chosen by
    `cluster.weight_backend: auto` (CUDA IPC: each trainer shares its GPU with its server),
    `--demo-iterations` iterations capped at `--demo-timeout` s. Wall time, seconds per iteration, eval
@@ -93,6 +99,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-3, help="the trainer step's Adam learning rate")
     p.add_argument("--timeout", type=float, default=60.0, help="bound of every wait, in seconds")
     p.add_argument("--json", type=Path, default=None, help="results file (default $OUT/gpu_check.json)")
+    p.add_argument(
+        "--rank-samples", type=int, default=64, help="samples per step of the ranks pass (whole groups of 4)"
+    )
+    p.add_argument("--rank-steps", type=int, default=4, help="timed steps per setting of the ranks pass (0: skip it)")
     p.add_argument("--demo-iterations", type=int, default=30, help="iterations of the demo run (0: skip it)")
     p.add_argument("--demo-timeout", type=float, default=180.0, help="bound of the demo run, in seconds")
     args = p.parse_args(argv)
@@ -100,6 +110,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.model, args.dtypes = "builtin:tiny-char", "float32,float32+lora"
         args.prompts, args.n, args.max_tokens, args.rounds = 4, 2, 8, 2
         args.demo_iterations = min(args.demo_iterations, 2)
+        args.rank_samples, args.rank_steps = 16, min(args.rank_steps, 1)
     return args
 
 
@@ -452,14 +463,70 @@ def run_cuda_ipc(args: argparse.Namespace, dtype: str, path: Path, learner: Any,
     return figures, checks
 
 
-def run_demo(args: argparse.Namespace, device: str, run_dir: Path) -> tuple[dict, dict[str, bool]]:
-    """Step 8: the demo config learning on `device` through `mas-async train`; (figures, checks)."""
+RANK_SETTINGS = {"1 rank": (1, False), "2 ranks": (2, False), "2 ranks + ZeRO": (2, True)}
+"""name: (trainer ranks, ZeRO) of the ranks pass."""
+NORMS_TOLERANCE = {"cpu": 1e-6, "cuda": 1e-4}
+"""Most relative difference of a parameter's norm after the steps, 2 ranks against 1 (on GPUs the reductions'
+order differs)."""
+
+
+def run_ranks(args: argparse.Namespace, device: str, gpus: int) -> tuple[dict, dict[str, bool]]:
+    """Step 9: one policy's training step with 1 rank, 2 ranks (DistributedDataParallel) and 2 ranks with
+    ZeRO, rank r on cuda:r (NCCL; --smoke: the CPU, gloo) through `bench/trainer_scaling.py`: samples/s,
+    memory per rank, and the parameters after the steps equal to 1 rank's. Needs 2 GPUs; (figures, checks)."""
+    from bench.trainer_scaling import measure
+    from mas_async.launch.launcher import model_cache_dir
+    from mas_async.model_source import resolve_model
+
+    if device == "cuda" and gpus < 2:
+        print(f"[ranks] skipped: 2 trainer ranks need 2 GPUs, this machine has {gpus}")
+        return {"skipped": f"needs 2 GPUs, this machine has {gpus}"}, {}
+    model = str(resolve_model(args.model, model_cache_dir()))
+    rows = {}
+    for name, (world, zero) in RANK_SETTINGS.items():
+        rows[name] = measure(world, zero, False, model, args.rank_samples, args.rank_steps, gpus=device == "cuda",
+                             timeout_s=args.timeout * 10)  # fmt: skip
+        memory = (
+            f"{rows[name]['peak_gpu_mb']:.0f} MiB GPU"
+            if device == "cuda"
+            else f"{rows[name]['peak_rss_mb']:.0f} MiB RSS"
+        )
+        print(f"[ranks] {name}: {rows[name]['samples_per_s']:.1f} samples/s "
+              f"({rows[name]['samples_per_s'] / rows['1 rank']['samples_per_s']:.2f}x 1 rank), optimiser state "
+              f"{rows[name]['optimizer_state_mb']:.1f} MiB per rank, peak {memory} per rank")  # fmt: skip
+    one = rows["1 rank"]["parameter_norms"]
+    drift = {
+        name: max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(row["parameter_norms"], one, strict=True))
+        for name, row in rows.items()
+    }
+    tolerance = NORMS_TOLERANCE[device]
+    checks = {
+        f"[ranks] 2 ranks make 1 rank's update (parameter norms within {tolerance:g}, relative)": drift["2 ranks"]
+        < tolerance,
+        f"[ranks] 2 ranks + ZeRO make 1 rank's update (parameter norms within {tolerance:g}, relative)": drift[
+            "2 ranks + ZeRO"
+        ]
+        < tolerance,
+        "[ranks] ZeRO holds at most 0.6 of the optimiser state per rank": rows["2 ranks + ZeRO"]["optimizer_state_mb"]
+        <= 0.6 * rows["2 ranks"]["optimizer_state_mb"],
+    }
+    for name, row in rows.items():
+        row.pop("parameter_norms")
+        row["vs_1_rank"] = row["samples_per_s"] / rows["1 rank"]["samples_per_s"]
+        row["parameter_norm_drift"] = drift[name]
+    return {"device": device, "samples": args.rank_samples, "steps": args.rank_steps, "settings": rows}, checks
+
+
+def run_demo(args: argparse.Namespace, device: str, run_dir: Path, ranks: int = 1) -> tuple[dict, dict[str, bool]]:
+    """Step 10: the demo config learning on `device` through `mas-async train`, the vertical policy with
+    `ranks` trainer ranks (one GPU each); (figures, checks)."""
     from mas_async.config import load_config
     from mas_async.deployment import weight_backend
 
     config = DEMO[device]
     overrides = [f"run.iterations={args.demo_iterations}", f"run.output_dir={run_dir}"]
     overrides += DEMO_SMOKE if args.smoke else []
+    overrides += [f"policies.{POLICY}.trainer_ranks={ranks}"] if ranks > 1 else []
     resolved = load_config(config, overrides)
     backends = {p: weight_backend(resolved, p) for p in resolved.policies}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
@@ -561,9 +628,18 @@ def main(argv: list[str] | None = None) -> int:
                 import torch
 
                 torch.cuda.empty_cache()
-        if args.demo_iterations > 0:
+        if args.rank_steps > 0:
             try:
-                report["demo"], found = run_demo(args, device, Path(tmp) / "demo")
+                report["ranks"], found = run_ranks(args, device, env["gpus"])
+                checks.update(found)
+            except Exception:
+                errors["ranks"] = traceback.format_exc()
+                print(f"[ranks] FAILED:\n{errors['ranks']}")
+                checks["[ranks] the pass ran to its end"] = False
+        if args.demo_iterations > 0:
+            ranks = 2 if device == "cuda" and env["gpus"] >= 2 else 1
+            try:
+                report["demo"], found = run_demo(args, device, Path(tmp) / "demo", ranks)
                 checks.update(found)
             except Exception:
                 errors["demo"] = traceback.format_exc()

@@ -63,29 +63,37 @@ def _share(samples: list[Any], rank: int, world: int) -> list[Any]:
     return [s for g in groups[rank::world] for s in g]
 
 
-def _learner(model: str, lora: bool, dp: Any = None, zero: bool = False) -> Any:
+def _learner(model: str, lora: bool, dp: Any = None, zero: bool = False, world: int = 1, gpus: bool = False) -> Any:
+    """The policy's learner of this rank; `gpus`: rank r on cuda:r (`policies.<p>.trainer_devices`)."""
     from mas_async.config import load_config
     from mas_async.training.learner import PolicyLearner
 
-    overrides = [f"trainer.zero={str(zero).lower()}", "algorithm.ppo_epochs=1", "algorithm.mini_batches=1"]
+    overrides = [f"trainer.zero={str(zero).lower()}", "algorithm.ppo_epochs=1", "algorithm.mini_batches=1",
+                 f"policies.vertical.trainer_ranks={world}"]  # fmt: skip
+    if gpus:
+        overrides.append(f"policies.vertical.trainer_devices=[{', '.join(f'cuda:{r}' for r in range(world))}]")
     config = load_config(ROOT / CONFIG, overrides + ([f"policies.vertical.lora={LORA}"] if lora else []))
     torch.manual_seed(0)
     return PolicyLearner(config, "vertical", model, dp=dp)
 
 
 def _rank(
-    rank: int, world: int, zero: bool, lora: bool, port: int, model: str, count: int, steps: int, out: dict
+    rank: int, world: int, zero: bool, lora: bool, port: int, model: str, count: int, steps: int, gpus: bool, out: dict
 ) -> None:
+    from mas_async.devices import use_device
     from mas_async.training.data_parallel import DataParallel
 
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    device = f"cuda:{rank}" if gpus else "cpu"
+    use_device(device, f"rank {rank}")
+    if not gpus:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     dp = None
     if world > 1:
         dp = DataParallel.join(
-            policy="vertical", device="cpu", host="127.0.0.1", port=port, rank=rank, world_size=world, timeout_s=120
+            policy="vertical", device=device, host="127.0.0.1", port=port, rank=rank, world_size=world, timeout_s=120
         )
     try:
-        learner = _learner(model, lora, dp, zero)
+        learner = _learner(model, lora, dp, zero, world, gpus)
         share = _share(_batch(count, seed=0), rank, world)
         learner.step(share, 0)  # warm-up
         if dp is not None:
@@ -99,6 +107,8 @@ def _rank(
             "seconds": time.perf_counter() - began,
             "optimizer_state_mb": metrics["optimizer_state_bytes"] / 2**20,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "peak_gpu_mb": torch.cuda.max_memory_allocated(device) / 2**20 if gpus else 0.0,
+            "parameter_norms": [float(p.detach().double().norm()) for _, p in learner.trained],
         }
     finally:
         if dp is not None:
@@ -146,16 +156,29 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def measure(world: int, zero: bool, lora: bool, model: str, count: int, steps: int) -> dict[str, float]:
-    """One setting in fresh processes: samples/s over the timed steps, and the per-rank maxima of memory."""
+def measure(
+    world: int, zero: bool, lora: bool, model: str, count: int, steps: int, gpus: bool = False, timeout_s: float = 900
+) -> dict[str, Any]:
+    """One setting in fresh processes (`gpus`: rank r on cuda:r, NCCL): samples/s over the timed steps, the
+    per-rank maxima of memory, and rank 0's parameter norms after the steps (equal settings make equal
+    updates). Processes still running after `timeout_s` are killed and raise TimeoutError."""
     out = mp.Manager().dict()
-    mp.spawn(_rank, args=(world, zero, lora, _free_port(), model, count, steps, out), nprocs=world)
+    context = mp.spawn(_rank, args=(world, zero, lora, _free_port(), model, count, steps, gpus, out), nprocs=world,
+                       join=False)  # fmt: skip
+    deadline = time.monotonic() + timeout_s
+    while not context.join(timeout=max(0.1, deadline - time.monotonic())):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            raise TimeoutError(f"{world} rank(s) (ZeRO {zero}, LoRA {lora}) did not finish within {timeout_s:g} s")
     ranks = [out[r] for r in range(world)]
     seconds = max(r["seconds"] for r in ranks)
     return {
         "samples_per_s": count * steps / seconds,
         "optimizer_state_mb": max(r["optimizer_state_mb"] for r in ranks),
         "peak_rss_mb": max(r["peak_rss_mb"] for r in ranks),
+        "peak_gpu_mb": max(r["peak_gpu_mb"] for r in ranks),
+        "parameter_norms": ranks[0]["parameter_norms"],
     }
 
 

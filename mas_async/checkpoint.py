@@ -51,10 +51,18 @@ def policy_checkpoint(run_dir: Path, policy: str, version: int) -> Path:
     return run_dir / "checkpoints" / policy / f"v{version:06d}"
 
 
-def _rng_state() -> dict[str, Any]:
+def _rng_state(learner: PolicyLearner) -> dict[str, Any]:
+    """This process's RNG states: torch's (and its GPU's, for a learner on one), numpy's and Python's."""
     import torch
 
-    return {"torch_rng": torch.get_rng_state(), "python_rng": json.dumps(random.getstate())}
+    state = {
+        "torch_rng": torch.get_rng_state(),
+        "numpy_rng": json.dumps(learner.rng.bit_generator.state),
+        "python_rng": json.dumps(random.getstate()),
+    }
+    if learner.device.type == "cuda":
+        state["cuda_rng"] = torch.cuda.get_rng_state(learner.device)
+    return state
 
 
 def save_policy(run_dir: Path, policy: str, version: int, learner: PolicyLearner) -> Path:
@@ -67,7 +75,7 @@ def save_policy(run_dir: Path, policy: str, version: int, learner: PolicyLearner
 
     final = policy_checkpoint(run_dir, policy, version)
     optimizer = learner.optimizer_state()
-    ranks = [_rng_state() | {"numpy_rng": json.dumps(learner.rng.bit_generator.state)}]
+    ranks = [_rng_state(learner)]
     if learner.dp is not None:
         ranks = learner.dp.gather(ranks[0])
     if learner.rank != 0:
@@ -87,9 +95,7 @@ def save_policy(run_dir: Path, policy: str, version: int, learner: PolicyLearner
         "version": version,
         "optimizer": optimizer,
         "scheduler": learner.scheduler.state_dict(),
-        "torch_rng": torch.get_rng_state(),
-        "numpy_rng": json.dumps(learner.rng.bit_generator.state),
-        "python_rng": json.dumps(random.getstate()),
+        **ranks[0],
         "rank_rng": ranks[1:],  # ranks 1.. of a data-parallel trainer, in rank order
     }
     torch.save(state, tmp / STATE)
@@ -115,6 +121,8 @@ def load_policy_state(run_dir: Path, policy: str, version: int, learner: PolicyL
             )
         state = state["rank_rng"][learner.rank - 1]
     torch.set_rng_state(state["torch_rng"])
+    if "cuda_rng" in state and learner.device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda_rng"], learner.device)
     learner.rng.bit_generator.state = json.loads(state["numpy_rng"])
     kind, internal, gauss = json.loads(state["python_rng"])
     random.setstate((kind, tuple(internal), gauss))

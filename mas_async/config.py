@@ -9,7 +9,7 @@ resolved config is written to the run directory by the launcher (`dump_config`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -78,9 +78,15 @@ class PolicyConfig(_Section):
     """Adam learning rate of this policy's trainer."""
     trainer_ranks: int = Field(1, ge=1)
     """Data-parallel trainer processes of this policy (DistributedDataParallel over gloo on the CPU, NCCL on
-    GPUs). The router sends each rank whole episodes' groups, balanced by tokens; the update equals one
-    rank's on the same batch. Rank 0 alone sends the weights to the inference servers and saves
-    checkpoints. Several ranks on GPUs would each need their own device, which is not placed yet: refused there."""
+    GPUs, one GPU per rank: see `trainer_devices`). The router sends each rank whole episodes' groups,
+    balanced by tokens; the update equals one rank's on the same batch. Rank 0 alone sends the weights to
+    the inference servers and saves checkpoints."""
+    trainer_devices: list[Annotated[str, Field(pattern=_DEVICE)]] | None = None
+    """Where each trainer rank runs, one entry per rank, e.g. [cuda:2, cuda:3]. Unset: `device` for rank 0,
+    and on a GPU cuda:N+r for rank r of `device` cuda:N (the node's next GPUs), or every rank on `device`
+    when `cluster.ray.trainer_gpus` gives each its own (it then sees only those). Under SLURM steps that
+    each hold their own GPU (`cluster.slurm.step_args`), give [cuda, cuda, ...]. Two ranks on one GPU are
+    refused (NCCL cannot join them)."""
     lora: LoraConfig | None = None
     """Train LoRA adapters (peft) on the frozen model instead of every weight: the trainer's optimiser
     holds the adapters only, each weight sync sends the adapter tensors only, the hf backend serves the
@@ -113,9 +119,15 @@ class PolicyConfig(_Section):
             return None
         return _canonical_device(self.server_device or self.device)
 
-    def trainer_on(self) -> str:
-        """Where this policy's trainer runs ("cpu", "cuda:N")."""
-        return _canonical_device(self.device)
+    def trainer_on(self, rank: int = 0, *, own_gpus: bool = False) -> str:
+        """Where trainer rank `rank` of this policy runs ("cpu", "cuda:N"); `own_gpus`: each rank's process
+        sees only GPUs of its own (Ray reserved them), so every rank is on `device`."""
+        if self.trainer_devices is not None:
+            return _canonical_device(self.trainer_devices[rank])
+        device = _canonical_device(self.device)
+        if device == "cpu" or own_gpus or rank == 0:
+            return device
+        return f"cuda:{int(device.removeprefix('cuda:')) + rank}"
 
 
 def _canonical_device(device: str) -> str:
@@ -470,12 +482,7 @@ class Config(_Section):
         unused = sorted(set(self.policies) - {a.policy for a in self.agents.values()})
         if unused:
             raise ValueError(f"policies {unused} serve no agent")
-        for name, spec in self.policies.items():
-            if spec.trainer_ranks > 1 and spec.trainer_on() != "cpu":
-                raise ValueError(
-                    f"policies.{name}.trainer_ranks={spec.trainer_ranks} on {spec.device}: several trainer ranks "
-                    "would each need their own GPU, which is not placed yet; use trainer_ranks=1 on GPUs"
-                )
+        self._trainer_ranks_can_be_placed()
         for name, spec in self.policies.items():
             if spec.lora is not None and spec.backend == "mock":
                 raise ValueError(
@@ -532,7 +539,7 @@ class Config(_Section):
                     f"{where}: backend {spec.backend!r} cannot serve several policies' adapters on one base; use hf "
                     "(vLLM 0.32 loads LoRA adapters only from folders, docs/lora.md)"
                 )
-            on_one_gpu = spec.trainer_on() == spec.servers_on() != "cpu"
+            on_one_gpu = self.trainer_beside_servers(name)
             if self.cluster.weight_backend == "cuda_ipc" or (self.cluster.weight_backend == "auto" and on_one_gpu):
                 raise ValueError(
                     f"{where}: a shared base receives its policies' weights over gloo or nccl, not CUDA IPC (trainer "
@@ -595,21 +602,60 @@ class Config(_Section):
                 "algorithm.normalize_std=false divides by none; drop one of the two"
             )
 
+    def trainer_device(self, policy: str, rank: int = 0) -> str:
+        """Where trainer rank `rank` of `policy` runs ("cpu", "cuda:N" as that process sees its GPUs)."""
+        own_gpus = self.cluster.engine == "ray" and self.cluster.ray.trainer_gpus > 0
+        return self.policies[policy].trainer_on(rank, own_gpus=own_gpus)
+
+    def trainer_beside_servers(self, policy: str) -> bool:
+        """Are `policy`'s trainer (rank 0) and its inference servers on one GPU? Not when Ray reserves GPUs
+        per process: each then sees its own as cuda:0."""
+        spec = self.policies[policy]
+        trainer, servers = spec.trainer_on(), spec.servers_on()
+        return trainer == servers and trainer != "cpu" and not self._ray_reserves_gpus()
+
+    def _ray_reserves_gpus(self) -> bool:
+        ray = self.cluster.ray
+        return self.cluster.engine == "ray" and (ray.trainer_gpus > 0 or ray.inference_gpus > 0)
+
+    def _trainer_ranks_can_be_placed(self) -> None:
+        """Refuse trainer devices that do not name one device per rank, mix the CPU with GPUs, or put two
+        ranks on one GPU of the local engine's machine (its nodes share the GPUs)."""
+        for name, spec in self.policies.items():
+            where = f"policies.{name}.trainer_devices"
+            if spec.trainer_devices is not None and len(spec.trainer_devices) != spec.trainer_ranks:
+                raise ValueError(
+                    f"{where} names {len(spec.trainer_devices)} devices for trainer_ranks={spec.trainer_ranks}; "
+                    "give one per rank"
+                )
+            devices = [self.trainer_device(name, r) for r in range(spec.trainer_ranks)]
+            if len({d == "cpu" for d in devices}) > 1:
+                raise ValueError(
+                    f"{where}: the ranks are on {devices}; all on the CPU (gloo) or all on GPUs (NCCL), not both"
+                )
+            if self.cluster.engine == "local" and devices[0] != "cpu" and len(set(devices)) < len(devices):
+                raise ValueError(
+                    f"{where}: the ranks are on {devices}, so two share a GPU of this machine, which NCCL cannot "
+                    "join; give each rank its own GPU"
+                )
+
     def _weight_backend_can_work(self) -> None:
         """Refuse an explicit weight backend that cannot join some policy's trainer and servers."""
         choice = self.cluster.weight_backend
         for name, spec in self.policies.items():
             trainer, servers = spec.trainer_on(), spec.servers_on()
-            if choice == "cuda_ipc" and (servers is None or not trainer.startswith("cuda") or servers != trainer):
+            if choice == "cuda_ipc" and not self.trainer_beside_servers(name):
                 where = (
                     f"its {spec.backend} servers place themselves" if servers is None
+                    else "Ray gives its trainer and servers GPUs of their own (cluster.ray.trainer_gpus, inference_gpus)"
+                    if self._ray_reserves_gpus() and trainer == servers
                     else f"its trainer is on {trainer} and its servers on {servers}"
                 )  # fmt: skip
                 raise ValueError(
                     f"cluster.weight_backend=cuda_ipc shares GPU memory between a trainer and servers on one "
                     f"GPU, but for policy {name!r} {where}; use cluster.weight_backend=auto (or gloo)"
                 )
-            if choice == "nccl" and servers is not None and trainer.startswith("cuda") and servers == trainer:
+            if choice == "nccl" and self.trainer_beside_servers(name):
                 raise ValueError(
                     f"cluster.weight_backend=nccl cannot join policy {name!r}'s trainer and servers: NCCL refuses "
                     f"two ranks on one GPU ({trainer}); use cluster.weight_backend=auto (CUDA IPC) or gloo"

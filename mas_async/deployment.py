@@ -98,7 +98,8 @@ def weight_backend(config: Config, policy: str, *, cuda_available: bool | None =
     `servers_on`):
 
         trainer and servers on the CPU            gloo
-        trainer and servers on one GPU            cuda_ipc  (NCCL refuses two ranks on one device)
+        trainer and servers on one GPU            cuda_ipc  (NCCL refuses two ranks on one device;
+                                                  not under Ray's per-process GPUs: `trainer_beside_servers`)
         on different GPUs, or CPU and GPU         nccl
         servers that place themselves (vLLM)      nccl when CUDA exists (`cuda_available`), else gloo
     """
@@ -115,6 +116,6 @@ def weight_backend(config: Config, policy: str, *, cuda_available: bool | None =
         return "nccl" if cuda_available else "gloo"
     if trainer == servers == "cpu":
         return "gloo"
-    if trainer == servers:
+    if config.trainer_beside_servers(policy):
         return "cuda_ipc"
     return "nccl"

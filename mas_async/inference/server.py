@@ -42,6 +42,7 @@ import time
 
 from mas_async.config import Config
 from mas_async.deployment import Deployment
+from mas_async.devices import use_device
 from mas_async.inference.backends.base import InferenceBackend, make_backend
 from mas_async.inference.gate import UpdateGate
 from mas_async.inference.limits import GenerateLimits
@@ -95,6 +96,8 @@ class InferenceServer(Peer):
         # A LoRA policy in training serves its base with adapters; served without training (eval), its
         # weights are a plain model folder (a checkpoint holds the merged model).
         model_path, lora = starting_point(deployment, policy, spec.lora if deployment.training else None)
+        if spec.servers_on() is not None:  # None: the backend places its engine itself (vLLM)
+            use_device(spec.servers_on(), f"inference server {policy}/{replica}")
         guests = {p: starting_point(deployment, p, config.policies[p].lora)[1] for p in self.served[1:]}
         self.backend = make_backend(
             spec.backend,

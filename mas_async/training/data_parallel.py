@@ -15,6 +15,7 @@ timeout.
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from mas_async.devices import gpu_id, shared_gpus
 from mas_async.network import LOOPBACK_HOSTS, interface_of, local_address_towards
 from mas_async.weights.store import open_store
 
@@ -44,13 +46,16 @@ class DataParallel:
     def join(
         cls, *, policy: str, device: str, host: str, port: int, rank: int, world_size: int, timeout_s: float
     ) -> DataParallel:
-        """Join (blocking until all `world_size` ranks have) the group of `policy`'s trainer ranks."""
+        """Join (blocking until all `world_size` ranks have) the group of `policy`'s trainer ranks; `device` is
+        this rank's (`Config.trainer_device`), made current by the caller. Ranks on one GPU are refused."""
         if world_size < 2 or not 0 <= rank < world_size:
             raise ValueError(f"need world_size >= 2 and 0 <= rank < world_size, got rank {rank} of {world_size}")
         backend = "nccl" if device.startswith("cuda") else "gloo"
         timeout = timedelta(seconds=timeout_s)
         try:
             store = open_store(host, port, world_size, is_master=rank == 0, timeout_s=timeout_s, wait_for_workers=True)
+            if backend == "nccl":
+                _refuse_shared_gpus(dist.PrefixStore(f"gpus/{policy}", store), policy, rank, world_size, device)
             if backend == "gloo" and host not in LOOPBACK_HOSTS:
                 # The default group's gloo takes its interface from the environment only.
                 os.environ.setdefault("GLOO_SOCKET_IFNAME", interface_of(local_address_towards(host)))
@@ -89,6 +94,18 @@ class DataParallel:
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _refuse_shared_gpus(store: dist.Store, policy: str, rank: int, world_size: int, device: str) -> None:
+    """Every rank says which physical GPU it is on; two on one GPU (NCCL would fail or hang) raise
+    `RankGroupError` on every rank, naming both."""
+    store.set(str(rank), f"{gpu_id(torch.device(device))} {device} on {socket.gethostname()}")
+    placed = [store.get(str(r)).decode().split(" ", 1) for r in range(world_size)]
+    for a, b in shared_gpus([gpu for gpu, _ in placed]):
+        raise RankGroupError(
+            f"trainer ranks {a} ({placed[a][1]}) and {b} ({placed[b][1]}) of policy {policy!r} are on one GPU; "
+            "NCCL needs one GPU per rank (policies.<p>.trainer_devices, or a GPU reserved per trainer process)"
+        )
 
 
 def merge_metrics(per_rank: list[dict[str, Any]]) -> dict[str, Any]:

@@ -77,7 +77,7 @@ class PolicyLearner:
         self.cfg = config
         self.temperature = config.rollout.temperature
         self.model_path = model_path
-        self.device = torch.device(spec.device)
+        self.device = torch.device(config.trainer_device(policy, dp.rank if dp is not None else 0))
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype(spec.dtype)).to(self.device)
         if config.trainer.activation_checkpointing:  # before DDP wraps the model; non-reentrant works with DDP
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

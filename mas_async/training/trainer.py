@@ -35,6 +35,7 @@ from pathlib import Path
 from mas_async.checkpoint import STATE, checkpoint_due, load_policy_state, policy_checkpoint, save_policy
 from mas_async.config import Config
 from mas_async.deployment import Deployment, trainer_peer
+from mas_async.devices import use_device
 from mas_async.lora import starting_point
 from mas_async.router.clock import VersionClock
 from mas_async.runtime.actor import Peer
@@ -80,10 +81,12 @@ class Trainer(Peer):
         self.run_dir = run_dir
         self.rank = rank
         ranks = config.policies[policy].trainer_ranks
+        device = config.trainer_device(policy, rank)
+        use_device(device, f"trainer rank {rank} of policy {policy!r}")
         self.dp = None
         if ranks > 1:
             self.dp = DataParallel.join(
-                policy=policy, device=config.policies[policy].device, host=deployment.store_host(policy),
+                policy=policy, device=device, host=deployment.store_host(policy),
                 port=deployment.trainer_ports[policy], rank=rank, world_size=ranks,
                 timeout_s=config.trainer.group_timeout_s,
             )  # fmt: skip

@@ -58,7 +58,8 @@ def test_router_smoke(tmp_path: Path) -> None:
 
 def test_gpu_check_smoke(tmp_path: Path) -> None:
     """The GPU check's CPU rehearsal: hf server and trainer, a step, the versioned update over gloo and the
-    log-prob match, in full and with LoRA adapters; the CUDA IPC part says it is skipped; the demo learns for 2 iterations through
+    log-prob match, in full and with LoRA adapters; the CUDA IPC part says it is skipped; 1 against 2 trainer ranks
+    (and ZeRO) make one update; the demo learns for 2 iterations through
     `mas-async train` on the CPU (gloo)."""
     stdout, figures = _run("gpu_check.py", tmp_path)
     assert stdout.startswith("vLLM: ") and "CUDA IPC: skipped" in stdout
@@ -69,6 +70,10 @@ def test_gpu_check_smoke(tmp_path: Path) -> None:
     lora = figures["passes"]["float32+lora"]  # adapters only: a fraction of the bytes, the same match
     assert lora["logprob"]["mean_abs_diff"] < 1e-4 < lora["logprob"]["step_moved"]
     assert 0 < lora["bytes"] < 0.5 * run["bytes"] and lora["of_full_model"] < 0.5 and run["of_full_model"] == 1.0
+    ranks = figures["ranks"]["settings"]  # over gloo here; rank r on cuda:r over NCCL on a 2-GPU machine
+    assert set(ranks) == {"1 rank", "2 ranks", "2 ranks + ZeRO"} and all(r["samples_per_s"] > 0 for r in ranks.values())
+    assert max(r["parameter_norm_drift"] for r in ranks.values()) < 1e-6
+    assert ranks["2 ranks + ZeRO"]["optimizer_state_mb"] < 0.6 * ranks["2 ranks"]["optimizer_state_mb"]
     demo = figures["demo"]
     assert demo["iterations"] == 2 and demo["returncode"] == 0 and demo["wall_s"] > 0
     assert demo["weight_backends"] == {"vertical": "gloo", "horizontal": "gloo"} and demo["version_mismatch_max"] == 0

@@ -18,7 +18,6 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +29,7 @@ import pytest
 import torch
 
 from tests.support.paths import ROOT
+from tests.support.trainer_group import join_trainer_group
 
 pytestmark = [
     pytest.mark.slow,
@@ -89,12 +89,6 @@ def test_the_imported_folder_has_the_models_own_tokenizer_and_template(smollm2: 
     assert GenerationConfig.from_pretrained(str(smollm2)).eos_token_id == [im_end]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _mean_abs_diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
     return float(np.concatenate([np.abs(x - y) for x, y in zip(a, b, strict=True)]).mean())
 
@@ -113,30 +107,17 @@ def vllm_server(smollm2: Path) -> Iterator[tuple[Any, Any]]:
     from mas_async.config import load_config
     from mas_async.deployment import Deployment
     from mas_async.inference.server import InferenceServer
-    from mas_async.weights.group import open_weight_group
     from mas_async.weights.sender import WeightSender
 
     torch.set_num_threads(1)
     config = load_config(ROOT / "configs/plan_path_smollm2.yaml", [f"policies.{POLICY}.backend=vllm"])
-    port = _free_port()
-    deployment = Deployment("tcp://127.0.0.1:9", {POLICY: port}, {POLICY: str(smollm2)})
+    deployment = Deployment("tcp://127.0.0.1:9", {POLICY: 9}, {POLICY: str(smollm2)})
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     server = None
     try:
         server = InferenceServer(config, deployment, POLICY, 0)
-        group: dict[str, Any] = {}
-        opener = threading.Thread(
-            target=lambda: group.update(
-                pg=open_weight_group(policy=POLICY, backend="gloo", host="127.0.0.1", port=port, rank=0, world_size=2)
-            ),
-            daemon=True,
-        )
-        opener.start()
-        server.backend.join_weight_group(
-            policy=POLICY, backend="gloo", host="127.0.0.1", port=port, rank=1, world_size=2
-        )
-        opener.join(timeout=60)
-        yield server, WeightSender(group["pg"])
+        trainer_group = join_trainer_group(server.backend, POLICY)
+        yield server, WeightSender(trainer_group)
     finally:
         if server is not None:
             server.backend.close()

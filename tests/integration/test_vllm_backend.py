@@ -22,7 +22,6 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -39,10 +38,10 @@ from mas_async.inference.backends.hf import HFBackend
 from mas_async.inference.request import GenerationRequest
 from mas_async.tiny_model import EOS_ID, IM_END_ID, materialise
 from mas_async.training.logprobs import completion_logprobs
-from mas_async.weights.group import open_weight_group
 from mas_async.weights.sender import WeightSender
 from mas_async.wire.messages import Generate, GenerateResult, UpdateWeights, WeightsLoaded
 from tests.support.paths import ROOT
+from tests.support.trainer_group import join_trainer_group
 
 pytestmark = [
     pytest.mark.vllm,
@@ -104,12 +103,6 @@ class Stack:
         assert not thread.is_alive()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     from transformers import AutoModelForCausalLM
@@ -125,29 +118,19 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         # rollout.max_tokens bounds what the server serves (test_a_request_during_an_update_... asks 200)
         [f"policies.{POLICY}.backend=vllm", f"policies.{POLICY}.max_batch_sequences=64", "rollout.max_tokens=200"],
     )
-    port = _free_port()
-    deployment = Deployment("tcp://127.0.0.1:9", {POLICY: port}, {POLICY: str(model_dir)})
+    deployment = Deployment("tcp://127.0.0.1:9", {POLICY: 9}, {POLICY: str(model_dir)})
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     server = None
     try:
         t0 = time.monotonic()
         server = InferenceServer(config, deployment, POLICY, 0)
         print(f"vLLM engine started in {time.monotonic() - t0:.1f}s")
-        group: dict[str, Any] = {}
-        opener = threading.Thread(
-            target=lambda: group.update(
-                pg=open_weight_group(policy=POLICY, backend="gloo", host="127.0.0.1", port=port, rank=0, world_size=2)
-            ),
-            daemon=True,
-        )
-        opener.start()
-        server.backend.join_weight_group(
-            policy=POLICY, backend="gloo", host="127.0.0.1", port=port, rank=1, world_size=2
-        )
+        trainer_group = join_trainer_group(server.backend, POLICY)
         server.generation[POLICY] = 0  # joined the group's first generation (what its main() does)
-        opener.join(timeout=60)
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-        yield Stack(server, model, torch.optim.Adam(model.parameters(), lr=1e-2), WeightSender(group["pg"]), model_dir)
+        yield Stack(
+            server, model, torch.optim.Adam(model.parameters(), lr=1e-2), WeightSender(trainer_group), model_dir
+        )
     finally:
         if server is not None:
             server.backend.close()
@@ -318,7 +301,7 @@ def test_a_receive_in_a_retired_group_stops_and_the_re_formed_group_delivers_the
     """The vLLM worker waits in a receive (an update announced, nothing sent) when the trainer retires the
     group's generation 0 (a replica was lost): the worker stops waiting, nothing is loaded; generation 1
     forms on the same store, and the next version arrives there whole."""
-    from mas_async.weights.group import GroupRetired, open_weight_group
+    from mas_async.weights.group import GroupRetired
 
     version, group = stack.backend.version, stack.sender.group
     box: dict[str, Any] = {}
@@ -339,28 +322,7 @@ def test_a_receive_in_a_retired_group_stops_and_the_re_formed_group_delivers_the
     print(f"the worker gave up the retired receive {time.monotonic() - started:.2f}s after the retire")
     assert stack.backend.version == version
 
-    port = group.store.port
-    opener = threading.Thread(
-        target=lambda: box.update(
-            group=open_weight_group(
-                policy=POLICY,
-                backend="gloo",
-                host="127.0.0.1",
-                port=port,
-                rank=0,
-                world_size=2,
-                generation=1,
-                store=group.store,
-            )
-        ),  # fmt: skip
-        daemon=True,
-    )
-    opener.start()
-    stack.backend.join_weight_group(
-        policy=POLICY, backend="gloo", host="127.0.0.1", port=port, rank=1, world_size=2, generation=1
-    )
-    opener.join(timeout=60)
-    stack.sender = WeightSender(box["group"])
+    stack.sender = WeightSender(join_trainer_group(stack.backend, POLICY, store=group.store, generation=1))
     stack.step()
     stack.push(version + 1)
     assert stack.backend.version == version + 1

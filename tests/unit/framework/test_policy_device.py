@@ -45,3 +45,17 @@ def test_learner_and_hf_backend_on_cuda(tiny_model) -> None:
     backend = make_backend("hf", str(tiny_model), dtype="float32", max_batch_sequences=4, seed=0, device="cuda")
     assert {p.device.type for p in backend.engine.model.parameters()} == {"cuda"}
     assert torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_checkpoint_restores_the_random_streams_of_the_learners_device(tiny_model, tmp_path, device) -> None:
+    from mas_async.checkpoint import load_policy_state, save_policy
+    from mas_async.training.learner import PolicyLearner
+
+    config = load_config(CONFIG, [f"policies.vertical.model={tiny_model}", f"policies.vertical.device={device}"])
+    learner = PolicyLearner(config, "vertical", str(tiny_model))
+    save_policy(tmp_path, "vertical", 1, learner)
+    expected = torch.rand(4, device=device), learner.rng.random()
+    load_policy_state(tmp_path, "vertical", 1, learner)
+    again = torch.rand(4, device=device), learner.rng.random()
+    assert torch.equal(again[0], expected[0]) and again[1] == expected[1]

@@ -213,11 +213,12 @@ def _join(
     tcp_store: dist.Store | None,
 ) -> WeightGroup:
     timeout = timedelta(seconds=timeout_s)
+    deadline = time.monotonic() + timeout_s  # reaching the store and meeting the others share the bound
     if tcp_store is None:
         tcp_store = open_store(host, port, world_size, is_master=rank == 0, timeout_s=timeout_s)
     store = dist.PrefixStore(group_prefix(policy, generation), tcp_store)
     # Meet first: a rank lost before the group formed must not leave the others in its rendezvous.
-    _arrive(store, policy, rank, world_size, timeout_s, generation)
+    _arrive(store, policy, rank, world_size, timeout_s, generation, deadline)
     if backend == "gloo":
         options = dist.ProcessGroupGloo._Options()
         options._timeout = timeout
@@ -242,11 +243,13 @@ def retire_generation(store: dist.Store, policy: str, generation: int) -> None:
     dist.PrefixStore(group_prefix(policy, generation), store).set(RETIRED_KEY, "1")
 
 
-def _arrive(store: dist.Store, policy: str, rank: int, world_size: int, timeout_s: float, generation: int) -> None:
-    """A barrier on the store that gives up when the generation is retired (the process group's own
-    rendezvous would wait its whole timeout for a rank that died)."""
+def _arrive(
+    store: dist.Store, policy: str, rank: int, world_size: int, timeout_s: float, generation: int, deadline: float
+) -> None:
+    """A barrier on the store, until `deadline` (monotonic; the join's `timeout_s`), that gives up when the
+    generation is retired (the process group's own rendezvous would wait its whole timeout for a rank that
+    died)."""
     store.add("arrived", 1)
-    deadline = time.monotonic() + timeout_s
     while store.add("arrived", 0) < world_size:
         if store.check([RETIRED_KEY]):
             raise GroupRetired(

@@ -10,6 +10,7 @@ network the address must be a private one (docs/cluster.md).
 from __future__ import annotations
 
 import socket
+import time
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -21,9 +22,12 @@ def open_store(
     """The master (`is_master`) listens on (host, port) only; the others connect, retrying until `timeout_s`."""
     timeout = timedelta(seconds=timeout_s)
     if not is_master:
+        deadline = time.monotonic() + timeout_s
+        _wait_for_listener(host, port, deadline, timeout_s)
         return dist.TCPStore(
-            host, port, world_size, is_master=False, timeout=timeout, wait_for_workers=wait_for_workers
-        )
+            host, port, world_size, is_master=False, timeout=timedelta(seconds=max(1.0, deadline - time.monotonic())),
+            wait_for_workers=wait_for_workers,
+        )  # fmt: skip
     listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     try:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -38,3 +42,17 @@ def open_store(
         raise
     listener.detach()  # the store owns the socket now
     return store
+
+
+def _wait_for_listener(host: str, port: int, deadline: float, timeout_s: float) -> None:
+    """Until something accepts connections at (host, port), by `deadline`. torch's client gives up a try
+    at its timeout and sleeps about as long before the next one, so a store that comes up after the
+    first try would cost up to twice the bound; probing first keeps the store's connect to one quick try."""
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=max(0.05, min(1.0, deadline - time.monotonic()))):
+                return
+        except OSError as e:
+            if time.monotonic() >= deadline:
+                raise dist.DistStoreError(f"no store listens at {host}:{port} after {timeout_s:g}s ({e})") from e
+            time.sleep(0.05)

@@ -35,9 +35,13 @@ def join_trainer_group(backend: Any, policy: str, *, store: Any = None, generati
 
     opener = threading.Thread(target=open_rank_0, name="trainer-rank-0", daemon=True)
     opener.start()
-    backend.join_weight_group(
-        policy=policy, backend="gloo", host=HOST, port=store.port, rank=1, world_size=2, generation=generation
-    )
+    try:
+        backend.join_weight_group(
+            policy=policy, backend="gloo", host=HOST, port=store.port, rank=1, world_size=2, generation=generation
+        )
+    except BaseException as e:
+        e.add_note(f"rank 0 (this process) meanwhile: {joined.get('error') or ('formed' if joined else 'waiting')}")
+        raise
     opener.join(timeout=60)
     if "error" in joined:
         raise RuntimeError(f"rank 0 of {policy!r}'s weight group failed: {joined['error']!r}") from joined["error"]

@@ -225,7 +225,11 @@ class VLLMBackend:
             return future.result(timeout_s)
         except concurrent.futures.TimeoutError:
             future.cancel()
-            raise EngineTimeout(f"vLLM did not finish {what} within {timeout_s:g} s") from None
+            died = vllm_compat.engine_died(getattr(self, "engine", None))
+            raise EngineTimeout(
+                f"vLLM did not finish {what} within {timeout_s:g} s"
+                + (" (its engine process has died)" if died else "")
+            ) from None
 
     def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)

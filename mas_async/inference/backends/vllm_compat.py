@@ -168,6 +168,11 @@ def start_engine(model_path: str, *, dtype: str, max_num_seqs: int, seed: int, *
         return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
 
 
+def engine_died(engine: AsyncLLM | None) -> bool:
+    """Has the engine's core process (or its output loop) died? (False for an engine not started yet.)"""
+    return engine is not None and bool(engine.errored)
+
+
 def max_model_len(engine: AsyncLLM) -> int:
     """The longest sequence (prompt + completion) the engine accepts."""
     return engine.model_config.max_model_len

@@ -127,6 +127,46 @@ def test_a_re_formed_generation_that_a_rank_never_joins_names_the_generation():
         )  # fmt: skip
 
 
+def test_reaching_the_store_and_meeting_the_others_share_one_bound():
+    """Rank 1 reaches rank 0's store only 1.2 s into its 2 s bound, and rank 0 never arrives: the join gives
+    up 2 s after it began, not 2 s after it reached the store."""
+    from mas_async.weights.group import WeightGroupError, open_weight_group
+    from mas_async.weights.store import open_store
+
+    port = free_ports("127.0.0.1", 1)[0]
+    held = []
+    late = threading.Timer(1.2, lambda: held.append(open_store("127.0.0.1", port, 2, is_master=True, timeout_s=5)))
+    late.start()
+    began = time.monotonic()
+    with pytest.raises(WeightGroupError, match=r"rank 1 of policy 'vertical'.s weight group: generation 0 was not "
+                       r"joined by all 2 ranks within 2s"):  # fmt: skip
+        open_weight_group(
+            policy="vertical", backend="gloo", host="127.0.0.1", port=port, rank=1, world_size=2, timeout_s=2.0
+        )
+    late.join()
+    assert held and 1.9 < time.monotonic() - began < 2.8
+
+
+def test_a_store_that_comes_up_late_is_reached_at_once():
+    """torch's client sleeps between its tries; waiting for the listener first connects as soon as the store
+    is up (without it: 0.1-0.8 s later)."""
+    from mas_async.weights.store import open_store
+
+    def come_up(port: int, up: list[tuple[Any, float]]) -> None:
+        up.append((open_store("127.0.0.1", port, 2, is_master=True, timeout_s=10), time.monotonic()))
+
+    lags = []
+    for _ in range(3):
+        port = free_ports("127.0.0.1", 1)[0]
+        up: list[tuple[Any, float]] = []
+        late = threading.Timer(0.6, come_up, args=(port, up))
+        late.start()
+        open_store("127.0.0.1", port, 2, is_master=False, timeout_s=5)
+        lags.append(time.monotonic() - up[0][1])
+        late.join()
+    assert max(lags) < 0.3, lags
+
+
 def test_a_failed_send_that_no_re_form_follows_names_the_wait():
     """A send that lost a replica waits for the router's order to re-form the group, at most the weight-sync
     bound; past it, a named error (the trainer stops, the run restarts from its checkpoint)."""
@@ -204,7 +244,10 @@ def test_a_vllm_call_that_never_finishes_is_named():
     backend._thread = threading.Thread(target=backend._loop.run_forever, daemon=True)
     backend._thread.start()
     try:
-        with pytest.raises(EngineTimeout, match=r"vLLM did not finish loading weights v3 within 0.2 s"):
+        with pytest.raises(EngineTimeout, match=r"vLLM did not finish loading weights v3 within 0.2 s$"):
+            backend._call(asyncio.sleep(60), "loading weights v3", 0.2)
+        backend.engine = type("DeadEngine", (), {"errored": True})()  # what vLLM's AsyncLLM says once its core died
+        with pytest.raises(EngineTimeout, match=r"within 0.2 s \(its engine process has died\)"):
             backend._call(asyncio.sleep(60), "loading weights v3", 0.2)
     finally:
         backend._stop_loop()

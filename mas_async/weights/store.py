@@ -22,12 +22,11 @@ def open_store(
     """The master (`is_master`) listens on (host, port) only; the others connect, retrying until `timeout_s`."""
     timeout = timedelta(seconds=timeout_s)
     if not is_master:
-        deadline = time.monotonic() + timeout_s
-        _wait_for_listener(host, port, deadline, timeout_s)
+        _wait_for_listener(host, port, time.monotonic() + timeout_s, timeout_s)
+        # `timeout` also bounds each operation on the store later, so it stays whole.
         return dist.TCPStore(
-            host, port, world_size, is_master=False, timeout=timedelta(seconds=max(1.0, deadline - time.monotonic())),
-            wait_for_workers=wait_for_workers,
-        )  # fmt: skip
+            host, port, world_size, is_master=False, timeout=timeout, wait_for_workers=wait_for_workers
+        )
     listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     try:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

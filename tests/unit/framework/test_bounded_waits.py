@@ -149,14 +149,14 @@ def test_reaching_the_store_and_meeting_the_others_share_one_bound():
 
 def test_a_store_that_comes_up_late_is_reached_at_once():
     """torch's client sleeps between its tries; waiting for the listener first connects as soon as the store
-    is up (without it: 0.1-0.8 s later)."""
+    is up (~0.01 s later; without it 0.07-0.8 s, median 0.3)."""
     from mas_async.weights.store import open_store
 
     def come_up(port: int, up: list[tuple[Any, float]]) -> None:
         up.append((open_store("127.0.0.1", port, 2, is_master=True, timeout_s=10), time.monotonic()))
 
     lags = []
-    for _ in range(3):
+    for _ in range(5):
         port = free_ports("127.0.0.1", 1)[0]
         up: list[tuple[Any, float]] = []
         late = threading.Timer(0.6, come_up, args=(port, up))
@@ -164,7 +164,7 @@ def test_a_store_that_comes_up_late_is_reached_at_once():
         open_store("127.0.0.1", port, 2, is_master=False, timeout_s=5)
         lags.append(time.monotonic() - up[0][1])
         late.join()
-    assert max(lags) < 0.3, lags
+    assert sorted(lags)[2] < 0.06, lags  # the median: one try slowed by a busy machine does not decide
 
 
 def test_a_failed_send_that_no_re_form_follows_names_the_wait():

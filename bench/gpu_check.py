@@ -501,15 +501,11 @@ def run_ranks(args: argparse.Namespace, device: str, gpus: int) -> tuple[dict, d
     }
     tolerance = NORMS_TOLERANCE[device]
     checks = {
-        f"[ranks] 2 ranks make 1 rank's update (parameter norms within {tolerance:g}, relative)": drift["2 ranks"]
-        < tolerance,
-        f"[ranks] 2 ranks + ZeRO make 1 rank's update (parameter norms within {tolerance:g}, relative)": drift[
-            "2 ranks + ZeRO"
-        ]
-        < tolerance,
-        "[ranks] ZeRO holds at most 0.6 of the optimiser state per rank": rows["2 ranks + ZeRO"]["optimizer_state_mb"]
-        <= 0.6 * rows["2 ranks"]["optimizer_state_mb"],
+        f"[ranks] {name}: 1 rank's update (parameter norms within {tolerance:g}, relative)": drift[name] < tolerance
+        for name in ("2 ranks", "2 ranks + ZeRO")
     }
+    zero, full = rows["2 ranks + ZeRO"]["optimizer_state_mb"], rows["2 ranks"]["optimizer_state_mb"]
+    checks["[ranks] ZeRO holds at most 0.6 of the optimiser state per rank"] = zero <= 0.6 * full
     for name, row in rows.items():
         row.pop("parameter_norms")
         row["vs_1_rank"] = row["samples_per_s"] / rows["1 rank"]["samples_per_s"]

@@ -156,6 +156,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def spawn_bounded(fn: Any, args: tuple, nprocs: int, timeout_s: float, what: str) -> None:
+    """`torch.multiprocessing.spawn(fn, args, nprocs)`, waited for at most `timeout_s`: past it the processes
+    are killed and TimeoutError names `what`; a process that fails raises as in spawn."""
+    context = mp.spawn(fn, args=args, nprocs=nprocs, join=False)
+    deadline = time.monotonic() + timeout_s
+    while not context.join(timeout=max(0.1, deadline - time.monotonic())):  # True once every process has ended
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            raise TimeoutError(f"{what} did not finish within {timeout_s:g} s")
+
+
 def measure(
     world: int, zero: bool, lora: bool, model: str, count: int, steps: int, gpus: bool = False, timeout_s: float = 900
 ) -> dict[str, Any]:
@@ -163,14 +175,8 @@ def measure(
     per-rank maxima of memory, and rank 0's parameter norms after the steps (equal settings make equal
     updates). Processes still running after `timeout_s` are killed and raise TimeoutError."""
     out = mp.Manager().dict()
-    context = mp.spawn(_rank, args=(world, zero, lora, _free_port(), model, count, steps, gpus, out), nprocs=world,
-                       join=False)  # fmt: skip
-    deadline = time.monotonic() + timeout_s
-    while not context.join(timeout=max(0.1, deadline - time.monotonic())):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            raise TimeoutError(f"{world} rank(s) (ZeRO {zero}, LoRA {lora}) did not finish within {timeout_s:g} s")
+    spawn_bounded(_rank, (world, zero, lora, _free_port(), model, count, steps, gpus, out), world, timeout_s,
+                  f"{world} rank(s) (ZeRO {zero}, LoRA {lora})")  # fmt: skip
     ranks = [out[r] for r in range(world)]
     seconds = max(r["seconds"] for r in ranks)
     return {

@@ -5,14 +5,13 @@ ranks' GPU check), so they run on the CPU; NCCL itself needs GPUs (bench/gpu_che
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 import torch.distributed as dist
 
+from bench.trainer_scaling import spawn_bounded
 from mas_async.config import ConfigError, load_config
-from mas_async.deployment import Deployment, weight_backend
+from mas_async.deployment import Deployment, free_ports, weight_backend
 from mas_async.devices import DeviceError, shared_gpus, use_device
 from mas_async.training import data_parallel
 from mas_async.training.data_parallel import RankGroupError
@@ -148,21 +147,10 @@ def _join_rank(rank: int, devices: list[str], port: int, out: dict) -> None:
 
 
 def _ranks(devices: list[str]) -> dict[int, object]:
-    import socket
-
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     out = mp.Manager().dict()
-    context = mp.spawn(_join_rank, args=(devices, port, out), nprocs=len(devices), join=False)
-    deadline = time.monotonic() + 120
-    while not context.join(timeout=max(0.1, deadline - time.monotonic())):  # True once every rank has ended
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            raise TimeoutError(f"ranks on {devices} did not finish within 120 s")
+    spawn_bounded(_join_rank, (devices, free_ports("127.0.0.1", 1)[0], out), len(devices), 120, f"ranks on {devices}")
     return dict(out)
 
 

@@ -7,6 +7,10 @@ three ways on the same samples, against the raw baseline measured in the same ru
 - shared: what the trainer does (`completion_logprobs`): each distinct prompt once, its K candidates'
   completions attending to its key/value cache.
 
+Then whole training steps of the learner (`PolicyLearner.step`, one optimiser step, the default) on the
+same samples, two ways: the old log-probs recomputed in a no-grad pass over every sample (the baseline,
+`force_recompute`), and taken from the training pass itself (what the trainer does).
+
 The samples are shaped like `bench/staleness.py`'s code-env iterations (recorded there: prompts of
 ~750-2,000 tokens, completions of ~70-900, K = 4 candidates per prompt), in micro-batches of 8 as the
 trainer's `micro_batch_sequences` cuts them. Every way's log-probs are checked against the baseline's.
@@ -30,6 +34,7 @@ import torch
 
 from mas_async.training.logprobs import completion_logprobs
 
+ROOT = Path(__file__).resolve().parents[1]
 WAYS = ("baseline", "unmasked", "shared")
 
 
@@ -128,9 +133,50 @@ def main(argv: list[str] | None = None) -> int:
             f"  speedup vs baseline {statistics.median(ratios):5.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
             f"  max |logprob - baseline| {diffs.get(way, 0.0):.1e}"
         )
+    result["learner_steps"] = learner_steps(str(path), prompts, completions, args)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     return 0
+
+
+def learner_steps(path: str, prompts, completions, args: argparse.Namespace) -> dict[str, Any]:
+    """Seconds of `PolicyLearner.step` with the old log-probs recomputed for every sample and taken from
+    the training pass, paired by round; and how far apart the two learners' weights end up."""
+    from mas_async.config import load_config
+    from mas_async.training.learner import PolicyLearner
+    from mas_async.wire.samples import Sample
+
+    config = load_config(ROOT / "configs/code_tiny_shared.yaml", [f"trainer.micro_batch_sequences={args.micro}"])
+    rng = np.random.default_rng(1)
+    batch = [
+        Sample(f"e{i // args.group}/shared/0", f"e{i // args.group}", "p", "shared", "shared", 0, p, c,
+               np.full(len(c), -4.5, np.float32), 0, float(rng.normal()))
+        for i, (p, c) in enumerate(zip(prompts, completions, strict=True))
+    ]  # fmt: skip
+    learners = {}
+    for way in ("recompute", "reuse"):
+        torch.manual_seed(0)
+        learners[way] = PolicyLearner(config, "shared", path)
+    learners["recompute"].force_recompute = True
+    seconds: dict[str, list[float]] = {way: [] for way in learners}
+    for version in range(args.repeats):
+        for way, learner in learners.items():
+            start = time.perf_counter()
+            learner.step(batch, version)
+            seconds[way].append(time.perf_counter() - start)
+    ratios = [r / s for r, s in zip(seconds["recompute"], seconds["reuse"], strict=True)]
+    weights = [torch.cat([t.flatten() for _, t in learner.named_tensors()]) for learner in learners.values()]
+    drift = float((weights[0] - weights[1]).abs().max() / weights[0].abs().max())
+    print(
+        f"learner steps ({args.repeats}, one optimiser step each): old log-probs recomputed vs from the training pass"
+    )
+    for way in learners:
+        print(f"  {way:<9} {statistics.median(seconds[way]):7.3f} s ({min(seconds[way]):.3f}-{max(seconds[way]):.3f})")
+    print(
+        f"  from the training pass: {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) of the "
+        f"recompute's speed; weights apart by {drift:.1e} of their largest after {args.repeats} steps"
+    )
+    return {"seconds": seconds, "speedup": ratios, "weight_drift": drift}
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ user code only through the registry's "module:Class" lookups, so the arrows poin
 
 from mas_async.api.env import SPLITS, Env, check_split, step_env
 from mas_async.api.node import Node, ParseError
-from mas_async.api.priority import PrioritySlots, episode_turn
+from mas_async.api.priority import PrioritySlots, episode_iteration, episode_turn
 from mas_async.api.registry import BACKENDS, ENVS, NODES, WORKFLOWS, RegistryError, resolve
 from mas_async.api.workflow import Candidate, EpisodeContext, Workflow
 from mas_async.config import Config, ConfigError, load_config
@@ -28,6 +28,7 @@ __all__ = [
     "RegistryError",
     "Workflow",
     "check_split",
+    "episode_iteration",
     "episode_turn",
     "load_config",
     "resolve",

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from mas_async.api.priority import episode_iteration
 from mas_async.api.registry import ENVS, NODES, WORKFLOWS, resolve
 from mas_async.config import Config
 from mas_async.deployment import Deployment
@@ -147,6 +148,7 @@ class EnvWorker(Peer):
     async def _run_episode(self, msg: RunEpisode) -> None:
         error, summary, counts = "", {}, {}
         env = None
+        episode_iteration.set(msg.iteration)  # this task's: its sandbox runs go before later iterations'
         try:
             env = self.env_cls()
             env.reset(seed=msg.seed, options={"problem": msg.problem})

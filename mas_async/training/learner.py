@@ -33,6 +33,16 @@ if TYPE_CHECKING:
     from mas_async.training.data_parallel import DataParallel
 
 
+def _has_dropout(model: torch.nn.Module) -> bool:
+    """Whether a training-mode forward of `model` would drop anything: a dropout module with p > 0 (LoRA's
+    included) or a positive dropout rate in the model's config (attention dropout is functional)."""
+    if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
+        return True
+    config = getattr(getattr(model, "module", model), "config", None)
+    rates = vars(config).items() if config is not None else ()
+    return any(("dropout" in k or "pdrop" in k) and isinstance(v, float) and v > 0 for k, v in rates)
+
+
 def _pad(rows: list[torch.Tensor], width: int, device: torch.device) -> torch.Tensor:
     """Right-pad `rows` with zeros into one [len(rows), width] tensor on `device` (gradients flow)."""
     out = torch.zeros(len(rows), width, dtype=rows[0].dtype, device=device)
@@ -45,7 +55,8 @@ class PolicyLearner:
     """The maths of one training step of one policy, without any IO (used by the Trainer actor).
 
     A step: group-relative advantages; old log-probs recomputed with the current weights (their mean
-    absolute difference from the rollout's is logged); then `ppo_epochs` passes over the batch, each
+    absolute difference from the rollout's is logged; with one optimiser step a sample's training pass
+    gives them, and only the samples it skips take a no-grad pass); then `ppo_epochs` passes over the batch, each
     shuffled and split into `mini_batches` optimiser steps, with the PPO-clip loss, an optional KL
     penalty to the frozen initial weights and an optional entropy bonus, gradient clipping and the
     learning-rate schedule.
@@ -123,6 +134,8 @@ class PolicyLearner:
         iterations = total_iterations or config.run.iterations
         total_steps = iterations * self.algo.ppo_epochs * self.algo.mini_batches
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(config.trainer, total_steps))
+        self.force_recompute = False
+        """Recompute every sample's old log-probs in a no-grad pass even where the training pass's would do."""
         # Rank 0 keeps the single-rank stream; each other rank shuffles its own share with its own.
         self.rng = np.random.default_rng(config.run.seed if self.rank == 0 else [config.run.seed, self.rank])
 
@@ -179,18 +192,24 @@ class PolicyLearner:
             compute_advantages(samples, algo.grouping, algo.eps, algo.normalize_std, algo.std_scope)
             if samples else np.zeros(0)
         )  # fmt: skip
+        # Without KL or entropy terms, a sample with zero advantage adds exactly zero loss and gradient
+        # (the normaliser still counts its tokens), so it skips the forward/backward pass.
+        needs_all = algo.kl_coef > 0 or algo.entropy_coef > 0
+        trained = [needs_all or a != 0.0 for a in advantages]
+        # With one optimiser step the old log-probs are the training pass's own, detached: the no-grad
+        # recompute covers only the samples that pass skips (`reuses_training_logprobs`).
+        reuse = self.reuses_training_logprobs()
+        old: list[torch.Tensor | None] = [None] * len(samples)
         with torch.no_grad(), self._without_dropout():
-            old = self._logprobs(self.model, samples)
+            recompute = [i for i in range(len(samples)) if not (reuse and trained[i])]
+            for i, logprobs in zip(recompute, self._logprobs(self.model, [samples[i] for i in recompute]), strict=True):
+                old[i] = logprobs
             ref = self._logprobs(self.reference, samples) if self.reference is not None else None
         rollout = [torch.from_numpy(np.array(s.logprobs, dtype=np.float32)) for s in samples]
-        # The proof of on-policy data: rollout log-probs against the recompute under the same weights.
-        fresh = [
-            (o.float().cpu() - r).abs() for o, r, s in zip(old, rollout, samples, strict=True) if s.version == version
-        ]
         extra: dict[str, float] = {}
+        checked: list[torch.Tensor] = []
         if stale:
             checked, unchecked = self._stale_check(samples, version)
-            fresh += checked
             staleness = np.array([version - s.version for s in samples] or [0], dtype=np.float64)
             extra = {
                 "staleness_mean": float(staleness.mean()),
@@ -199,12 +218,9 @@ class PolicyLearner:
                 "stale_checked_samples": len(checked),
                 "stale_unchecked_samples": unchecked,
             }
-        diffs = torch.cat(fresh) if fresh else torch.zeros(0)
+        recomputed = old
         if algo.old_logprobs == "rollout":
             old = rollout
-        # Without KL or entropy terms, a sample with zero advantage adds exactly zero loss and gradient
-        # (the normaliser still counts its tokens), so it skips the forward/backward pass.
-        needs_all = algo.kl_coef > 0 or algo.entropy_coef > 0
         stats: dict[str, float] = {
             "loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_tokens": 0.0, "grad_norm": 0.0, "micro_batches": 0,
         }  # fmt: skip
@@ -215,7 +231,7 @@ class PolicyLearner:
         for _ in range(algo.ppo_epochs):
             order = self.rng.permutation(len(samples)) if algo.mini_batches > 1 else np.arange(len(samples))
             for part in np.array_split(order, algo.mini_batches):
-                chosen = [int(i) for i in part if needs_all or advantages[i] != 0.0]
+                chosen = [int(i) for i in part if trained[i]]
                 tokens = sum(len(samples[i].completion_ids) for i in part)
                 # The mini-batch over every rank: its normaliser, and whether any rank has work.
                 tokens, sequences, any_chosen = self._global([tokens, len(part), len(chosen)])
@@ -233,6 +249,14 @@ class PolicyLearner:
                     self.optimizer.step()
                 self.scheduler.step()
                 steps += 1
+        # The proof of on-policy data: rollout log-probs against the recompute under the same weights
+        # (each sample's training pass filled in the ones the no-grad pass left to it).
+        fresh = [
+            (o.float().cpu() - r).abs()
+            for o, r, s in zip(recomputed, rollout, samples, strict=True)
+            if s.version == version and o is not None
+        ]
+        diffs = torch.cat(fresh + checked) if fresh or checked else torch.zeros(0)
         rewards = np.array([s.reward for s in samples] or [0.0], dtype=np.float64)
         return {
             "samples": len(samples),
@@ -254,6 +278,17 @@ class PolicyLearner:
             **extra,
             **self._importance_metrics(stats, computed_tokens, stale),
         }
+
+    def reuses_training_logprobs(self) -> bool:
+        """Whether a step takes its old log-probs from its training pass instead of a no-grad recompute:
+        with one optimiser step (`ppo_epochs` and `mini_batches` 1) every forward of the step runs on the
+        weights the recompute would use, and without active dropout the training pass computes the same
+        numbers (the ratio is 1 and the gradient that of the policy gradient, as with the recompute)."""
+        algo = self.algo
+        return (
+            algo.ppo_epochs == 1 and algo.mini_batches == 1 and algo.old_logprobs == "recompute"
+            and not self.force_recompute and not _has_dropout(self.model)
+        )  # fmt: skip
 
     @contextlib.contextmanager
     def _without_dropout(self):
@@ -319,6 +354,9 @@ class PolicyLearner:
     def _micro_step(self, samples, idx, advantages, old, ref, normalizer, stats, behaviour, entropies) -> int:
         """Forward and backward of one micro-batch (`idx`); returns its tokens."""
         new = self._logprobs(self.ddp, [samples[i] for i in idx], entropies)
+        for i, logprobs in zip(idx, new, strict=True):
+            if old[i] is None:  # one optimiser step: the old log-probs are these, before it
+                old[i] = logprobs.detach()
         width, device = max(len(t) for t in new), self.device
         mask = _pad([torch.ones(len(t)) for t in new], width, device)
         loss, parts = micro_batch_loss(

@@ -119,15 +119,11 @@ def _shared_prompt_logits(model, prompts, completions, owners, device) -> tuple[
         completion_ids[i, : len(completion)] = torch.from_numpy(completion.astype(np.int64))
     completion_ids = completion_ids.to(device)
     starts = torch.tensor([lengths[u] for u in owners], device=device)
-    keys = torch.arange(p_width + c_width, device=device)[None, None, :]
-    steps = torch.arange(c_width, device=device)[None, :, None]
-    # Completion token t of pair i sees its prompt's real positions and its own tokens up to t; the
-    # cache's padding (positions lengths[u]..p_width) and the other rows are hidden. True = attend.
-    mask = (keys < starts[:, None, None]) | ((keys >= p_width) & (keys - p_width <= steps))
+    mask = _completion_mask(starts, p_width, c_width, _attention_dtype(inner, device))
     logits = model(
         input_ids=completion_ids,
         position_ids=starts[:, None] + torch.arange(c_width, device=device)[None, :],
-        attention_mask=mask[:, None],
+        attention_mask=mask,
         past_key_values=cache,
         use_cache=True,
     ).logits  # [N, c_width, V]
@@ -138,6 +134,26 @@ def _shared_prompt_logits(model, prompts, completions, owners, device) -> tuple[
         rows.append(torch.cat([first, logits[i, : max(length - 1, 0)]])[:length])
         targets.append(completion_ids[i, :length])
     return rows, targets
+
+
+def _completion_mask(starts: torch.Tensor, p_width: int, c_width: int, dtype: torch.dtype) -> torch.Tensor:
+    """The completions' attention mask [N, 1, c_width, p_width + c_width], additive (0 = attend, -inf =
+    hidden): completion token t of row i sees its prompt's real positions (below `starts[i]`; the
+    cache's padding and the other rows are hidden) and its own tokens up to t. Given as the additive
+    mask rather than booleans, which the attention would convert again in every layer."""
+    n, device, hidden = len(starts), starts.device, float("-inf")
+    prompt = torch.zeros((n, 1, 1, p_width), dtype=dtype, device=device)
+    prompt.masked_fill_(torch.arange(p_width, device=device) >= starts[:, None, None, None], hidden)
+    own = torch.zeros((c_width, c_width), dtype=dtype, device=device)
+    own.masked_fill_(torch.ones((c_width, c_width), dtype=torch.bool, device=device).triu_(1), hidden)
+    return torch.cat([prompt.expand(n, 1, c_width, p_width), own.expand(n, 1, c_width, c_width)], dim=-1)
+
+
+def _attention_dtype(model: nn.Module, device: torch.device) -> torch.dtype:
+    """The dtype of the attention's queries: autocast's when it is on, else the model's."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    return next(model.parameters()).dtype
 
 
 def _prompt_owners(prompts: list[np.ndarray]) -> list[int]:

@@ -127,13 +127,16 @@ def test_trainer_scaling_smoke(tmp_path: Path) -> None:
 
 def test_trainer_logprobs_smoke(tmp_path: Path) -> None:
     """The masked baseline, the unmasked batch and the shared-prompt passes: a time each, the same
-    log-probs."""
+    log-probs; learner steps with the old log-probs recomputed and from the training pass: the same weights."""
     stdout, figures = _run("trainer_logprobs.py", tmp_path)
     ways = figures["ways"]
     assert set(ways) == {"baseline", "unmasked", "shared"} and "speedup vs baseline" in stdout
     assert all(len(w["seconds"]) == 1 and w["seconds"][0] > 0 for w in ways.values())
     assert ways["baseline"]["speedup"] == [1.0]
     assert ways["unmasked"]["max_abs_diff"] < 1e-5 and ways["shared"]["max_abs_diff"] < 1e-5
+    steps = figures["learner_steps"]  # the old log-probs recomputed, and from the training pass
+    assert all(len(s) == 1 and s[0] > 0 for s in steps["seconds"].values()) and len(steps["speedup"]) == 1
+    assert steps["weight_drift"] < 1e-5 and "from the training pass" in stdout
 
 
 def test_shared_base_smoke(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
 """The trainer's log-probs: a right-padded batch without an attention mask gives every sequence exactly
-what a masked batch and the sequence alone give, log-probs and gradients."""
+what a masked batch and the sequence alone give, log-probs and gradients; completions sharing a prompt's
+pass attend through an additive mask."""
 
 from __future__ import annotations
 
@@ -86,6 +87,26 @@ def test_completions_of_one_prompt_share_its_pass_and_equal_the_masked_batch(mod
         torch.testing.assert_close(a, c, atol=1e-5, rtol=1e-6)
     for a, b in zip(ours, flat, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-6)
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16 autocast"])
+def test_the_completions_mask_is_additive_in_the_attentions_dtype(model, monkeypatch, autocast) -> None:
+    """Given as booleans, the mask would be converted again in every layer: it comes as 0 / -inf, in
+    the dtype of the queries, and hides exactly the cache's padding and later completion tokens."""
+    prompts, completions = _tree_batch()
+    masks = []
+    monkeypatch.setattr(
+        model, "forward", lambda *a, _f=model.forward, **kw: masks.append(kw.get("attention_mask")) or _f(*a, **kw)
+    )
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        completion_logprobs(model, prompts, completions)
+    mask = masks[1]  # [N, 1, completion steps, prompt width + completion steps]
+    assert mask.dtype == (torch.bfloat16 if autocast else torch.float32)
+    assert set(mask.unique().tolist()) == {0.0, float("-inf")}
+    starts, p_width, c_width = [23, 6, 23, 14, 23, 14], 23, 19
+    keys, steps = torch.arange(p_width + c_width)[None, None, :], torch.arange(c_width)[None, :, None]
+    allowed = (keys < torch.tensor(starts)[:, None, None]) | ((keys >= p_width) & (keys - p_width <= steps))
+    assert torch.equal(mask[:, 0] == 0, allowed)
 
 
 @pytest.mark.parametrize("make", [_batch, _tree_batch], ids=["distinct prompts", "shared prompts"])

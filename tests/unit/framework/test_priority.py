@@ -1,4 +1,5 @@
-"""PrioritySlots: scarce slots go to the episode furthest behind (lowest turn), in arrival order among equals."""
+"""PrioritySlots: scarce slots go to the oldest iteration's episodes, then to the episode furthest behind
+(lowest turn), in arrival order among equals; the env worker tags each episode's task with its iteration."""
 
 from __future__ import annotations
 
@@ -6,10 +7,13 @@ import asyncio
 
 import pytest
 
-from mas_async.api import PrioritySlots, episode_turn
+from mas_async.api import PrioritySlots, episode_iteration, episode_turn
 
 
-def test_a_freed_slot_goes_to_the_lowest_turn_then_in_arrival_order() -> None:
+def _grant_order(waiting: tuple[tuple[str, int, int], ...]) -> list[str]:
+    """The order in which one busy slot, once freed, is granted to waiters (name, iteration, turn)
+    that queued for it in the order given."""
+
     async def scenario() -> list[str]:
         slots = PrioritySlots(1)
         order: list[str] = []
@@ -19,16 +23,15 @@ def test_a_freed_slot_goes_to_the_lowest_turn_then_in_arrival_order() -> None:
             async with slots:
                 await release.wait()
 
-        async def waiter(name: str, turn: int) -> None:
+        async def waiter(name: str, iteration: int, turn: int) -> None:
+            episode_iteration.set(iteration)  # as the env worker does for each episode's task
             episode_turn.set(turn)  # as an episode does before scoring its candidates
             async with slots:
                 order.append(name)
 
         first = asyncio.create_task(holder())
         await asyncio.sleep(0)
-        tasks = [
-            asyncio.create_task(waiter(n, t)) for n, t in (("ahead", 3), ("behind-a", 1), ("mid", 2), ("behind-b", 1))
-        ]
+        tasks = [asyncio.create_task(waiter(*w)) for w in waiting]
         await asyncio.sleep(0.01)
         assert order == []  # all wait for the one slot
         release.set()
@@ -36,7 +39,53 @@ def test_a_freed_slot_goes_to_the_lowest_turn_then_in_arrival_order() -> None:
         assert slots.free == 1
         return order
 
-    assert asyncio.run(scenario()) == ["behind-a", "behind-b", "mid", "ahead"]
+    return asyncio.run(scenario())
+
+
+def test_a_freed_slot_goes_to_the_lowest_turn_then_in_arrival_order() -> None:
+    waiting = (("ahead", 0, 3), ("behind-a", 0, 1), ("mid", 0, 2), ("behind-b", 0, 1))
+    assert _grant_order(waiting) == ["behind-a", "behind-b", "mid", "ahead"]
+
+
+def test_an_older_iterations_episodes_go_first_whatever_their_turn() -> None:
+    """Bounded staleness: iteration 5's step waits for its last episode, so its late turn goes before
+    iteration 6's first turns."""
+    waiting = (("next-0", 6, 0), ("this-3", 5, 3), ("next-1", 6, 1), ("this-2", 5, 2))
+    assert _grant_order(waiting) == ["this-2", "this-3", "next-0", "next-1"]
+
+
+def test_the_env_worker_tags_each_episode_with_its_iteration(tiny_model) -> None:
+    """What the sandbox's slots see during an episode is the iteration the router dispatched it for."""
+    import numpy as np
+
+    from mas_async.config import load_config
+    from mas_async.deployment import Deployment
+    from mas_async.rollout.env_worker import EnvWorker
+    from mas_async.wire.messages import RunEpisode
+    from mas_async.wire.samples import Completion
+    from tests.support.paths import ROOT
+
+    config = load_config(ROOT / "configs/plan_path_tiny.yaml", ["algorithm.k=2"])
+    worker = EnvWorker(config, Deployment("tcp://127.0.0.1:1", {}, {"vertical": str(tiny_model),
+                                                                   "horizontal": str(tiny_model)}), 0)  # fmt: skip
+    seen: list[int] = []
+
+    async def generate(policy: str, prompt_ids, n: int, greedy: bool) -> list[Completion]:
+        seen.append(episode_iteration.get())
+        token = np.array([worker.stop_ids[policy][0]], dtype=np.int32)
+        return [Completion(token, np.zeros(1, dtype=np.float32), 0, "stop") for _ in range(n)]
+
+    worker.generate, worker.send = generate, lambda message: None
+    problem = worker.env_cls.problems("train", 1, **config.env.options)[0]
+
+    async def two_iterations() -> None:
+        await asyncio.gather(
+            worker._run_episode(RunEpisode("train7-0", 7, "train", 0, "p0", problem, 0, 6)),
+            worker._run_episode(RunEpisode("train8-0", 8, "train", 0, "p0", problem, 0, 7)),
+        )
+
+    asyncio.run(two_iterations())
+    assert sorted(set(seen)) == [7, 8] and episode_iteration.get() == 0
 
 
 def test_a_cancelled_waiter_neither_takes_nor_loses_a_slot() -> None:

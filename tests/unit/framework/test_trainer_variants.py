@@ -1,5 +1,6 @@
 """Trainer variants: PPO epochs and mini-batches, learning-rate schedule, KL to the frozen reference,
-entropy bonus, and the zero-advantage shortcut being exact."""
+entropy bonus, and two shortcuts being exact: zero-advantage samples skip the backward, and a step of one
+optimiser step takes its old log-probs from its training pass."""
 
 from __future__ import annotations
 
@@ -100,6 +101,71 @@ def test_zero_advantage_shortcut_is_exact(model_path):
     torch.testing.assert_close(grads_a[0], grads_b[0], rtol=1e-5, atol=1e-7)
 
 
+def _with_zero_advantages(learner):
+    """Two samples with an advantage and three without (a tied pair and a group of one)."""
+    return _batch(learner, (1.0, -1.0, 0.0, 0.0)) + [
+        Sample("x/vertical/0", "x", "q", "vertical", "vertical", 0, np.array([1, 9], dtype=np.int32),
+               np.array([20], dtype=np.int32), np.array([-3.9], dtype=np.float32), 0, 0.5)
+    ]  # fmt: skip
+
+
+def _recomputed(learner) -> list[int]:
+    """Samples per no-grad log-prob pass of the learner's model (the old log-probs' recompute)."""
+    counts: list[int] = []
+    logprobs = learner._logprobs
+
+    def counting(model, samples, entropies=None):
+        if not torch.is_grad_enabled() and model is learner.model:
+            counts.append(len(samples))
+        return logprobs(model, samples, entropies)
+
+    learner._logprobs = counting
+    return counts
+
+
+@pytest.mark.parametrize("stale", [False, True])
+def test_one_optimiser_step_takes_its_old_logprobs_from_its_training_pass(model_path, stale):
+    """The no-grad recompute covers only the samples the training pass skips, and the update and the
+    on-policy proof are those of recomputing every sample (strict, and stale mode's decoupled loss)."""
+    overrides = ["policies.vertical.lr=0.01", *(["rollout.max_staleness=1"] if stale else [])]
+    reused, recomputed = _learner(model_path, *overrides), _learner(model_path, *overrides)
+    recomputed.force_recompute = True
+    assert reused.reuses_training_logprobs() and not recomputed.reuses_training_logprobs()
+    counts = {"reused": _recomputed(reused), "recomputed": _recomputed(recomputed)}
+    grads = {"reused": _step_gradients(reused), "recomputed": _step_gradients(recomputed)}
+    metrics = {
+        "reused": reused.step(_with_zero_advantages(reused), 0),
+        "recomputed": recomputed.step(_with_zero_advantages(recomputed), 0),
+    }
+    assert counts == {"reused": [3], "recomputed": [5]}
+    torch.testing.assert_close(grads["reused"][0], grads["recomputed"][0], rtol=1e-5, atol=1e-7)
+    assert grads["reused"][0].abs().max() > 1e-3
+    for key in ("loss", "clip_fraction", "logprob_abs_diff", "logprob_abs_diff_max"):
+        assert metrics["reused"][key] == pytest.approx(metrics["recomputed"][key], rel=1e-5, abs=1e-7), key
+    assert metrics["reused"]["logprob_abs_diff_max"] > 1e-3  # the group of one (no advantage) is checked too
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["algorithm.ppo_epochs=2"],  # the second epoch's ratio is against the weights before the first
+        ["algorithm.mini_batches=2"],
+        ["algorithm.old_logprobs=rollout"],  # the recompute is the proof's only
+        ["policies.vertical.lora={r: 4, alpha: 8, dropout: 0.1}"],  # a training pass drops, the recompute not
+        ["attention_dropout"],
+    ],
+    ids=["epochs", "mini_batches", "rollout_old", "lora_dropout", "attention_dropout"],
+)
+def test_old_logprobs_are_recomputed_for_every_sample_where_the_training_pass_differs(model_path, overrides):
+    learner = _learner(model_path, *[o for o in overrides if o != "attention_dropout"])
+    if overrides == ["attention_dropout"]:
+        learner.model.config.attention_dropout = 0.1
+    counts = _recomputed(learner)
+    assert not learner.reuses_training_logprobs()
+    learner.step(_with_zero_advantages(learner))
+    assert counts == [5]
+
+
 def _layer_calls(learner) -> list[torch.dtype]:
     """The output dtype of every call of the first decoder layer's first linear module, recorded by a hook."""
     calls: list[torch.dtype] = []
@@ -132,10 +198,10 @@ def test_activation_checkpointing_recomputes_in_the_backward_and_gives_the_same_
     grads_plain, grads_checkpointed = _step_gradients(plain), _step_gradients(checkpointed)
     plain.step(batch)
     checkpointed.step(batch)
-    # plain: the old log-probs and the forward, each a pass over the shared prompt and one over the
-    # completions; checkpointed (no key/value cache, so whole sequences): the same two passes, and the
-    # layer again during the backward.
-    assert (len(calls_plain), len(calls_checkpointed)) == (4, 3)
+    # plain: the forward, a pass over the shared prompt and one over the completions (the old log-probs
+    # are its own: one optimiser step); checkpointed (no key/value cache, so whole sequences): one pass,
+    # and the layer again during the backward.
+    assert (len(calls_plain), len(calls_checkpointed)) == (2, 2)
     assert not torch.equal(_flat(plain), before)  # the step moved the weights
     torch.testing.assert_close(grads_checkpointed, grads_plain, rtol=1e-5, atol=1e-7)
 

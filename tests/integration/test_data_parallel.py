@@ -5,6 +5,7 @@ and with LoRA adapters; and a rank with no sample at all still joins the step.""
 
 from __future__ import annotations
 
+import os
 import socket
 
 import pytest
@@ -19,6 +20,15 @@ def _port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _leave(dp) -> None:
+    """End a rank's process once every rank is done, without tearing the group down: destroying a gloo
+    group while the peer destroys its own can abort a process ("terminate called without an active
+    exception", a rare SIGABRT in CI even after a final collective). The trainer's processes never
+    destroy theirs either; the results are already in the manager's dict."""
+    dp.gather(None)  # no rank leaves while another still works
+    os._exit(0)
 
 
 def _rank(rank: int, world: int, port: int, model_path: str, shares: list, overrides: list, out: dict) -> None:
@@ -39,8 +49,9 @@ def _rank(rank: int, world: int, port: int, model_path: str, shares: list, overr
         if rank == 0:
             out["params"] = [p.detach().clone() for p in learner.model.parameters()]
         out[f"metrics{rank}"] = metrics
+        _leave(dp)
     finally:
-        dp.close()
+        dp.close()  # reached on an error only
 
 
 def two_ranks(model_path: str, shares: list, *overrides: str) -> dict:
@@ -118,9 +129,9 @@ def _resume_rank(rank: int, world: int, port: int, model_path: str, shares: list
                 float((a - b).detach().abs().max())
                 for a, b in zip(learner.model.parameters(), resumed.model.parameters(), strict=True)
             )
-        dp.gather(None)  # no rank tears the group down while another still works (a rare SIGABRT at exit)
+        _leave(dp)
     finally:
-        dp.close()
+        dp.close()  # reached on an error only
 
 
 def test_zero_checkpoint_resumes_every_rank(model_path, tmp_path):

@@ -237,8 +237,11 @@ def start_children(
 
 def write_pids(run_dir: Path, children: list[Child]) -> None:
     """RUN_DIR/pids.json: name -> pid on its node (deployment.json says which node), what a test or an
-    operator kills by pid; rewritten when a lost process is replaced."""
-    (run_dir / "pids.json").write_text(json.dumps({c.name: c.pid for c in children}, indent=2))
+    operator kills by pid; rewritten when a lost process is replaced, atomically (temp name, then rename),
+    so a reader never sees it half-written."""
+    tmp = run_dir / "pids.json.tmp"
+    tmp.write_text(json.dumps({c.name: c.pid for c in children}, indent=2))
+    os.replace(tmp, run_dir / "pids.json")
 
 
 def stop_children(children: list[Child], grace_s: float = 5.0) -> None:

@@ -1,7 +1,8 @@
 """The child side of the sandbox (`envs/sandbox.py`): isolate, drop privileges, run the model's program.
 
 Never imported by the framework: the parent runs it as a script, `python -I -S sandbox_child.py CONFIG`
-(CONFIG is one JSON argument), inside the process group the parent kills at the end. It uses the
+(CONFIG is one JSON argument), inside the process group the parent kills at the end; or the zygote
+(`sandbox_zygote.py`) loads it once and calls `run_isolated` in each run's namespaces. It uses the
 standard library only, and does its work in this order:
 
 1. The view: what the program may read. Only the interpreter (its prefixes and the directories of its
@@ -12,8 +13,8 @@ standard library only, and does its work in this order:
    checkout) wherever a site dir holds them, and the project checkout should it lie inside the view.
    Everything else (the checkout, its datasets, the run dirs, the home dir, other runs' temp files) is
    outside it.
-2. Isolated mode (root and `unshare` available): the parent started this interpreter as PID 1 of fresh
-   mount, network and PID namespaces (`unshare --mount --net --pid --fork`). This process reads the
+2. Isolated mode (root and `unshare` available): this process is PID 1 of fresh mount, network and PID
+   namespaces (`unshare --mount --net --pid --fork`, or the zygote's run leader). It reads the
    program's files, then builds a new root on a small tmpfs: the view bind-mounted read-only (hidden
    directories covered by an empty unreadable tmpfs, hidden files by /dev/null), a fresh /proc for
    the PID namespace, /dev with null, zero, full, random and urandom, size-capped tmpfs for /tmp and
@@ -104,7 +105,10 @@ def _is_hidden(name: str, hidden: set[str]) -> bool:
     return stem in hidden or name.startswith("__editable__") or name.endswith(".egg-link")
 
 
-def _view(config: dict) -> tuple[list[str], list[str], dict[str, str]]:
+View = tuple[list[str], list[str], dict[str, str]]
+
+
+def _view(config: dict) -> View:
     """(read-only paths, hidden paths inside them, symlinks to recreate as path: target)."""
     project = os.path.realpath(config["project"])
     prefixes = {p for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix) if p}
@@ -200,14 +204,15 @@ def _enter(root: str) -> None:
     os.chdir("/")
 
 
-def _isolate(config: dict) -> None:
-    """Mount namespace setup (we are root in fresh namespaces; mounts never reach the host)."""
+def _isolate(config: dict, view: View | None = None) -> None:
+    """Mount namespace setup (we are root in fresh namespaces; mounts never reach the host). `view`:
+    `_view(config)` when the caller has it already (the zygote keeps it between runs)."""
     workdir = config["workdir"]
     files = {}
     for name in os.listdir(workdir):
         with open(os.path.join(workdir, name), "rb") as f:
             files[name] = f.read()
-    read_only, hidden, symlinks = _view(config)
+    read_only, hidden, symlinks = view or _view(config)
     root = workdir  # any directory serves as the new root's mount point; this one is ours
     _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
     for path in read_only:
@@ -375,21 +380,26 @@ def _without_site(site_dirs: list[str]) -> None:
     site.sethelper()
 
 
-def main() -> None:
-    config = json.loads(sys.argv[1])
-    _without_site(config["site_dirs"])
-    isolated = config["isolated"]
-    if not isolated:
-        read_only, hidden, _symlinks = _view(config)
-        _run(config, isolated, (read_only, hidden))
-        return
-    _isolate(config)
+def run_isolated(config: dict, view: View | None = None) -> None:
+    """As PID 1 of fresh mount, network and PID namespaces: build the root, fork the program, reap as
+    init and exit with the program's status. Returns only in the program's process, once it has run."""
+    _isolate(config, view)
     pid = os.fork()
     if pid == 0:
-        _run(config, isolated)
+        _run(config, isolated=True)
         return
     sys.stdout.flush()
     os._exit(_init(pid))
+
+
+def main() -> None:
+    config = json.loads(sys.argv[1])
+    _without_site(config["site_dirs"])
+    if config["isolated"]:
+        run_isolated(config)
+        return
+    read_only, hidden, _symlinks = _view(config)
+    _run(config, isolated=False, view=(read_only, hidden))
 
 
 if __name__ == "__main__":

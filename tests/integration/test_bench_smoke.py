@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from envs.sandbox import isolation_available
 from tests.support.paths import ROOT
 
 
@@ -153,3 +154,15 @@ def test_shared_base_smoke(tmp_path: Path) -> None:
     assert run["worst"]["vertical/version_mismatch"] == 0 and run["worst"]["vertical/logprob_abs_diff"] < 1e-4
     assert (tmp_path / "shared-seed0-swapped" / "eval.json").is_file() and (tmp_path / "shared_base.png").is_file()
     assert "role-swap probe" in proc.stdout
+
+
+@pytest.mark.skipif(not isolation_available(), reason="the zygote starts isolated runs only (root and unshare)")
+def test_sandbox_start_smoke(tmp_path: Path) -> None:
+    """Both ways of starting an isolated run, on both programs: a CPU cost and a rate each, and the ratios."""
+    stdout, figures = _run("sandbox_start.py", tmp_path)
+    assert set(figures) == {"trivial", "function tests"} and "zygote ratio, function tests" in stdout
+    for ways in figures.values():
+        assert all(
+            len(ways[w][f]) == 1 and ways[w][f][0] > 0 for w in ("zygote", "fresh") for f in ("cpu_ms", "runs_per_s")
+        )
+        assert ways["cpu_ratio"] == [ways["fresh"]["cpu_ms"][0] / ways["zygote"]["cpu_ms"][0]]

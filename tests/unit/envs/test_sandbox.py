@@ -5,6 +5,7 @@ without blocking the caller's event loop."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import os
 import socket
@@ -16,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from envs import sandbox_zygote_client as zygote_client
 from envs.sandbox import CHILD, Limits, SandboxResult, isolation_available, run_python, run_python_sync
 from tests.support.paths import ROOT
 
@@ -23,12 +25,17 @@ needs_isolation = pytest.mark.skipif(not isolation_available(), reason="isolated
 
 
 def _sandbox_processes() -> set[int]:
-    """Sandbox processes of this checkout (by the child script's full path: other checkouts on the
-    same machine may run their own sandboxes meanwhile)."""
+    """Sandbox processes of this checkout: fresh interpreters (by the child script's full path: other
+    checkouts on the same machine may run their own sandboxes meanwhile) and every process of a run
+    started by this process's zygote (its descendants)."""
     found = set()
     for proc in psutil.process_iter(["cmdline"]):
         if any(str(CHILD) in part for part in proc.info["cmdline"] or []):
             found.add(proc.pid)
+    zygote = zygote_client._shared
+    if zygote is not None and zygote.process.poll() is None:
+        with contextlib.suppress(psutil.Error):
+            found |= {p.pid for p in psutil.Process(zygote.pid).children(recursive=True)}
     return found
 
 

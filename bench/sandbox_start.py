@@ -1,0 +1,138 @@
+"""What starting a sandbox run costs: isolated runs forked by the zygote against the raw baseline, a
+fresh interpreter per run (`unshare ... python -I -S sandbox_child.py`), measured in the same run.
+
+Two programs: a trivial one (the start cost alone) and the code env's function-test harness
+(`envs.code_exec.HARNESS`, what `run_tests` runs for a turn's program) on the reference solution of
+the first of the project's own problems, its 4 tests. Each round runs
+`--runs` of them, `--concurrency` at a time (an env worker overlaps its runs), once per way, in
+alternating order. Figures per way: CPU milliseconds per run (this process, its children and the
+zygote with its children: every process a run touches) and runs per second; the ratios are fresh over
+zygote, median and range over the rounds.
+
+    python bench/sandbox_start.py              # 5 rounds of 64 runs per program, about a minute
+    python bench/sandbox_start.py --smoke      # seconds; run by the tests
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from envs import sandbox_zygote_client as zygote_client
+from envs.code_data import load_own
+from envs.code_exec import HARNESS
+from envs.sandbox import isolation_available, run_python
+
+WAYS = {"zygote": True, "fresh": False}
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process, its reaped children and the zygote with its reaped children."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    zygote = zygote_client._shared
+    if zygote is not None and zygote.process.poll() is None:
+        t = psutil.Process(zygote.pid).cpu_times()
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
+def programs() -> dict[str, Any]:
+    """name -> an async function running one program in the sandbox, given `zygote`."""
+    problem = load_own()[0]
+    tests = [t["code"] for t in problem["tests"]]
+    harness = HARNESS.format(nonce="0" * 16, per_test_s=2.0, program=problem["solution"], tests=tests)
+
+    async def trivial(zygote: bool) -> bool:
+        return (await run_python("print(sum(range(1000)))", zygote=zygote)).ok
+
+    async def function_tests(zygote: bool) -> bool:
+        result = await run_python(harness, zygote=zygote)
+        return result.ok and result.stdout.count(" 1\n") == len(tests)  # every test reported passed
+
+    return {"trivial": trivial, "function tests": function_tests}
+
+
+async def one_round(program, zygote: bool, runs: int, concurrency: int) -> tuple[float, float]:
+    """(CPU ms per run, runs per second) of `runs` runs, `concurrency` at a time."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def run() -> bool:
+        async with gate:
+            return await program(zygote)
+
+    await program(zygote)  # the zygote is started (and warm) before the clock
+    cpu, start = cpu_seconds(), time.perf_counter()
+    results = await asyncio.gather(*(run() for _ in range(runs)))
+    wall = time.perf_counter() - start
+    if not all(results):
+        raise RuntimeError("bench/sandbox_start.py: a run failed; the figures would not be comparable")
+    return (cpu_seconds() - cpu) / runs * 1000.0, runs / wall
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    figures: dict[str, Any] = {}
+    for name, program in programs().items():
+        per_way: dict[str, dict[str, list[float]]] = {way: {"cpu_ms": [], "runs_per_s": []} for way in WAYS}
+        for index in range(args.rounds):
+            order = list(WAYS) if index % 2 == 0 else list(reversed(WAYS))
+            for way in order:
+                cpu_ms, rate = asyncio.run(one_round(program, WAYS[way], args.runs, args.concurrency))
+                per_way[way]["cpu_ms"].append(cpu_ms)
+                per_way[way]["runs_per_s"].append(rate)
+        zygote, fresh = per_way["zygote"], per_way["fresh"]
+        cpu_ratio = [f / z for f, z in zip(fresh["cpu_ms"], zygote["cpu_ms"], strict=True)]
+        rate_ratio = [z / f for f, z in zip(fresh["runs_per_s"], zygote["runs_per_s"], strict=True)]
+        figures[name] = {**per_way, "cpu_ratio": cpu_ratio, "rate_ratio": rate_ratio}
+    return figures
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
+def report(figures: dict[str, Any], args: argparse.Namespace) -> None:
+    print(
+        f"sandbox start: isolated runs, {args.rounds} rounds of {args.runs} runs, {args.concurrency} at a time; "
+        "median (range)"
+    )
+    print(f"  {'program':<15} {'way':<7} {'CPU ms/run':>22} {'runs/s':>22}")
+    for name, ways in figures.items():
+        for way in WAYS:
+            print(f"  {name:<15} {way:<7} {_spread(ways[way]['cpu_ms']):>22} {_spread(ways[way]['runs_per_s']):>22}")
+    for name, ways in figures.items():
+        print(
+            f"zygote ratio, {name}: CPU per run {_spread(ways['cpu_ratio'])}x less, "
+            f"runs/s {_spread(ways['rate_ratio'])}x (fresh interpreter = 1)"
+        )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", type=int, default=64, help="runs per round and way")
+    p.add_argument("--rounds", type=int, default=5, help="rounds (each runs both ways, alternating order)")
+    p.add_argument("--concurrency", type=int, default=8, help="runs in flight at a time")
+    p.add_argument("--json", type=Path, help="also write the figures to this file")
+    p.add_argument("--smoke", action="store_true", help="a tiny run (seconds), for the tests")
+    args = p.parse_args()
+    if args.smoke:
+        args.runs, args.rounds = 8, 1
+    if not isolation_available():
+        sys.exit("bench/sandbox_start.py: the zygote starts isolated runs only, and isolation needs root and unshare")
+    figures = measure(args)
+    report(figures, args)
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()

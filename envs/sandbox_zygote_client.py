@@ -67,6 +67,7 @@ class Zygote:
                 [sys.executable, "-I", "-S", str(ZYGOTE), str(theirs.fileno())],
                 pass_fds=[theirs.fileno()],
                 stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,  # not a terminal, as a run's stdout is not: buffered the same way
                 env=env,
                 cwd="/",
                 start_new_session=True,  # a Ctrl-C in the parent's terminal is the parent's to handle
@@ -105,20 +106,20 @@ class Zygote:
             for fd in theirs:
                 os.close(fd)  # the zygote has its own copies
         run = ZygoteRun(pid, exited)
+        pipes = [os.fdopen(out_read, "rb", 0), os.fdopen(err_read, "rb", 0)]
+        pipes += [os.fdopen(in_write, "wb", 0)] if stdin else []
         try:
-            for fd, reader in ((out_read, run.stdout), (err_read, run.stderr)):
-                transport, _ = await loop.connect_read_pipe(
-                    lambda reader=reader: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0)
-                )
+            for pipe, reader in zip(pipes[:2], (run.stdout, run.stderr), strict=True):
+                transport, _ = await loop.connect_read_pipe(lambda r=reader: asyncio.StreamReaderProtocol(r), pipe)
                 run._transports.append(transport)
             if stdin:
-                transport, protocol = await loop.connect_write_pipe(
-                    asyncio.streams.FlowControlMixin, os.fdopen(in_write, "wb", 0)
-                )
+                transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, pipes[2])
                 run._transports.append(transport)
                 run.stdin = asyncio.StreamWriter(transport, protocol, None, loop)
         except BaseException:
             run.close()
+            for pipe in pipes:
+                pipe.close()
             kill_group(pid)
             raise
         return run

@@ -12,7 +12,8 @@ and when the leader is reaped {"id", "returncode"} (negative: killed by that sig
 `Process.returncode`); a run it could not fork gets {"id", "error"}. The leader plays `unshare --fork
 --kill-child`'s part:
 
-- a new session (the parent kills that process group at the end); it dies with the zygote (PDEATHSIG);
+- its own process group (the parent kills it at the end), made by the zygote before it answers, so a
+  kill cannot come before the group exists; it dies with the zygote (PDEATHSIG);
 - the run's fds as 0, 1 and 2 and every other fd closed (the zygote's socket above all), default
   signal handling, the run's environment and work dir;
 - fresh mount (propagation private), network and PID namespaces; then it forks the namespace's PID 1,
@@ -117,7 +118,7 @@ def _exit_code(code: object) -> int:
 
 def _lead(request: dict, fds: list[int], view: child.View, zygote: int) -> None:
     """The run's leader (a fresh child of the zygote): see the module's docstring."""
-    os.setsid()
+    os.setpgid(0, 0)  # as the zygote does; the zygote's session has no terminal
     _libc_call("prctl", PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != zygote:
         os._exit(1)  # the zygote died before PDEATHSIG was set
@@ -158,6 +159,7 @@ def _start(request: dict, fds: list[int]) -> int:
     pid = os.fork()
     if pid == 0:
         _exit_as_interpreter(lambda: _lead(request, fds, view, zygote))
+    os.setpgid(pid, pid)  # before the answer: the parent may kill the group as soon as it has it
     return pid
 
 

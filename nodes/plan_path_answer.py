@@ -1,12 +1,13 @@
 """Plan-Path movers for small instruct models (e.g. SmolLM2-135M-Instruct): short prompts, "Answer: X".
 
 The same team as `nodes.plan_path` (the vertical mover plays U or D, then the horizontal mover L or R;
-the same local reward), asked the way a small chat model can follow: the rules in a short system
-message, the grid and the positions in words in the user message, and the reply's move after the last
-"Answer:" (a letter standing alone, or the word: "Answer: down" is D). A reply without one, or whose
-last answer is not this mover's move, is a parse error (a penalty candidate, counted in the
-`parse/invalid_rate/<agent>` metric). Pair it with a `max_tokens` of a few dozen: generation stops at
-the model's end-of-turn token.
+the same local reward), asked the way a 135M chat model can learn from: the rules in a short system
+message, two worked exchanges whose answers differ, then the question in relative words about the
+mover's own axis only ("G is 2 rows above A. Up: free. Down: wall."). The reply must hold exactly one
+"Answer:" followed by exactly one of the mover's moves (the letter, or the word: "Answer: down" is D);
+anything else ("Answer: U or D", two answers, "Answer: D maybe") is a parse error, a penalty candidate
+counted in `parse/invalid_rate/<agent>`. Generation stops at the model's end-of-turn token; a
+`max_tokens` of 6 holds "Answer: U" and that token.
 """
 
 from __future__ import annotations
@@ -18,23 +19,30 @@ from mas_async.api import ParseError
 from nodes.plan_path import Mover
 
 WORDS = {"U": "up", "D": "down", "L": "left", "R": "right"}
-AXIS = {"vertical": "row", "horizontal": "column"}
 RULES = (
-    "You move a token A on a grid to the goal G, taking turns with a partner. '#' is a wall. "
-    "Rows are numbered from 0 at the top, columns from 0 at the left. You may only move {words}; "
-    "your partner moves {partner}. Reply with one line: Answer: {letters}"
+    "You steer a token A to a goal G on a grid, taking turns with a partner. You move A {words}; your "
+    "partner moves it {partner}. Reply with one line: Answer: {letters}"
 )
-# One worked exchange before the real question: a 135M model copies the reply format from it.
-EXAMPLE = {
-    "vertical": "..G.\n....\n.A..\n....\nA is in row 2, column 1. G is in row 0, column 2.",
-    "horizontal": "....\n.A..\n....\nG...\nA is in row 1, column 1. G is in row 3, column 0.",
+# Two worked exchanges with different answers: a small model copies the format from them, and a single
+# example's answer would be copied too (greedy decoding then plays one constant move).
+EXAMPLES = {
+    "vertical": [
+        ("G is 2 rows above A. Up: free. Down: free.", "U"),
+        ("G is 1 row below A. Up: wall. Down: free.", "D"),
+    ],
+    "horizontal": [
+        ("G is 1 column right of A. Left: free. Right: free.", "R"),
+        ("G is 3 columns left of A. Left: free. Right: wall.", "L"),
+    ],
 }
 POSITIONS = re.compile(r"A=(\d+),(\d+) G=(\d+),(\d+)")
 ANSWER = re.compile(r"answer\s*:", re.IGNORECASE)
+SPECIAL = re.compile(r"<\|[^|]*\|>")  # an end-of-turn marker left in the text (<|im_end|>)
+EDGES = " \t\r\n.!*`'\""  # what may surround the move: "Answer: **U**." is U
 
 
 class AnswerMover(Mover):
-    """A Plan-Path mover whose reply ends with "Answer: <move>"."""
+    """A Plan-Path mover whose reply is "Answer: <move>"."""
 
     def prompt(self, obs: str) -> list[dict[str, str]]:
         partner = "horizontal" if self.agent == "vertical" else "vertical"
@@ -43,45 +51,67 @@ class AnswerMover(Mover):
             partner=" or ".join(WORDS[m] for m in MOVES[partner] if m != "S"),
             letters=" or ".join(self.moves),
         )
-        return answer_prompt(rules, EXAMPLE[self.agent], self.moves[0], describe(obs))
+        return answer_prompt(rules, EXAMPLES[self.agent], describe(obs, self.agent))
 
     def parse(self, text: str) -> str:
         return answer_move(text, self.moves, self.agent)
 
 
-def answer_prompt(rules: str, example: str, example_move: str, question: str) -> list[dict[str, str]]:
-    """The rules, one worked exchange (a small model copies the reply format from it), then the question."""
-    return [
-        {"role": "system", "content": rules},
-        {"role": "user", "content": example},
-        {"role": "assistant", "content": f"Answer: {example_move}"},
-        {"role": "user", "content": question},
-    ]
+def answer_prompt(rules: str, examples: list[tuple[str, str]], question: str) -> list[dict[str, str]]:
+    """The rules, the worked exchanges (question, move), then the question."""
+    messages = [{"role": "system", "content": rules}]
+    for example, move in examples:
+        messages += [{"role": "user", "content": example}, {"role": "assistant", "content": f"Answer: {move}"}]
+    return messages + [{"role": "user", "content": question}]
 
 
-def describe(obs: str) -> str:
-    """The env's observation (role letter, grid rows, "A=r,c G=r,c") as the grid and one sentence."""
+def describe(obs: str, agent: str) -> str:
+    """Where the goal lies along `agent`'s axis, and whether each of its moves is free, in words, from the
+    env's observation (role letter, grid rows, "A=r,c G=r,c")."""
     lines = obs.strip().splitlines()
-    found = POSITIONS.fullmatch(lines[-1].strip())
+    found = POSITIONS.fullmatch(lines[-1].strip()) if lines else None
     if found is None:
         raise ValueError(f"plan_path observation without an 'A=r,c G=r,c' line: {obs!r}")
-    ar, ac, gr, gc = found.groups()
-    grid = "\n".join(lines[1:-1])
-    return f"{grid}\nA is in row {ar}, column {ac}. G is in row {gr}, column {gc}."
+    ar, ac, gr, gc = (int(v) for v in found.groups())
+    grid = lines[1:-1]
+    if agent == "vertical":
+        where = _relative(gr - ar, "row", "above", "below", "in the same row as A")
+        moves = (("Up", (ar - 1, ac)), ("Down", (ar + 1, ac)))
+    elif agent == "horizontal":
+        where = _relative(gc - ac, "column", "left of", "right of", "in the same column as A")
+        moves = (("Left", (ar, ac - 1)), ("Right", (ar, ac + 1)))
+    else:
+        raise ValueError(f"plan_path: unknown agent {agent!r}: agents are vertical, horizontal")
+    free = " ".join(f"{name}: {'free' if _free(grid, cell) else 'wall'}." for name, cell in moves)
+    return f"G is {where}. {free}"
+
+
+def _relative(delta: int, unit: str, before: str, after: str, same: str) -> str:
+    if delta == 0:
+        return same
+    count = f"{abs(delta)} {unit}{'s' if abs(delta) > 1 else ''}"
+    return f"{count} {before if delta < 0 else after} A"
+
+
+def _free(grid: list[str], cell: tuple[int, int]) -> bool:
+    r, c = cell
+    return 0 <= r < len(grid) and 0 <= c < len(grid[r]) and grid[r][c] != "#"
 
 
 def answer_move(text: str, moves: tuple[str, ...], who: str) -> str:
-    """The move after the last "Answer:" of `text`: its last standalone move letter or move word."""
-    parts = ANSWER.split(text)
-    if len(parts) < 2:
-        raise ParseError(f"{who}: no 'Answer:' in the reply {text[-40:]!r}")
-    names = {m: m for m in moves} | {WORDS[m]: m for m in moves}
-    found = re.findall(r"\b(" + "|".join(names) + r")\b", parts[-1], flags=re.IGNORECASE)
-    found = [f for f in found if f in moves or f.lower() in names]  # letters must be capitals
-    if not found:
-        raise ParseError(f"{who}: no {' or '.join(moves)} after 'Answer:' in {parts[-1][:40]!r}")
-    last = found[-1]
-    return names[last] if last in moves else names[last.lower()]
+    """The move of a reply holding exactly one "Answer:" followed by exactly one of `moves` (its capital
+    letter, or its word in any case) and nothing else but whitespace and emphasis; else a ParseError."""
+    parts = ANSWER.split(SPECIAL.sub("", text))
+    if len(parts) != 2:
+        found = "no" if len(parts) < 2 else f"{len(parts) - 1}"
+        raise ParseError(f"{who}: {found} 'Answer:' in the reply {text[-40:]!r}; exactly one is expected")
+    answer = parts[1].strip(EDGES)
+    if answer in moves:
+        return answer
+    for move in moves:
+        if answer.lower() == WORDS[move]:
+            return move
+    raise ParseError(f"{who}: 'Answer:' must be followed by exactly one of {', '.join(moves)}, got {parts[1][:40]!r}")
 
 
 class AnswerVerticalMover(AnswerMover):

@@ -3,8 +3,8 @@
 The same team as `nodes.sokoban` (the vertical pusher plays U or D, then the horizontal pusher L or R;
 the same local reward), asked the way `nodes.plan_path_answer` asks Plan-Path's movers: the rules in a
 short system message, one worked exchange, the room and the positions in words in the user message, and
-the reply's move after the last "Answer:" (a letter standing alone, or the word). A reply without one is
-a parse error (a penalty candidate, counted in `parse/invalid_rate/<agent>`). Pair it with a
+a reply holding exactly one "Answer:" followed by exactly one move (the letter, or the word). Anything
+else is a parse error (a penalty candidate, counted in `parse/invalid_rate/<agent>`). Pair it with a
 `max_tokens` of a few dozen: generation stops at the model's end-of-turn token.
 """
 
@@ -40,7 +40,7 @@ class AnswerPusher(Pusher):
             partner=" or ".join(WORDS[m] for m in MOVES[self.partner]),
             letters=" or ".join(self.moves),
         )
-        return answer_prompt(rules, EXAMPLE[self.agent], self.moves[0], describe(obs))
+        return answer_prompt(rules, [(EXAMPLE[self.agent], self.moves[0])], describe(obs))
 
     def parse(self, text: str) -> str:
         return answer_move(text, self.moves, self.agent)

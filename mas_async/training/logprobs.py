@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from mas_async.prefixes import MIN_SHARED_PREFIX, common_prefix_length, prompt_owners
+
 if TYPE_CHECKING:
     from torch import nn
 
@@ -30,7 +32,8 @@ def completion_logprobs(
     Gradients flow when grad mode is enabled. An empty completion gives an empty tensor. When
     `entropies` is a list, the entropy of the full next-token distribution at each completion position
     is appended to it, one tensor [T_i] per pair. With `share_prompts`, completions that share a prompt
-    (a tree group's K candidates) share one pass over it (`_shared_prompt_logits`); otherwise all
+    (a tree group's K candidates) share one pass over it, and prompts that share a first part (a node's
+    system message and worked examples) one pass over that part (`_shared_prompt_logits`); otherwise all
     sequences run as one right-padded batch (`_batch_logits`).
     """
     if len(prompts) != len(completions):
@@ -42,10 +45,11 @@ def completion_logprobs(
     if any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
     device = next(model.parameters()).device
-    owners = _prompt_owners(prompts)
+    owners = prompt_owners(prompts)
+    repeated = max(owners) + 1 < len(prompts)
     shared = (
-        share_prompts and max(owners) + 1 < len(prompts) and any(len(c) for c in completions)
-        and not _checkpointing(model)
+        share_prompts and (repeated or common_prefix_length(prompts) >= MIN_SHARED_PREFIX)
+        and any(len(c) for c in completions) and not _checkpointing(model)
     )  # fmt: skip
     if shared:
         rows, targets = _shared_prompt_logits(model, prompts, completions, owners, device)
@@ -99,18 +103,26 @@ def _shared_prompt_logits(model, prompts, completions, owners, device) -> tuple[
     distinct = [prompts[owners.index(u)] for u in range(max(owners) + 1)]
     lengths = [len(p) for p in distinct]
     p_width = max(lengths)
-    prompt_ids = torch.zeros((len(distinct), p_width), dtype=torch.long)
-    for u, prompt in enumerate(distinct):
-        prompt_ids[u, : len(prompt)] = torch.from_numpy(prompt.astype(np.int64))
-    prompt_ids = prompt_ids.to(device)
     cache = DynamicCache(config=inner.config)
+    # The distinct prompts' common first part (at least one token of each is left to run on its own):
+    # one pass over it, its cache repeated for every distinct prompt, then the rest of each prompt.
+    shared = common_prefix_length(distinct) if len(distinct) > 1 else 0
+    shared = shared if shared >= MIN_SHARED_PREFIX else 0
+    if shared:
+        prefix = torch.from_numpy(distinct[0][:shared].astype(np.int64))[None].to(device)
+        inner(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        cache.batch_select_indices(torch.zeros(len(distinct), dtype=torch.long, device=device))
+    prompt_ids = torch.zeros((len(distinct), p_width - shared), dtype=torch.long)
+    for u, prompt in enumerate(distinct):
+        prompt_ids[u, : len(prompt) - shared] = torch.from_numpy(prompt[shared:].astype(np.int64))
+    prompt_ids = prompt_ids.to(device)
     last = sorted(set(n - 1 for n in lengths))  # the positions predicting the first completion tokens
     prompt_logits = inner(
         input_ids=prompt_ids,
-        position_ids=torch.arange(p_width, device=device).expand_as(prompt_ids),
+        position_ids=torch.arange(shared, p_width, device=device).expand_as(prompt_ids),
         past_key_values=cache,
         use_cache=True,
-        logits_to_keep=torch.tensor(last, device=device),
+        logits_to_keep=torch.tensor([n - shared for n in last], device=device),
     ).logits  # [U, len(last), V]
     cache.batch_select_indices(torch.tensor(owners, device=device))  # each completion's own prompt
     c_width = max(len(c) for c in completions)
@@ -154,12 +166,6 @@ def _attention_dtype(model: nn.Module, device: torch.device) -> torch.dtype:
     if torch.is_autocast_enabled(device.type):
         return torch.get_autocast_dtype(device.type)
     return next(model.parameters()).dtype
-
-
-def _prompt_owners(prompts: list[np.ndarray]) -> list[int]:
-    """For each prompt, the index of its distinct prompt (in order of first appearance)."""
-    index: dict[tuple[str, bytes], int] = {}
-    return [index.setdefault((p.dtype.str, p.tobytes()), len(index)) for p in prompts]
 
 
 def _checkpointing(model: nn.Module) -> bool:

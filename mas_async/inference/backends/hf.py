@@ -21,12 +21,14 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from mas_async.inference.request import GenerationRequest
 from mas_async.lora import ADAPTER_NAME, LoraSetup, adapter_parameters, saved_adapters, with_adapters
+from mas_async.prefixes import MIN_SHARED_PREFIX, common_prefix_length, prompt_owners
 from mas_async.weights.flat_params import ParameterAdopter, check_named_tensors
 from mas_async.weights.group import dtype_name, torch_dtype
 from mas_async.wire.samples import Completion
@@ -132,30 +134,20 @@ class HFBackend:
 
     @torch.inference_mode()
     def _generate_batch(self, rows: list[_Row]) -> None:
-        """Run one left-padded batch to completion, filling each row's tokens and log-probs."""
-        width = max(len(r.prompt) for r in rows)
-        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            input_ids[i, width - len(row.prompt) :] = torch.from_numpy(row.prompt)
-            attention_mask[i, width - len(row.prompt) :] = 1
-        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
-        # Positions count real tokens only, so a left-padded prompt sees the same positions as alone.
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        cache = None  # the model creates its KV cache on the first call
+        """Run one batch to completion, filling each row's tokens and log-probs. The prompts are read
+        once each (a request's n samples share one prefill) and their common first part once in all
+        (`_prefill`); the samples then decode as one batch with a KV cache."""
+        owners = prompt_owners([r.prompt for r in rows])
+        logits, cache, attention_mask, position_ids = self._prefill(
+            [rows[owners.index(u)].prompt for u in range(max(owners) + 1)]
+        )
+        index = torch.tensor(owners, device=self.device)
+        cache.batch_select_indices(index)  # each sample's own prompt
+        logits, attention_mask, position_ids = logits[index], attention_mask[index], position_ids[index]
 
         active = list(range(len(rows)))  # rows still generating, in cache order
         while True:
-            out = self.model(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                use_cache=True,
-                logits_to_keep=1,
-                **{self._cache_kwarg: cache},
-            )
-            cache = getattr(out, self._cache_kwarg)
-            tokens, logprobs = self._sample(out.logits[:, -1, :].float(), [rows[i] for i in active])
+            tokens, logprobs = self._sample(logits, [rows[i] for i in active])
             keep = []
             for j, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist(), strict=True)):
                 row = rows[active[j]]
@@ -170,15 +162,54 @@ class HFBackend:
             if len(keep) < len(active):  # drop finished rows from the batch and the cache
                 index = torch.tensor(keep, device=self.device)
                 cache.batch_select_indices(index)
-                tokens, attention_mask, position_ids = (
-                    tokens[index],
-                    attention_mask[index],
-                    position_ids[index],
-                )
+                tokens, attention_mask, position_ids = tokens[index], attention_mask[index], position_ids[index]
                 active = [active[j] for j in keep]
-            input_ids = tokens[:, None]
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(active), 1))], dim=1)
             position_ids = position_ids[:, -1:] + 1
+            out = self.model(
+                input_ids=tokens[:, None],
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                use_cache=True,
+                logits_to_keep=1,
+                **{self._cache_kwarg: cache},
+            )
+            cache = getattr(out, self._cache_kwarg)
+            logits = out.logits[:, -1, :].float()
+
+    def _prefill(self, prompts: list[np.ndarray]) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
+        """Read the distinct `prompts`: their common first part once (when it is worth a pass), then the
+        rest of each, left-padded so that every prompt ends in the last column. Returns the logits of
+        each prompt's last position [U, V], the KV cache, the attention mask [U, width] and the
+        position ids [U, width] (positions count real tokens only, so a padded prompt sees the same
+        positions as alone)."""
+        shared = common_prefix_length(prompts) if len(prompts) > 1 else 0
+        shared = shared if shared >= MIN_SHARED_PREFIX else 0
+        cache = None  # the model creates its KV cache on the first call
+        if shared:
+            prefix = torch.from_numpy(prompts[0][:shared])[None].to(self.device)
+            out = self.model(input_ids=prefix, use_cache=True, logits_to_keep=1, **{self._cache_kwarg: cache})
+            cache = getattr(out, self._cache_kwarg)
+            cache.batch_select_indices(torch.zeros(len(prompts), dtype=torch.long, device=self.device))
+        width = max(len(p) for p in prompts) - shared
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), shared + width), dtype=torch.long)
+        attention_mask[:, :shared] = 1
+        for u, prompt in enumerate(prompts):
+            rest = prompt[shared:]
+            input_ids[u, width - len(rest) :] = torch.from_numpy(rest)
+            attention_mask[u, shared + width - len(rest) :] = 1
+        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids[:, shared:],
+            use_cache=True,
+            logits_to_keep=1,
+            **{self._cache_kwarg: cache},
+        )
+        return out.logits[:, -1, :].float(), getattr(out, self._cache_kwarg), attention_mask, position_ids
 
     def _sample(self, logits: torch.Tensor, rows: list[_Row]) -> tuple[torch.Tensor, torch.Tensor]:
         """Pick one token per row; return the ids and their log-probs at each row's temperature."""

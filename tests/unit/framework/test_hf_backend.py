@@ -52,6 +52,24 @@ def test_batched_greedy_equals_unbatched_with_left_padding(backend: HFBackend) -
             assert completion.finish_reason == "length" and len(completion.token_ids) == 16
 
 
+def test_prompts_with_a_common_first_part_read_it_once_and_generate_as_alone(backend: HFBackend, monkeypatch) -> None:
+    head = _prompt(20, 5)
+    prompts = [np.concatenate([head, _prompt(n, 10 + n)]).astype(np.int32) for n in (2, 9, 5)]
+    alone = [backend.generate([GenerationRequest(p, n=1, max_tokens=12, greedy=True)])[0][0] for p in prompts]
+    calls = []
+    forward = backend.model.forward
+    monkeypatch.setattr(
+        backend.model, "forward", lambda *a, **kw: calls.append(tuple(kw["input_ids"].shape)) or forward(*a, **kw)
+    )
+    batched = backend.generate([GenerationRequest(p, n=2, max_tokens=12, greedy=True) for p in prompts])
+    assert calls[:3] == [(1, 20), (3, 9), (6, 1)]  # the common part once, each prompt's rest once, then decode
+    assert len({tuple(c.token_ids) for c in alone}) > 1
+    for single, group in zip(alone, batched, strict=True):
+        for completion in group:
+            np.testing.assert_array_equal(completion.token_ids, single.token_ids)
+            np.testing.assert_allclose(completion.logprobs, single.logprobs, atol=1e-5)
+
+
 def test_chunked_batches_give_the_same_result(backend: HFBackend, model_dir: Path) -> None:
     small = HFBackend(model_dir, max_batch_sequences=2)
     small.load_weights([(n, p.detach().clone()) for n, p in backend.model.named_parameters()])

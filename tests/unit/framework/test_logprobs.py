@@ -89,6 +89,50 @@ def test_completions_of_one_prompt_share_its_pass_and_equal_the_masked_batch(mod
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-6)
 
 
+def _prefix_batch() -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Three distinct prompts that start with the same 20 tokens (a node's system message and examples),
+    one of them with two completions; and one prompt that is that first part and one token more."""
+    rng = np.random.default_rng(7)
+    head = rng.integers(7, 51, size=20).astype(np.int32)
+    tails = [rng.integers(7, 51, size=n).astype(np.int32) for n in (5, 11, 3, 1)]
+    owners = [0, 1, 2, 1, 3]
+    lengths = [6, 3, 9, 1, 4]
+    prompts = [np.concatenate([head, tails[u]]) for u in owners]
+    return prompts, [rng.integers(7, 51, size=n).astype(np.int32) for n in lengths]
+
+
+def test_prompts_with_a_common_first_part_share_one_pass_over_it(model, monkeypatch) -> None:
+    from mas_async.training import logprobs
+
+    prompts, completions = _prefix_batch()
+    with torch.no_grad():
+        masked = masked_logprobs(model, prompts, completions)
+    monkeypatch.setattr(logprobs, "_batch_logits", None)
+    calls = []
+    monkeypatch.setattr(
+        model, "forward", lambda *a, _f=model.forward, **kw: calls.append(kw["input_ids"].shape) or _f(*a, **kw)
+    )
+    with torch.no_grad():
+        ours = completion_logprobs(model, prompts, completions)
+        distinct = completion_logprobs(model, prompts[:3], completions[:3])  # no prompt repeats: still shared
+    # the 20 common tokens once, the rest of each of the 4 prompts, then every completion
+    assert calls == [(1, 20), (4, 11), (5, 9), (1, 20), (3, 11), (3, 9)]
+    for a, b in zip(ours, masked, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-6)
+    for a, b in zip(distinct, masked[:3], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-6)
+
+
+def test_common_prefix_length_leaves_every_prompt_its_last_token() -> None:
+    from mas_async.prefixes import common_prefix_length
+
+    a = np.arange(10, dtype=np.int32)
+    assert common_prefix_length([a, a.copy()]) == 9
+    assert common_prefix_length([a, np.concatenate([a[:4], [99], a[5:]]).astype(np.int32)]) == 4
+    assert common_prefix_length([a, a[:3]]) == 2
+    assert common_prefix_length([a[:1], a]) == 0
+
+
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16 autocast"])
 def test_the_completions_mask_is_additive_in_the_attentions_dtype(model, monkeypatch, autocast) -> None:
     """Given as booleans, the mask would be converted again in every layer: it comes as 0 / -inf, in
@@ -109,7 +153,9 @@ def test_the_completions_mask_is_additive_in_the_attentions_dtype(model, monkeyp
     assert torch.equal(mask[:, 0] == 0, allowed)
 
 
-@pytest.mark.parametrize("make", [_batch, _tree_batch], ids=["distinct prompts", "shared prompts"])
+@pytest.mark.parametrize(
+    "make", [_batch, _tree_batch, _prefix_batch], ids=["distinct prompts", "shared prompts", "common first part"]
+)
 def test_gradient_equals_the_masked_batchs(model, make) -> None:
     prompts, completions = make()
     weights = [torch.linspace(-1.0, 1.0, len(c)) for c in completions]

@@ -49,10 +49,10 @@ def test_prompt_has_the_rules_one_example_and_the_positions_in_words() -> None:
     assert "Answer: L or R" in AnswerHorizontalPusher().prompt(env.observe("horizontal"))[0]["content"]
 
 
-def test_answer_after_the_last_marker_and_parse_errors() -> None:
+def test_exactly_one_answer_with_one_move_and_parse_errors() -> None:
     assert AnswerVerticalPusher().parse("Push it up. Answer: up<|im_end|>") == "U"
-    assert AnswerHorizontalPusher().parse("Answer: L\nNo. Answer: R") == "R"
-    for text in ("U", "Answer:", "Answer: L", "Answer: u"):
+    assert AnswerHorizontalPusher().parse("Answer: R.") == "R"
+    for text in ("U", "Answer:", "Answer: L", "Answer: u", "Answer: U or D", "Answer: U. Answer: D maybe"):
         with pytest.raises(ParseError):
             AnswerVerticalPusher().parse(text)
 

@@ -140,6 +140,15 @@ def test_trainer_logprobs_smoke(tmp_path: Path) -> None:
     assert steps["weight_drift"] < 1e-5 and "from the training pass" in stdout
 
 
+def test_prompt_prefix_smoke(tmp_path: Path) -> None:
+    """Rollout and trainer, each with and without the prompts' common first part read once: a ratio
+    each, and the same log-probs."""
+    stdout, figures = _run("prompt_prefix.py", tmp_path)
+    assert set(figures["ratios"]) == {"rollout", "trainer"} and "of the baseline" in stdout
+    assert all(len(r) == 1 and r[0] > 0 for r in figures["ratios"].values())
+    assert 0 < figures["max_abs_diff"] < 1e-5  # both ways ran, on different passes
+
+
 def test_shared_base_smoke(tmp_path: Path) -> None:
     """The shared-base arm and its role-swap probe: one inference process, both probes evaluated."""
     proc = subprocess.run(

@@ -62,8 +62,10 @@ class HFBackend:
         seed: int = 0,
         lora: LoraSetup | None = None,
         guests: dict[str, LoraSetup] | None = None,
+        share_prompts: bool = True,
     ) -> None:
-        """`lora`: serve `model_path` (the base) with the policy's adapters applied (peft, as the trainer
+        """`share_prompts`: read each distinct prompt, and the prompts' common first part, once per batch
+        (False: every sample's whole prompt, the reference of `bench/prompt_prefix.py`). `lora`: serve `model_path` (the base) with the policy's adapters applied (peft, as the trainer
         computes them); weight updates then carry the adapters only. `guests`: policy -> LoRA setup of other
         policies served on this base with adapters of their own (of the same rank, alpha and modules); a
         generate, load or adopt naming one (`adapter=`) uses that policy's adapters and version."""
@@ -82,6 +84,7 @@ class HFBackend:
         self.model.to(device).eval()
         self.device = torch.device(device)
         self.max_batch_sequences = max_batch_sequences
+        self.share_prompts = share_prompts
         self.max_positions: int = getattr(self.model.config, "max_position_embeddings", 1 << 30)
         pad = self.model.config.pad_token_id
         self.pad_id: int = 0 if pad is None else int(pad)
@@ -137,7 +140,7 @@ class HFBackend:
         """Run one batch to completion, filling each row's tokens and log-probs. The prompts are read
         once each (a request's n samples share one prefill) and their common first part once in all
         (`_prefill`); the samples then decode as one batch with a KV cache."""
-        owners = prompt_owners([r.prompt for r in rows])
+        owners = prompt_owners([r.prompt for r in rows]) if self.share_prompts else list(range(len(rows)))
         logits, cache, attention_mask, position_ids = self._prefill(
             [rows[owners.index(u)].prompt for u in range(max(owners) + 1)]
         )
@@ -183,7 +186,7 @@ class HFBackend:
         each prompt's last position [U, V], the KV cache, the attention mask [U, width] and the
         position ids [U, width] (positions count real tokens only, so a padded prompt sees the same
         positions as alone)."""
-        shared = common_prefix_length(prompts) if len(prompts) > 1 else 0
+        shared = common_prefix_length(prompts) if len(prompts) > 1 and self.share_prompts else 0
         shared = shared if shared >= MIN_SHARED_PREFIX else 0
         cache = None  # the model creates its KV cache on the first call
         if shared:

@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 WEIGHT_BACKENDS = ("gloo", "nccl")
 POLL_S = 0.2
 """How often a rank waiting in a join or a broadcast checks whether its group was retired."""
-POLL = timedelta(seconds=POLL_S)
+SPIN_MAX_S = 0.01
+"""Longest pause between two looks at whether a broadcast completed (the pauses grow from 0.1 ms)."""
 RETIRED_KEY = "retired"
 
 
@@ -129,20 +130,25 @@ class WeightGroup:
             ) from e
 
     def _wait(self, work: dist.Work, what: str) -> None:
-        """Wait for `work` to complete, checking every POLL_S whether the group was retired (an abandoned
-        work ends with the group's own timeout, or when its peers close their sockets). A timed wait
-        raises when the time is up and leaves the work running (it may complete just after); a completed
-        work's own wait returns, or raises the operation's error."""
-        while True:
-            try:
-                work.wait(POLL)
-                return
-            except RuntimeError:
-                if work.is_completed():
-                    work.wait()
-                    return
-            if self.retired():
-                raise self._abandoned(what)
+        """Wait for `work` to complete, at most `timeout_s`, checking every POLL_S whether the group was
+        retired. Only `is_completed()` is polled: a timed `work.wait(timeout)` on an NCCL group aborts the
+        communicator once the timeout has passed since the work *started* and rethrows (PyTorch's
+        `WorkNCCL::wait`: `checkTimeout` sets the exception, then `abort()`), so a broadcast longer than
+        one poll would kill the group. Once complete, the untimed wait returns (NCCL: it also orders the
+        current stream after the broadcast) or raises the operation's own error."""
+        start = time.monotonic()
+        deadline, next_look, pause = start + self.timeout_s, start + POLL_S, 1e-4
+        while not work.is_completed():
+            now = time.monotonic()
+            if now >= next_look:  # a store round trip for ranks > 0: not at every spin
+                if self.retired():
+                    raise self._abandoned(what)
+                next_look = now + POLL_S
+            if now >= deadline:
+                raise RuntimeError(f"the {self.backend} work was not complete after {self.timeout_s:g} s")
+            time.sleep(pause)
+            pause = min(2 * pause, SPIN_MAX_S)
+        work.wait()  # complete: a success even if the group was retired just now (the peers count it done)
 
     def _abandoned(self, what: str) -> GroupRetired:
         return GroupRetired(

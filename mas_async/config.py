@@ -78,8 +78,8 @@ class PolicyConfig(_Section):
     """Adam learning rate of this policy's trainer."""
     trainer_ranks: int = Field(1, ge=1)
     """Data-parallel trainer processes of this policy (DistributedDataParallel over gloo on the CPU, NCCL on
-    GPUs, one GPU per rank: see `trainer_devices`). The router sends each rank whole episodes' groups,
-    balanced by tokens; the update equals one rank's on the same batch. Rank 0 alone sends the weights to
+    GPUs, one GPU per rank: see `trainer_devices`). The router sends each rank whole problems' groups (every
+    episode of a problem: its advantages are relative to them all), balanced by tokens; the update equals one rank's on the same batch. Rank 0 alone sends the weights to
     the inference servers and saves checkpoints."""
     trainer_devices: list[Annotated[str, Field(pattern=_DEVICE)]] | None = None
     """Where each trainer rank runs, one entry per rank, e.g. [cuda:2, cuda:3]. Unset: `device` for rank 0,

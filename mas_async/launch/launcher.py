@@ -368,10 +368,11 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def launch(config: Config, mode: str = "train") -> int:
+def launch(config: Config, mode: str = "train", roles: str = DEFAULT_ROLES) -> int:
     """Run a whole training job (mode "train") or one evaluation pass (mode "eval"); returns the exit
     status. An evaluation runs the router, inference servers and env workers, no trainers. A training run
-    that loses a trainer, its router or a replica starts again from its last complete checkpoint (`RunLost`)."""
+    that loses a trainer, its router or a replica starts again from its last complete checkpoint (`RunLost`).
+    `roles` is the role map the processes build their actors from (a test passes one that records)."""
     weights = None
     if mode == "eval":
         weights, start_version = eval_weights(config)
@@ -389,7 +390,7 @@ def launch(config: Config, mode: str = "train") -> int:
     try:
         while True:
             try:
-                return _run(config, run_dir, start_version, training, weights, engine, budget, env)
+                return _run(config, run_dir, start_version, training, weights, engine, budget, env, roles)
             except RunLost as lost:
                 start_version = latest_complete(run_dir, list(config.policies)) or 0
                 env = {RUN_RESTART_ENV: json.dumps({"role": lost.role, "died_at": lost.died_at})}
@@ -411,10 +412,11 @@ def _run(
     engine: Engine,
     budget: RestartBudget,
     env: dict[str, str],
+    roles: str = DEFAULT_ROLES,
 ) -> int:
     prepare_deployment(config, run_dir, start_version, training, weights, engine)
     progress = Progress(config, run_dir)
-    launches = process_launches(config, run_dir, training, env=env)
+    launches = process_launches(config, run_dir, training, roles=roles, env=env)
     children = [launch.start(engine) for launch in launches]
     write_pids(run_dir, children)
     restarts = Restarts(engine, {launch.spec.name: launch for launch in launches}, budget, training, config)

@@ -466,7 +466,7 @@ class Router(Actor):
         Either way the launcher is told to kill it, in case it is hung and never reads the Shutdown."""
         silent = f"silent for over {self.cfg.cluster.peer_timeout_s}s"
         record_lost_peer(self.run_dir, ident.decode(), info.pid, silent)  # the launcher kills it, if it runs on
-        if not replaced_alone(self.cfg, ident.decode(), self.deployment.training):
+        if not replaced_alone(self.cfg, self.deployment, ident.decode()):
             raise PeerDead(f"{ident.decode()} (pid {info.pid}) has been {silent}")
         self._lose(ident, info, silent)
         self.send_to(ident, Shutdown(f"declared dead by the router: {silent}", True))

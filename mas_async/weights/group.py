@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from mas_async.network import local_address_towards
+from mas_async.placement import PlacementError, check_group_gpus
 from mas_async.weights.store import open_store
 
 if TYPE_CHECKING:
@@ -193,7 +194,7 @@ def open_weight_group(
             timeout_s=timeout_s, generation=generation, tcp_store=store,
         )  # fmt: skip
     except (RuntimeError, dist.DistError) as e:
-        if isinstance(e, (WeightGroupError, GroupRetired)):
+        if isinstance(e, (WeightGroupError, GroupRetired, PlacementError)):
             raise
         raise WeightGroupError(
             f"rank {rank} of policy {policy!r}'s weight group ({backend}, {world_size} ranks, store at {host}:{port}) "
@@ -233,6 +234,8 @@ def _join(
         pg = dist.ProcessGroupGloo(store, rank, world_size, options)
         device = torch.device("cpu")
     else:
+        # Two ranks on one GPU would fail inside NCCL's init, without saying which: named here first.
+        check_group_gpus(store, policy, "nccl", rank, world_size, max(0.0, deadline - time.monotonic()))
         if not dist.is_nccl_available():
             raise ValueError("weight-sync backend 'nccl' needs a torch build with NCCL (use 'gloo' on CPU)")
         options = dist.ProcessGroupNCCL.Options()
@@ -299,7 +302,8 @@ class WeightGroupSpec:
 
     policy: str
     backend: str
-    """gloo (CPU), nccl (GPUs) or cuda_ipc (trainer and servers on one GPU); `deployment.weight_backend`."""
+    """gloo (CPU), nccl (GPUs) or cuda_ipc (trainer and servers on one GPU), as the deployment decided it
+    (`Deployment.weight_backend`, `mas_async.placement`)."""
     host: str
     port: int
     world_size: int
@@ -309,11 +313,9 @@ class WeightGroupSpec:
 
     @classmethod
     def of(cls, config: Config, deployment: Deployment, policy: str) -> WeightGroupSpec:
-        from mas_async.deployment import weight_backend
-
         return cls(
             policy=policy,
-            backend=weight_backend(config, policy),
+            backend=deployment.weight_backend(config, policy),
             host=deployment.store_host(policy),
             port=deployment.weight_ports[policy],
             world_size=1 + config.policies[config.server_policy(policy)].replicas,

@@ -11,6 +11,10 @@
 #
 #   bash bench/device_kit.sh            # downloads (once; a second run reuses the wheels) and prints
 #
+# It ends with the commands to run there: `python3 -m mas_async.placement` (the GPUs by UUID, as a run's
+# deployment.json records them; `mas_async.placement` also decides each policy's weight backend from
+# them), then bench/gpu_check.py.
+#
 # Why each one: pyzmq (the actors' sockets), pydantic + pydantic-core + annotated-types +
 # typing-inspection (mas_async.config), typing-extensions (pydantic-core needs >= 4.14.1; the image's
 # may be older), pettingzoo + gymnasium + farama-notifications (envs.pettingzoo_adapter, imported by the
@@ -72,3 +76,6 @@ awk -v k="$kit_bytes" -v t="$tree_bytes" -v n="$count" 'BEGIN {
 rel="${KIT#"$ROOT"/}"
 echo "install on the device (carry: [\"$rel\"]), then run from the repository root:"
 echo "python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $rel/*.whl && export PYTHONPATH=/tmp/site:\$PWD"
+# The placement code a run uses (mas_async.placement) first: the GPUs it will record by UUID in
+# deployment.json and decide each policy's weight backend from; then the check, whose demo reads them back.
+echo "then: python3 -m mas_async.placement && python3 bench/gpu_check.py   # this machine's GPUs by UUID, then the check"

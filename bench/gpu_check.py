@@ -35,7 +35,9 @@ A second trainer step is timed too (the first one also allocates the optimiser s
    policy with 2 trainer ranks.
 10. Once, after the passes: the demo learning through `mas-async train` (every role its own process):
    configs/plan_path_tiny_gpu.yaml, both policies on cuda, weight sync chosen by
-   `cluster.weight_backend: auto` (CUDA IPC: each trainer shares its GPU with its server),
+   `cluster.weight_backend: auto` (CUDA IPC: each trainer shares its GPU with its server; the backends and
+   every process's GPU by UUID are read back from the run's deployment.json, where the launcher recorded
+   them: `mas_async.placement`),
    `--demo-iterations` iterations capped at `--demo-timeout` s. Wall time, seconds per iteration, eval
    success, the weight-sync time; checks that it exited 0, that each trainer logged the backend auto
    chose, every version_mismatch 0 and every logprob_abs_diff < 1e-4. --smoke: configs/plan_path_tiny.yaml
@@ -516,18 +518,13 @@ def run_ranks(args: argparse.Namespace, device: str, gpus: int) -> tuple[dict, d
 def run_demo(args: argparse.Namespace, device: str, run_dir: Path, ranks: int = 1) -> tuple[dict, dict[str, bool]]:
     """Step 10: the demo config learning on `device` through `mas-async train`, the vertical policy with
     `ranks` trainer ranks (one GPU each); (figures, checks)."""
-    from mas_async.config import load_config
-    from mas_async.deployment import weight_backend
-
     config = DEMO[device]
     overrides = [f"run.iterations={args.demo_iterations}", f"run.output_dir={run_dir}"]
     overrides += DEMO_SMOKE if args.smoke else []
     overrides += [f"policies.{POLICY}.trainer_ranks={ranks}"] if ranks > 1 else []
-    resolved = load_config(config, overrides)
-    backends = {p: weight_backend(resolved, p) for p in resolved.policies}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     command = [sys.executable, "-m", "mas_async", "train", str(config), *overrides]
-    print(f"demo: {config.relative_to(ROOT)}, {args.demo_iterations} iterations on {device}, weight sync {backends} "
+    print(f"demo: {config.relative_to(ROOT)}, {args.demo_iterations} iterations on {device} "
           f"(at most {args.demo_timeout:g} s)")  # fmt: skip
     start = time.perf_counter()
     proc = subprocess.Popen(
@@ -541,6 +538,13 @@ def run_demo(args: argparse.Namespace, device: str, run_dir: Path, ranks: int = 
     finally:
         _kill_run(proc, run_dir)
     wall_s = time.perf_counter() - start
+    # What the launcher decided from where the processes are (`mas_async.placement`), as the run recorded it.
+    placed = run_dir / "deployment.json"
+    deployment = json.loads(placed.read_text()) if placed.exists() else {"nodes": {}, "weight_backends": {}}
+    backends, places = deployment.get("weight_backends", {}), deployment["nodes"]
+    print(f"demo: weight sync {backends}; GPUs " + ", ".join(
+        f"{name} {place.get('gpu') or place.get('device')}" for name, place in places.items() if place.get("gpu")
+    ))  # fmt: skip
     metrics = run_dir / "metrics.jsonl"
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.exists() else []
     trained = [r for r in rows if "time/train_s" in r]
@@ -552,7 +556,7 @@ def run_demo(args: argparse.Namespace, device: str, run_dir: Path, ranks: int = 
     chosen = {p: f"({b})" in (logs[p].read_text() if logs[p].exists() else "") for p, b in backends.items()}
     elapsed = [r["time/elapsed_s"] for r in trained if "time/elapsed_s" in r]
     figures = {
-        "config": str(config.relative_to(ROOT)), "device": device, "weight_backends": backends,
+        "config": str(config.relative_to(ROOT)), "device": device, "weight_backends": backends, "places": places,
         "iterations": len(trained), "wall_s": wall_s, "returncode": proc.returncode, "timed_out": timed_out,
         "s_per_iteration": (elapsed[-1] - elapsed[0]) / (len(elapsed) - 1) if len(elapsed) > 1 else None,
         "weight_sync_s_mean": statistics.mean(r["time/weight_sync_s"] for r in trained) if trained else None,
@@ -562,9 +566,8 @@ def run_demo(args: argparse.Namespace, device: str, run_dir: Path, ranks: int = 
         f"demo on {device}: ran its {args.demo_iterations} iterations and exited 0": (
             not timed_out and proc.returncode == 0 and len(trained) == args.demo_iterations
         ),
-        f"demo on {device}: every trainer synced over the backend auto chose {sorted(set(backends.values()))}": all(
-            chosen.values()
-        ),
+        f"demo on {device}: every trainer synced over the backend the deployment chose "
+        f"{sorted(set(backends.values()))}": bool(backends) and all(chosen.values()),
         f"demo on {device}: every version_mismatch 0 and logprob_abs_diff < 1e-4": bool(trained)
         and mismatch == 0
         and diff < 1e-4,

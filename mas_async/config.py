@@ -69,8 +69,8 @@ class PolicyConfig(_Section):
     """Weights dtype on both trainer and inference servers."""
     device: str = Field("cpu", pattern=_DEVICE)
     """Where this policy's trainer model and its hf inference servers run: cpu, cuda or cuda:N (vLLM
-    places its engine itself). Trainer and servers on one GPU share the weights through CUDA IPC
-    (`cluster.weight_backend: auto`)."""
+    places its engine itself). Trainer and servers on one GPU (of one node) share the weights through CUDA
+    IPC, on different GPUs or nodes they travel over NCCL (`cluster.weight_backend: auto`)."""
     server_device: str | None = Field(None, pattern=_DEVICE)
     """Where the policy's hf inference servers run when not on `device`, e.g. cuda:1 beside a trainer on
     cuda:0 (the weights then travel over NCCL)."""
@@ -78,8 +78,8 @@ class PolicyConfig(_Section):
     """Adam learning rate of this policy's trainer."""
     trainer_ranks: int = Field(1, ge=1)
     """Data-parallel trainer processes of this policy (DistributedDataParallel over gloo on the CPU, NCCL on
-    GPUs, one GPU per rank: see `trainer_devices`). The router sends each rank whole episodes' groups,
-    balanced by tokens; the update equals one rank's on the same batch. Rank 0 alone sends the weights to
+    GPUs, one GPU per rank: see `trainer_devices`). The router sends each rank whole problems' groups (every
+    episode of a problem: its advantages are relative to them all), balanced by tokens; the update equals one rank's on the same batch. Rank 0 alone sends the weights to
     the inference servers and saves checkpoints."""
     trainer_devices: list[Annotated[str, Field(pattern=_DEVICE)]] | None = None
     """Where each trainer rank runs, one entry per rank, e.g. [cuda:2, cuda:3]. Unset: `device` for rank 0,
@@ -424,10 +424,12 @@ class ClusterConfig(_Section):
     slurm: SlurmConfig = Field(default_factory=SlurmConfig)
     """Placement and step resources of `engine: slurm`."""
     weight_backend: Literal["auto", "gloo", "nccl", "cuda_ipc"] = "auto"
-    """How each policy's trainer sends its weights to its inference servers. auto, per policy: cuda_ipc
-    when the trainer and its servers are on one GPU (NCCL refuses two ranks on one device), nccl when
-    they are on different GPUs (or vLLM places the servers and CUDA exists), gloo on the CPU. gloo
-    works everywhere (through host memory); nccl and cuda_ipc are checked against the devices."""
+    """How each policy's trainer sends its weights to its inference servers, decided by the deployment from
+    where the engine placed them (`mas_async.placement`; deployment.json records it). auto, per policy:
+    cuda_ipc when the trainer and its servers use one GPU, nccl across GPUs and nodes (or where vLLM places
+    the servers and CUDA exists), gloo on the CPU. gloo works everywhere (through host memory); nccl and
+    cuda_ipc are checked against the placement when the run starts, and against the GPUs the processes
+    actually use when each weight group forms."""
     curve: bool = True
     """Authenticate and encrypt every ZeroMQ socket of the run with CURVE (loopback included): the launcher
     writes a key pair per run into RUN_DIR/keys (mode 0700, files 0600) and the router accepts only peers
@@ -491,7 +493,6 @@ class Config(_Section):
                 )
         self._shared_bases_can_work()
         self._algorithm_can_learn()
-        self._weight_backend_can_work()
         if self.rollout.top_p < 1.0:
             raise ValueError(
                 f"rollout.top_p={self.rollout.top_p} is refused: the log-probs of the rollout and of the trainer's "
@@ -538,12 +539,6 @@ class Config(_Section):
                 raise ValueError(
                     f"{where}: backend {spec.backend!r} cannot serve several policies' adapters on one base; use hf "
                     "(vLLM 0.32 loads LoRA adapters only from folders, docs/lora.md)"
-                )
-            on_one_gpu = self.trainer_beside_servers(name)
-            if self.cluster.weight_backend == "cuda_ipc" or (self.cluster.weight_backend == "auto" and on_one_gpu):
-                raise ValueError(
-                    f"{where}: a shared base receives its policies' weights over gloo or nccl, not CUDA IPC (trainer "
-                    "and servers on one GPU); put the servers on another device (server_device) or use gloo"
                 )
             if "replicas" in spec.model_fields_set and spec.replicas != host.replicas:
                 raise ValueError(
@@ -607,17 +602,6 @@ class Config(_Section):
         own_gpus = self.cluster.engine == "ray" and self.cluster.ray.trainer_gpus > 0
         return self.policies[policy].trainer_on(rank, own_gpus=own_gpus)
 
-    def trainer_beside_servers(self, policy: str) -> bool:
-        """Are `policy`'s trainer (rank 0) and its inference servers on one GPU? Not when Ray reserves GPUs
-        per process: each then sees its own as cuda:0."""
-        spec = self.policies[policy]
-        trainer, servers = spec.trainer_on(), spec.servers_on()
-        return trainer == servers and trainer != "cpu" and not self._ray_reserves_gpus()
-
-    def _ray_reserves_gpus(self) -> bool:
-        ray = self.cluster.ray
-        return self.cluster.engine == "ray" and (ray.trainer_gpus > 0 or ray.inference_gpus > 0)
-
     def _trainer_ranks_can_be_placed(self) -> None:
         """Refuse trainer devices that do not name one device per rank, mix the CPU with GPUs, or put two
         ranks on one GPU of the local engine's machine (its nodes share the GPUs)."""
@@ -637,28 +621,6 @@ class Config(_Section):
                 raise ValueError(
                     f"{where}: the ranks are on {devices}, so two share a GPU of this machine, which NCCL cannot "
                     "join; give each rank its own GPU"
-                )
-
-    def _weight_backend_can_work(self) -> None:
-        """Refuse an explicit weight backend that cannot join some policy's trainer and servers."""
-        choice = self.cluster.weight_backend
-        for name, spec in self.policies.items():
-            trainer, servers = spec.trainer_on(), spec.servers_on()
-            if choice == "cuda_ipc" and not self.trainer_beside_servers(name):
-                where = (
-                    f"its {spec.backend} servers place themselves" if servers is None
-                    else "Ray gives its trainer and servers GPUs of their own (cluster.ray.trainer_gpus, inference_gpus)"
-                    if self._ray_reserves_gpus() and trainer == servers
-                    else f"its trainer is on {trainer} and its servers on {servers}"
-                )  # fmt: skip
-                raise ValueError(
-                    f"cluster.weight_backend=cuda_ipc shares GPU memory between a trainer and servers on one "
-                    f"GPU, but for policy {name!r} {where}; use cluster.weight_backend=auto (or gloo)"
-                )
-            if choice == "nccl" and self.trainer_beside_servers(name):
-                raise ValueError(
-                    f"cluster.weight_backend=nccl cannot join policy {name!r}'s trainer and servers: NCCL refuses "
-                    f"two ranks on one GPU ({trainer}); use cluster.weight_backend=auto (CUDA IPC) or gloo"
                 )
 
     def policy_of(self) -> dict[str, str]:

@@ -34,7 +34,12 @@ class Deployment:
     """policy -> TCPStore port of the group of its trainer ranks (policies with trainer_ranks >= 2)."""
 
     nodes: dict[str, dict[str, str]] = field(default_factory=dict)
-    """process name -> {"node": its node's name, "address": the address it binds to and advertises}."""
+    """process name -> its place (`mas_async.placement.Place`): "node" (its node's name), "address" (what it
+    binds to and advertises), "device" (as the process names it; "" when its engine picks the GPU) and
+    "gpu" (the GPU's UUID, or `<view>/cuda:N` where not known before the process starts; "" on the CPU)."""
+    weight_backends: dict[str, str] = field(default_factory=dict)
+    """policy -> how its trainer sends its weights to its servers (gloo, nccl, cuda_ipc), decided once from
+    the places (`mas_async.placement.weight_backend`)."""
     keys_dir: str | None = None
     """The run's CURVE keys folder (RUN_DIR/keys, `mas_async.runtime.curve`), None when cluster.curve is off:
     then every socket is plain."""
@@ -46,6 +51,15 @@ class Deployment:
     def store_host(self, policy: str) -> str:
         """Where `policy`'s weight-sync and trainer-rank stores listen: its trainer rank 0's node."""
         return self.address(trainer_peer(policy, 0))
+
+    def weight_backend(self, config: Config, policy: str) -> str:
+        """How `policy`'s weights travel: as decided at launch; a deployment that names no places (built by
+        hand, in a test or a benchmark) is one machine's (`mas_async.placement.one_machine`)."""
+        if policy in self.weight_backends:
+            return self.weight_backends[policy]
+        from mas_async.placement import one_machine, weight_backend
+
+        return weight_backend(config, policy, one_machine(config, self.training))
 
     def weights_path(self, policy: str) -> str:
         """Where the policy's starting weights are: its checkpoint when resuming, else its model folder."""
@@ -90,32 +104,3 @@ def free_ports(host: str, count: int) -> list[int]:
     finally:
         for s in sockets:
             s.close()
-
-
-def weight_backend(config: Config, policy: str, *, cuda_available: bool | None = None) -> str:
-    """How `policy`'s trainer sends its weights to its servers: `cluster.weight_backend` when it names one
-    (the config has checked that it can work), else, by where the two run (`PolicyConfig.trainer_on`,
-    `servers_on`):
-
-        trainer and servers on the CPU            gloo
-        trainer and servers on one GPU            cuda_ipc  (NCCL refuses two ranks on one device;
-                                                  not under Ray's per-process GPUs: `trainer_beside_servers`)
-        on different GPUs, or CPU and GPU         nccl
-        servers that place themselves (vLLM)      nccl when CUDA exists (`cuda_available`), else gloo
-    """
-    choice = config.cluster.weight_backend
-    if choice != "auto":
-        return choice
-    spec = config.policies[policy]
-    trainer, servers = spec.trainer_on(), spec.servers_on()
-    if servers is None:
-        if cuda_available is None:
-            import torch
-
-            cuda_available = torch.cuda.is_available()
-        return "nccl" if cuda_available else "gloo"
-    if trainer == servers == "cpu":
-        return "gloo"
-    if config.trainer_beside_servers(policy):
-        return "cuda_ipc"
-    return "nccl"

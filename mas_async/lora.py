@@ -3,7 +3,8 @@
 The trainer and an hf inference server wrap the same base model with the same peft config, so their
 adapter parameters have the same names and shapes: the weight sync sends those tensors only
 (`adapter_parameters`), and a server applies them as they are. The vLLM backend serves the plain model
-and merges each version's adapters into a copy of the base weights (`merge_adapters`). A checkpoint of
+and merges each version's adapters into a master copy of the base weights, as the model folder stores
+them (`merge_adapters`). A checkpoint of
 a LoRA policy holds the merged model (a complete model folder, for eval and vLLM) and, in ADAPTER_DIR,
 the adapters (where a resumed run's trainer and servers start from).
 """
@@ -113,10 +114,15 @@ def base_weight_name(adapter_name: str) -> tuple[str, str]:
 
 
 def merge_adapters(
-    base: dict[str, torch.Tensor], adapters: list[tuple[str, torch.Tensor]], scale: float
+    base: dict[str, torch.Tensor], adapters: list[tuple[str, torch.Tensor]], scale: float, dtype: torch.dtype
 ) -> dict[str, torch.Tensor]:
-    """The weights of `base` that have adapters, each W + scale * B @ A (computed in float32, returned in
-    W's dtype). Every adapted weight needs both its A and its B."""
+    """The weights of `base` that have adapters, each W + scale * B @ A computed in float32 and returned in
+    `dtype` (the engine's). `base` is the master copy: the weights as the model folder stores them, never
+    rounded to `dtype` first. A delta below `dtype`'s resolution then still moves the served weights as
+    rounding W + delta would (a bf16 engine loading the merged float32 model holds exactly the result),
+    where rounding W first would keep every such entry at round(W): bf16 has 8 bits of mantissa, so a
+    2e-6 delta on weights of ~0.02 (a step of 1.2e-4 there) would vanish from every entry. Every adapted
+    weight needs both its A and its B."""
     pairs: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in adapters:
         weight, part = base_weight_name(name)
@@ -129,7 +135,7 @@ def merge_adapters(
             raise ValueError(f"{weight!r} has a LoRA {''.join(pair)} without its other half")
         w = base[weight]
         delta = scale * (pair["B"].float() @ pair["A"].float())
-        merged[weight] = (w.float() + delta.to(w.device)).to(w.dtype)
+        merged[weight] = (w.float() + delta.to(w.device)).to(dtype)
     return merged
 
 

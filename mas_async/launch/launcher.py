@@ -37,6 +37,7 @@ from mas_async.launch.engines.registry import open_engine
 from mas_async.launch.progress import Progress
 from mas_async.launch.restarts import RESTART_THE_RUN, RestartBudget
 from mas_async.launch.roles import DEFAULT_ROLES
+from mas_async.placement import describe, place_processes, weight_backends
 from mas_async.router.faults import RUN_RESTART_ENV, replaced_alone
 from mas_async.router.lost_peers import LostPeers
 from mas_async.runtime.actor import DIED_AT_ENV
@@ -130,14 +131,24 @@ def prepare_deployment(
     weights: dict[str, str] | None = None,
     engine: Engine | None = None,
 ) -> Deployment:
-    """Place every process on a node (the engine decides), take the listeners' ports on their nodes, and
-    write deployment.json: the router listens on its node, each policy's stores on its trainer rank 0's."""
+    """Place every process on a node (the engine decides), record where each one is and decide what follows
+    from it (`mas_async.placement`: each process's GPU, each policy's weight backend), take the listeners'
+    ports on their nodes, and write deployment.json: the router listens on its node, each policy's stores on
+    its trainer rank 0's."""
     from mas_async.model_source import resolve_model
 
     keys_dir = prepare_keys(config, run_dir)
     engine = engine or LocalEngine(config)
     specs = process_specs(config, training)
     placement = engine.place(specs)
+    by_name = {spec.name: spec for spec in specs}
+    places = place_processes(
+        config,
+        {name: (node.name, node.address) for name, node in placement.items()},
+        lambda name: engine.gpu_view(by_name[name], placement[name]),
+        engine.gpu_uuids,
+    )
+    backends = weight_backends(config, places, training)  # a ConfigError before any process starts
     policies = list(config.policies)
     listeners = {"router": 1, **{trainer_peer(p): 2 for p in policies}}  # a policy's weight and rank stores
     ports: dict[str, list[int]] = {}
@@ -157,7 +168,8 @@ def prepare_deployment(
         start_version=start_version,
         weights_paths={p: str(policy_checkpoint(run_dir, p, start_version)) for p in paths} if start_version else {},
         training=training,
-        nodes={name: {"node": node.name, "address": node.address} for name, node in placement.items()},
+        nodes=describe(places),
+        weight_backends=backends,
         keys_dir=keys_dir,
     )
     if weights is not None:
@@ -278,6 +290,7 @@ class Restarts:
     whole_run: bool
     """Whether a lost trainer, router or replica restarts the run (training runs; an evaluation just stops)."""
     config: Config
+    deployment: Deployment
 
 
 def supervise(children: list[Child], run_dir: Path, progress: Progress, restarts: Restarts | None = None) -> int:
@@ -322,7 +335,7 @@ def supervise(children: list[Child], run_dir: Path, progress: Progress, restarts
                     lost.append((killed, code))
             child, code = min(lost, key=lambda lc: lc[1] >= 0)
             role, died_at = child.name.split("/")[0], time.time()
-            alone = restarts is not None and replaced_alone(restarts.config, child.name, restarts.whole_run)
+            alone = restarts is not None and replaced_alone(restarts.config, restarts.deployment, child.name)
             if restarts is not None and alone and restarts.budget.take(role):
                 replacement = restarts.launches[child.name].start(restarts.engine, {DIED_AT_ENV: repr(died_at)})
                 children[children.index(child)] = replacement
@@ -368,10 +381,11 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def launch(config: Config, mode: str = "train") -> int:
+def launch(config: Config, mode: str = "train", roles: str = DEFAULT_ROLES) -> int:
     """Run a whole training job (mode "train") or one evaluation pass (mode "eval"); returns the exit
     status. An evaluation runs the router, inference servers and env workers, no trainers. A training run
-    that loses a trainer, its router or a replica starts again from its last complete checkpoint (`RunLost`)."""
+    that loses a trainer, its router or a replica starts again from its last complete checkpoint (`RunLost`).
+    `roles` is the role map the processes build their actors from (a test passes one that records)."""
     weights = None
     if mode == "eval":
         weights, start_version = eval_weights(config)
@@ -389,7 +403,7 @@ def launch(config: Config, mode: str = "train") -> int:
     try:
         while True:
             try:
-                return _run(config, run_dir, start_version, training, weights, engine, budget, env)
+                return _run(config, run_dir, start_version, training, weights, engine, budget, env, roles)
             except RunLost as lost:
                 start_version = latest_complete(run_dir, list(config.policies)) or 0
                 env = {RUN_RESTART_ENV: json.dumps({"role": lost.role, "died_at": lost.died_at})}
@@ -411,13 +425,14 @@ def _run(
     engine: Engine,
     budget: RestartBudget,
     env: dict[str, str],
+    roles: str = DEFAULT_ROLES,
 ) -> int:
-    prepare_deployment(config, run_dir, start_version, training, weights, engine)
+    deployment = prepare_deployment(config, run_dir, start_version, training, weights, engine)
     progress = Progress(config, run_dir)
-    launches = process_launches(config, run_dir, training, env=env)
+    launches = process_launches(config, run_dir, training, roles=roles, env=env)
     children = [launch.start(engine) for launch in launches]
     write_pids(run_dir, children)
-    restarts = Restarts(engine, {launch.spec.name: launch for launch in launches}, budget, training, config)
+    restarts = Restarts(engine, {launch.spec.name: launch for launch in launches}, budget, training, config, deployment)
     # Explicit handlers: a launcher started in the background of a script inherits SIGINT as ignored,
     # and Python then installs no KeyboardInterrupt handler; Ctrl-C and SIGTERM must always stop the run.
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +51,20 @@ class EpisodeBook:
         self.late = 0
         """Groups or EpisodeDone messages of an attempt that is not current (dropped)."""
         self.done = asyncio.Event()
+        self._trainer_ranks: dict[tuple[str, str], int] = {}
+        """(policy, problem id) -> the trainer rank that gets the groups of every episode of that problem."""
+
+    def trainer_rank(self, policy: str, problem_id: str, least_loaded: Callable[[], int]) -> int:
+        """The trainer rank of `policy` that gets this problem's groups: the least-loaded one when its first
+        episode is done, the same one for the others. A problem's groups stay on one rank because its
+        advantages are relative to them all: under parallel sampling its K episodes form the `trajectory`
+        group, and the `agent` grouping pools each agent's samples over them; a rank holding part of them
+        would normalise over that part (returns [1, 0, 1, 1] give advantages [.58, -1.73, .58, .58]; split
+        as [1, 0] and [1, 1] over two ranks they give [1, -1] and [0, 0])."""
+        key = (policy, problem_id)
+        if key not in self._trainer_ranks:
+            self._trainer_ranks[key] = least_loaded()
+        return self._trainer_ranks[key]
 
     def success_rate(self, mode: str) -> float:
         """Successes over every episode of `mode` that was dispatched: a failed or timed-out one counts

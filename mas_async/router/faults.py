@@ -23,6 +23,7 @@ from mas_async.metrics import Keys
 
 if TYPE_CHECKING:
     from mas_async.config import Config
+    from mas_async.deployment import Deployment
 
 ROLES = ("env_worker", "inference", "trainer", "router")
 """Every role has its restart count in every row, so rows keep one shape."""
@@ -34,18 +35,18 @@ RUN_RESTART_ENV = "MAS_ASYNC_RUN_RESTART"
 """Set by the launcher for a run it restarted from a checkpoint: JSON {"role": lost role, "died_at": unix time}."""
 
 
-def replaced_alone(config: Config, peer: str, training: bool) -> bool:
+def replaced_alone(config: Config, deployment: Deployment, peer: str) -> bool:
     """Is a lost process `peer` ("env_worker/0", "inference/p/1", ...) started again by itself while the run
-    goes on? An env worker always; an inference replica unless its policy's weights travel by CUDA IPC
-    (whose shared buffers are not re-formed). A lost trainer or router restarts the whole run."""
+    goes on? An env worker always; an inference replica unless one of the policies it serves receives its
+    weights by CUDA IPC (whose shared buffers are not re-formed; the deployment decided the backends). A
+    lost trainer or router restarts the whole run."""
     role, *rest = peer.split("/")
     if role == "env_worker":
         return True
     if role != "inference":
         return False
-    from mas_async.deployment import weight_backend
-
-    return not training or weight_backend(config, rest[0]) != "cuda_ipc"
+    served = config.served_policies(rest[0], deployment.training)
+    return not deployment.training or all(deployment.weight_backend(config, p) != "cuda_ipc" for p in served)
 
 
 def run_restart_from_env() -> tuple[str, float] | None:

@@ -401,11 +401,10 @@ class Router(Actor):
             log.error("episode %s failed: %s", msg.episode_id, msg.error)
         elif task.worker is not None and (recovered := self.faults.result_from(task.worker)) is not None:
             log.info("recovered from a lost process in %.1fs (first episode done since: %s)", recovered, msg.episode_id)
-        # All of an episode's groups of a policy go to one trainer rank, the one with the fewest tokens so
-        # far: groups stay whole (their advantages are group-relative) and the ranks balanced.
-        ranks: dict[str, int] = {}
         for policy, samples, tokens, frames in task.groups:
-            rank = ranks.setdefault(policy, self.clock.least_loaded_rank(policy, book.version))
+            rank = book.trainer_rank(
+                policy, task.msg.problem_id, lambda p=policy: self.clock.least_loaded_rank(p, book.version)
+            )
             self.clock.forwarded(policy, book.version, samples, rank, tokens)
             self.forward(trainer_peer(policy, rank).encode(), frames)
         self._dispatch()
@@ -467,7 +466,7 @@ class Router(Actor):
         Either way the launcher is told to kill it, in case it is hung and never reads the Shutdown."""
         silent = f"silent for over {self.cfg.cluster.peer_timeout_s}s"
         record_lost_peer(self.run_dir, ident.decode(), info.pid, silent)  # the launcher kills it, if it runs on
-        if not replaced_alone(self.cfg, ident.decode(), self.deployment.training):
+        if not replaced_alone(self.cfg, self.deployment, ident.decode()):
             raise PeerDead(f"{ident.decode()} (pid {info.pid}) has been {silent}")
         self._lose(ident, info, silent)
         self.send_to(ident, Shutdown(f"declared dead by the router: {silent}", True))

@@ -124,8 +124,17 @@ class Trainer(Peer):
         self.publisher = WeightPublisher(spec, int(self.cfg.trainer.bucket_mb * (1 << 20)), lambda m: self.send(m))
         await self.publisher.open(self.version)
         self._group_ready.set()
-        log.info("weight sync of %s is up (%s)", self.policy, spec.backend)
+        log.info("weight sync of %s is up (%s)%s", self.policy, spec.backend, self._group_places())
         await self.stopping.wait()
+
+    def _group_places(self) -> str:
+        """': trainer/P on GPU x of node n, inference/P/0 on ...' as deployment.json places the weight group."""
+        from mas_async.placement import group_members
+
+        trainer, servers = group_members(self.cfg, self.policy)
+        places = [(name, self.deployment.nodes[name]) for name in (trainer, *servers) if name in self.deployment.nodes]
+        where = [f"{n} on {p.get('gpu') or p.get('device') or 'its own GPU'} of node {p['node']}" for n, p in places]
+        return ": " + ", ".join(where) if where else ""
 
     async def _publish(self) -> dict[str, float]:
         """Send the current version to the policy's replicas (once per generation of the weight group)."""

@@ -37,6 +37,7 @@ import msgpack
 import torch
 import torch.distributed as dist
 
+from mas_async.placement import check_group_gpus
 from mas_async.weights.group import ManifestMismatch, dtype_name, parse_dtype
 from mas_async.weights.receiver import check_manifest
 from mas_async.weights.sender import contiguous_region
@@ -88,11 +89,15 @@ def open_ipc_channel(
     *, policy: str, host: str, port: int, rank: int, world_size: int, timeout_s: float = 60
 ) -> dist.Store:
     """The control channel of `policy`'s CUDA IPC weight sharing: rank 0 (the trainer) hosts a TCPStore on
-    (host, port), ranks 1..world_size-1 (its servers) connect to it, retrying until `timeout_s`."""
+    (host, port), ranks 1..world_size-1 (its servers) connect to it, retrying until `timeout_s`, and each
+    server checks that it is on the trainer's GPU (`placement.check_group_gpus`)."""
     if world_size < 2 or not 0 <= rank < world_size:
         raise ValueError(f"need world_size >= 2 and 0 <= rank < world_size, got rank {rank} of {world_size}")
     store = open_store(host, port, world_size, is_master=rank == 0, timeout_s=timeout_s)
-    return dist.PrefixStore(f"weights/{policy}/ipc", store)  # keeps the TCPStore (and rank 0's server) alive
+    channel = dist.PrefixStore(f"weights/{policy}/ipc", store)  # keeps the TCPStore (and rank 0's server) alive
+    # A server on another GPU than the trainer's could not map its buffers: named here, not at the first receive.
+    check_group_gpus(channel, policy, "cuda_ipc", rank, world_size, timeout_s)
+    return channel
 
 
 def _wait(store: dist.Store, keys: list[str], timeout_s: float, what: str) -> None:

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from mas_async.network import local_address_towards
+from mas_async.placement import PlacementError, check_group_gpus
 from mas_async.weights.store import open_store
 
 if TYPE_CHECKING:
@@ -34,7 +35,8 @@ if TYPE_CHECKING:
 WEIGHT_BACKENDS = ("gloo", "nccl")
 POLL_S = 0.2
 """How often a rank waiting in a join or a broadcast checks whether its group was retired."""
-POLL = timedelta(seconds=POLL_S)
+SPIN_MAX_S = 0.01
+"""Longest pause between two looks at whether a broadcast completed (the pauses grow from 0.1 ms)."""
 RETIRED_KEY = "retired"
 
 
@@ -129,20 +131,25 @@ class WeightGroup:
             ) from e
 
     def _wait(self, work: dist.Work, what: str) -> None:
-        """Wait for `work` to complete, checking every POLL_S whether the group was retired (an abandoned
-        work ends with the group's own timeout, or when its peers close their sockets). A timed wait
-        raises when the time is up and leaves the work running (it may complete just after); a completed
-        work's own wait returns, or raises the operation's error."""
-        while True:
-            try:
-                work.wait(POLL)
-                return
-            except RuntimeError:
-                if work.is_completed():
-                    work.wait()
-                    return
-            if self.retired():
-                raise self._abandoned(what)
+        """Wait for `work` to complete, at most `timeout_s`, checking every POLL_S whether the group was
+        retired. Only `is_completed()` is polled: a timed `work.wait(timeout)` on an NCCL group aborts the
+        communicator once the timeout has passed since the work *started* and rethrows (PyTorch's
+        `WorkNCCL::wait`: `checkTimeout` sets the exception, then `abort()`), so a broadcast longer than
+        one poll would kill the group. Once complete, the untimed wait returns (NCCL: it also orders the
+        current stream after the broadcast) or raises the operation's own error."""
+        start = time.monotonic()
+        deadline, next_look, pause = start + self.timeout_s, start + POLL_S, 1e-4
+        while not work.is_completed():
+            now = time.monotonic()
+            if now >= next_look:  # a store round trip for ranks > 0: not at every spin
+                if self.retired():
+                    raise self._abandoned(what)
+                next_look = now + POLL_S
+            if now >= deadline:
+                raise RuntimeError(f"the {self.backend} work was not complete after {self.timeout_s:g} s")
+            time.sleep(pause)
+            pause = min(2 * pause, SPIN_MAX_S)
+        work.wait()  # complete: a success even if the group was retired just now (the peers count it done)
 
     def _abandoned(self, what: str) -> GroupRetired:
         return GroupRetired(
@@ -187,7 +194,7 @@ def open_weight_group(
             timeout_s=timeout_s, generation=generation, tcp_store=store,
         )  # fmt: skip
     except (RuntimeError, dist.DistError) as e:
-        if isinstance(e, (WeightGroupError, GroupRetired)):
+        if isinstance(e, (WeightGroupError, GroupRetired, PlacementError)):
             raise
         raise WeightGroupError(
             f"rank {rank} of policy {policy!r}'s weight group ({backend}, {world_size} ranks, store at {host}:{port}) "
@@ -227,6 +234,8 @@ def _join(
         pg = dist.ProcessGroupGloo(store, rank, world_size, options)
         device = torch.device("cpu")
     else:
+        # Two ranks on one GPU would fail inside NCCL's init, without saying which: named here first.
+        check_group_gpus(store, policy, "nccl", rank, world_size, max(0.0, deadline - time.monotonic()))
         if not dist.is_nccl_available():
             raise ValueError("weight-sync backend 'nccl' needs a torch build with NCCL (use 'gloo' on CPU)")
         options = dist.ProcessGroupNCCL.Options()
@@ -293,7 +302,8 @@ class WeightGroupSpec:
 
     policy: str
     backend: str
-    """gloo (CPU), nccl (GPUs) or cuda_ipc (trainer and servers on one GPU); `deployment.weight_backend`."""
+    """gloo (CPU), nccl (GPUs) or cuda_ipc (trainer and servers on one GPU), as the deployment decided it
+    (`Deployment.weight_backend`, `mas_async.placement`)."""
     host: str
     port: int
     world_size: int
@@ -303,11 +313,9 @@ class WeightGroupSpec:
 
     @classmethod
     def of(cls, config: Config, deployment: Deployment, policy: str) -> WeightGroupSpec:
-        from mas_async.deployment import weight_backend
-
         return cls(
             policy=policy,
-            backend=weight_backend(config, policy),
+            backend=deployment.weight_backend(config, policy),
             host=deployment.store_host(policy),
             port=deployment.weight_ports[policy],
             world_size=1 + config.policies[config.server_policy(policy)].replicas,

@@ -18,9 +18,10 @@ process (one process beside the inference server; `distributed_executor_backend=
   failure half-way through a reload would leave layers on the meta device, so nothing is loaded
   unless every tensor arrived and matched.
 - With LoRA (`mas_use_lora`), a broadcast carries the policy's adapters only: the worker keeps the base
-  weights on the host, merges each version's adapters into them (W + alpha/r * B @ A) and reloads the
-  whole model with the result, the same reload as above (docs/lora.md says why merged, not served
-  as vLLM LoRA adapters).
+  weights on the host as the model folder stores them (a float32 folder stays float32: rounded to a bf16
+  engine's dtype first, a delta below bf16's resolution would vanish), merges each version's adapters
+  into them (W + alpha/r * B @ A, in float32, then the engine's dtype) and reloads the whole model with
+  the result, the same reload as above (docs/lora.md says why merged, not served as vLLM LoRA adapters).
 - A tied `lm_head` shares the embedding's storage but keeps its own post-processed copy on CPU;
   nothing is loaded into it, so its post-processing is re-run explicitly after the reload.
 The caller then resets the prefix cache (`reset_prefix_cache`): cached KV blocks were computed by
@@ -284,8 +285,9 @@ class WeightSyncExtension:
 
     def mas_use_lora(self, setup: dict[str, Any]) -> None:
         """From now on updates carry the policy's LoRA adapters (`LoraSetup` fields): each is merged into
-        a copy of the base weights kept here on the host, and the whole model is reloaded with them. A
-        resumed run's adapters (`setup["adapter"]`) are merged in at once."""
+        the master copy of the base weights kept here on the host (in the folder's own dtype, not the
+        engine's: `merge_adapters`), and the whole model is reloaded with them. A resumed run's adapters
+        (`setup["adapter"]`) are merged in at once."""
         import torch
 
         from mas_async.lora import LoraSetup, adapter_manifest, saved_adapters
@@ -296,7 +298,7 @@ class WeightSyncExtension:
         self._mas_lora_manifest = adapter_manifest(lora, model_config.dtype)
         self._mas_base: dict[str, torch.Tensor] = {}
         for f, names in self._mas_checkpoint_files():
-            self._mas_base.update((name, f.get_tensor(name).to(model_config.dtype)) for name in names)
+            self._mas_base.update((name, f.get_tensor(name)) for name in names)
         if lora.adapter is not None:
             self._mas_reload(saved_adapters(lora.adapter))
 
@@ -318,12 +320,15 @@ class WeightSyncExtension:
 
     def _mas_reload(self, tensors: list[tuple[str, Any]]) -> None:
         """Load the received tensors: the model's own, or adapters merged into the kept base weights."""
+        weights: Iterator[tuple[str, Any]] = iter(tensors)
         if getattr(self, "_mas_lora", None) is not None:
             from mas_async.lora import merge_adapters
 
-            merged = merge_adapters(self._mas_base, tensors, self._mas_lora.scale)
-            tensors = [(name, merged.get(name, weight)) for name, weight in self._mas_base.items()]
-        self.reload_weights(weights_iterator=iter(tensors), is_checkpoint_format=True)  # type: ignore[attr-defined]
+            dtype = self.vllm_config.model_config.dtype  # type: ignore[attr-defined]
+            merged = merge_adapters(self._mas_base, tensors, self._mas_lora.scale, dtype)
+            # One base weight in the engine's dtype at a time (a generator): no second copy of the model.
+            weights = ((name, merged.get(name, weight.to(dtype))) for name, weight in self._mas_base.items())
+        self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)  # type: ignore[attr-defined]
         self._mas_refresh_tied_lm_head()
 
     def _mas_checkpoint_files(self) -> Iterator[tuple[Any, list[str]]]:

@@ -97,6 +97,18 @@ class Engine(ABC):
         """Start `command` (with the extra environment `env`) as process `spec` on `node`, its output
         (stdout and stderr) into `log_path`."""
 
+    def gpu_view(self, spec: ProcessSpec, node: Node) -> str:
+        """Whose GPU numbering `spec`'s process on `node` uses (its cuda:0, cuda:1, ...): two processes of one
+        view that name one device use one GPU, processes of two views use two GPUs (`mas_async.placement`).
+        Default: the node's, for engines whose processes all see their node's GPUs."""
+        return node.name
+
+    def gpu_uuids(self, view: str) -> list[str] | None:
+        """The UUIDs of the GPUs of `view`, in CUDA order, where the engine can tell before any process
+        starts; None (the default) where it cannot: the places then name a GPU by view and index, and the
+        processes check their real GPUs when their weight groups form."""
+        return None
+
     def close(self) -> None:
         """Release whatever the engine holds (placement groups, connections); the children are stopped."""
         return None

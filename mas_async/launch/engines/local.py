@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,7 @@ from mas_async.deployment import free_ports
 from mas_async.launch import fork_template, process
 from mas_async.launch.engines.base import Child, Engine, EngineError, Node, ProcessSpec
 from mas_async.launch.fork_server import ForkServer
+from mas_async.placement import machine_gpu_uuids
 
 FREE_PORTS_TIMEOUT_S = 30.0
 
@@ -98,12 +100,23 @@ class LocalEngine(Engine):
         self.use_fork_server = cluster.fork_server
         self.startup_timeout_s = cluster.startup_timeout_s
         self.fork_servers: dict[str, ForkServer] = {}
+        self._uuids: list[list[str] | None] | None = None
+        """This machine's GPU UUIDs, asked once (`placement.machine_gpu_uuids`), when a process is on a GPU."""
 
     def place(self, specs: list[ProcessSpec]) -> dict[str, Node]:
         by_name = {n.name: n for n in self.nodes}
         return {
             s.name: by_name[self.placement.get(s.name, self.placement.get(s.role, self.nodes[0].name))] for s in specs
         }
+
+    def gpu_view(self, spec: ProcessSpec, node: Node) -> str:
+        """This machine's: its nodes (network namespaces) share its GPUs."""
+        return socket.gethostname()
+
+    def gpu_uuids(self, view: str) -> list[str] | None:
+        if self._uuids is None:
+            self._uuids = [machine_gpu_uuids()]
+        return self._uuids[0]
 
     def free_ports(self, node: Node, count: int) -> list[int]:
         prefix = self.prefixes.get(node.name)

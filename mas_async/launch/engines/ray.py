@@ -213,6 +213,12 @@ class RayEngine(Engine):
             f"{ray.available_resources()}); lower the cluster.ray CPUs/GPUs or add nodes"
         )
 
+    def gpu_view(self, spec: ProcessSpec, node: Node) -> str:
+        """A process whose role reserves GPUs sees only its own (Ray sets its CUDA_VISIBLE_DEVICES): its view
+        is its own; the others see their node's GPUs."""
+        reserved = {"trainer": self.ray_config.trainer_gpus, "inference": self.ray_config.inference_gpus}
+        return spec.name if reserved.get(spec.role, 0.0) > 0 else node.name
+
     def free_ports(self, node: Node, count: int) -> list[int]:
         host = next(self.hosts[name] for name, on in self.nodes.items() if on == node)
         return self._get(host.free_ports.remote(node.address, count), f"find free ports on node {node.name}")

@@ -198,7 +198,9 @@ class _Quiet:
 
 def _restarts() -> Restarts:
     config = load_config(ROOT / "configs" / "plan_path_tiny.yaml")
-    return Restarts(engine=None, launches={}, budget=RestartBudget(3, 600), whole_run=True, config=config)  # type: ignore[arg-type]
+    deployment = Deployment("tcp://127.0.0.1:1", {"vertical": 1, "horizontal": 2}, {"vertical": "", "horizontal": ""})
+    return Restarts(engine=None, launches={}, budget=RestartBudget(3, 600), whole_run=True, config=config,  # type: ignore[arg-type]
+                    deployment=deployment)  # fmt: skip
 
 
 def test_the_process_killed_by_a_signal_is_the_cause_not_those_that_failed_on_its_loss(tmp_path):

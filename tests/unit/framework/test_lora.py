@@ -103,7 +103,7 @@ def test_the_merge_of_the_vllm_backend_equals_peft_s(model_path):
     reference = {n: p.detach() for n, p in merged_model(learner.model).named_parameters()}
     base = {n: p.detach() for n, p in learner.model.get_base_model().named_parameters() if "lora_" not in n}
     base = {n.replace(".base_layer.", "."): p for n, p in base.items()}
-    merged = merge_adapters(base, learner.named_tensors(), learner.lora.scale)
+    merged = merge_adapters(base, learner.named_tensors(), learner.lora.scale, torch.float32)
     assert set(merged) == {n for n in reference if n.endswith(("q_proj.weight", "v_proj.weight", "up_proj.weight"))}
     for name, weight in merged.items():
         assert (weight - reference[name]).abs().max() < 1e-6, name
@@ -114,11 +114,11 @@ def test_a_merge_refuses_a_half_pair_and_an_unknown_weight():
     base = {"model.layers.0.mlp.up_proj.weight": torch.zeros(4, 3)}
     a = ("base_model.model.model.layers.0.mlp.up_proj.lora_A.default.weight", torch.ones(2, 3))
     b = ("base_model.model.model.layers.0.mlp.up_proj.lora_B.default.weight", torch.ones(4, 2))
-    assert merge_adapters(base, [a, b], 0.5)["model.layers.0.mlp.up_proj.weight"].eq(1.0).all()
+    assert merge_adapters(base, [a, b], 0.5, torch.float32)["model.layers.0.mlp.up_proj.weight"].eq(1.0).all()
     with pytest.raises(ValueError, match="without its other half"):
-        merge_adapters(base, [a], 1.0)
+        merge_adapters(base, [a], 1.0, torch.float32)
     with pytest.raises(ValueError, match="does not have"):
-        merge_adapters({}, [a, b], 1.0)
+        merge_adapters({}, [a, b], 1.0, torch.float32)
     with pytest.raises(ValueError, match="not the name of a LoRA"):
         base_weight_name("model.layers.0.mlp.up_proj.weight")
 
@@ -173,3 +173,62 @@ def test_a_resumed_lora_policy_starts_from_the_base_and_the_checkpoints_adapters
     assert starting_point(resumed, "vertical", None) == (str(checkpoint), None)  # the merged model, as it is
     path, setup = starting_point(resumed, "vertical", spec)
     assert (path, setup.base, setup.adapter) == ("/models/base", "/models/base", str(checkpoint / ADAPTER_DIR))
+
+
+def test_a_bf16_vllm_worker_merges_adapters_into_the_float32_base_its_folder_holds(model_path):
+    """A bf16 engine with LoRA: the worker's reload gets, for every adapted weight, bf16(W + delta) with W
+    the float32 weight of the model folder, i.e. what a bf16 engine loading the merged float32 model would
+    hold. A base rounded to bf16 before the merge would drop a 2e-6 delta from every entry (the bf16 step
+    at ~0.02 is 1.2e-4): the served model would never move. vLLM's worker is faked (its config and
+    `reload_weights`); the code under test is the worker extension's own (`mas_use_lora`, `_mas_reload`)."""
+    import json
+    from dataclasses import asdict
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from safetensors.torch import load_file
+
+    from mas_async.inference.backends.vllm_compat import WeightSyncExtension
+
+    class Worker(WeightSyncExtension):
+        def __init__(self) -> None:
+            tied = json.loads((Path(model_path) / "config.json").read_text()).get("tie_word_embeddings", False)
+            config = SimpleNamespace(dtype=torch.bfloat16, model=model_path, hf_text_config=SimpleNamespace(
+                tie_word_embeddings=tied))  # fmt: skip
+            self.vllm_config = SimpleNamespace(model_config=config)
+            self.loaded: dict[str, torch.Tensor] = {}
+
+        def reload_weights(self, weights_iterator, is_checkpoint_format: bool) -> None:
+            assert is_checkpoint_format
+            self.loaded = dict(weights_iterator)
+
+        def _mas_refresh_tied_lm_head(self) -> None:  # the engine's own model: nothing here
+            pass
+
+    folder = {}
+    for path in sorted(Path(model_path).glob("*.safetensors")):
+        folder.update(load_file(str(path)))
+    setup = LoraSetup(r=4, alpha=8.0, dropout=0.0, target_modules=("up_proj",), base=model_path)
+    worker = Worker()
+    worker.mas_use_lora(asdict(setup))
+    delta = 2e-6
+    adapters = []
+    for name, w in folder.items():
+        if name.endswith("up_proj.weight"):
+            prefix = "base_model.model." + name.removesuffix(".weight")
+            a = torch.full((setup.r, w.shape[1]), 1.0)  # scale * B @ A = 2 * 4 * b * 1 = delta everywhere
+            b = torch.full((w.shape[0], setup.r), delta / (setup.scale * setup.r))
+            adapters += [(f"{prefix}.lora_A.default.weight", a), (f"{prefix}.lora_B.default.weight", b)]
+    worker._mas_reload(adapters)
+
+    adapted = [n for n in folder if n.endswith("up_proj.weight")]
+    assert adapted and set(worker.loaded) == set(folder) - ({"lm_head.weight"} if "lm_head.weight" not in
+                                                             worker.loaded else set())  # fmt: skip
+    for name, served in worker.loaded.items():
+        w = folder[name]
+        assert w.dtype == torch.float32 and served.dtype == torch.bfloat16
+        expected = (w + delta).to(torch.bfloat16) if name in adapted else w.to(torch.bfloat16)
+        assert torch.equal(served, expected), name
+    moved = torch.cat([(worker.loaded[n].float() - folder[n].to(torch.bfloat16).float()).flatten() for n in adapted])
+    # Each entry moves by a whole bf16 step or not at all; on average by the delta itself.
+    assert moved.ne(0).any() and abs(float(moved.mean()) - delta) < 0.25 * delta

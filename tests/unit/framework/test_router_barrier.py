@@ -272,3 +272,43 @@ def test_trainer_ranks_get_whole_episodes_and_the_step_waits_for_every_rank(tmp_
 
     row = asyncio.run(scenario())
     assert row["rollout/episodes"] == 3
+
+
+def test_under_parallel_sampling_every_episode_of_a_problem_goes_to_one_trainer_rank(tmp_path):
+    """Parallel sampling runs K episodes per problem, and the problem's advantages are relative to all of
+    them (trajectory and agent groupings): whichever rank is the lighter one when a later episode is done,
+    it goes where the problem's first one went."""
+
+    async def scenario() -> None:
+        config = load_config(
+            ROOT / "configs/plan_path_tiny.yaml",
+            ["env.train_size=16", "env.test_size=4", "rollout.batch_size=3", "cluster.env_workers=2",
+             "rollout.episodes_per_worker=12", "policies.vertical.trainer_ranks=2", "algorithm.sampling=parallel",
+             "algorithm.grouping=trajectory", "algorithm.k=4"],
+        )  # fmt: skip
+        deployment = Deployment(
+            "tcp://127.0.0.1:1", {"vertical": 1, "horizontal": 2}, {"vertical": "", "horizontal": ""}
+        )
+        router = Router(config, deployment, tmp_path)
+        router.io = _Sent()
+        for name in sorted(router.table.expected):
+            role, policy = name.split("/")[0], (name.split("/")[1] if not name.startswith("env_worker") else "")
+            router._on_hello(name.encode(), Hello(role, name, policy, 12, PROTOCOL_VERSION, 1))
+        router.io.sent.clear()
+        iteration = asyncio.create_task(router._iteration(0, evaluate=False, train=True))
+        await asyncio.sleep(0)
+        runs = router.io.of(RunEpisode)
+        assert len(runs) == 12  # 3 problems x 4 episodes
+        rank_of: dict[str, set[bytes]] = {}
+        # Episodes finish interleaved across problems, with sizes that would send every second one of a
+        # problem to the other rank if each episode went to the lighter rank on its own.
+        for (worker, run), n in zip(sorted(runs, key=lambda wr: wr[1].episode_id[-1]), [5, 1, 3] * 4, strict=True):
+            _groups(router, run, "vertical", n)
+            _done(router, worker, run)
+            sent = [w for w, m in router.io.sent if isinstance(m, Groups) and m.episode_id == run.episode_id]
+            rank_of.setdefault(run.problem_id, set()).update(sent)
+        assert all(len(ranks) == 1 for ranks in rank_of.values()), rank_of
+        assert set().union(*rank_of.values()) == {b"trainer/vertical", b"trainer/vertical/1"}  # both get work
+        iteration.cancel()
+
+    asyncio.run(scenario())

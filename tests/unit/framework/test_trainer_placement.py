@@ -1,7 +1,8 @@
 """Where each trainer rank of a policy runs (`policies.<p>.trainer_devices`, `Config.trainer_device`), the
 refusals of placements NCCL cannot join, a process placed on a GPU it does not see, and the weight backend
-where Ray gives every process GPUs of its own. Pure functions of the config (and a real TCPStore for the
-ranks' GPU check), so they run on the CPU; NCCL itself needs GPUs (bench/gpu_check.py's ranks rows)."""
+where Ray gives every process GPUs of its own. Pure functions of the config and of placement facts given by
+hand (and a real TCPStore for the ranks' GPU check), so they run on the CPU; NCCL itself needs GPUs
+(bench/gpu_check.py's ranks rows)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import torch.distributed as dist
 
 from bench.trainer_scaling import spawn_bounded
 from mas_async.config import ConfigError, load_config
-from mas_async.deployment import Deployment, free_ports, weight_backend
+from mas_async.deployment import Deployment, free_ports
 from mas_async.devices import DeviceError, shared_gpus, use_device
+from mas_async.placement import one_machine, place_processes, weight_backend
 from mas_async.training import data_parallel
 from mas_async.training.data_parallel import RankGroupError
 from tests.support.paths import ROOT
@@ -48,7 +50,9 @@ def test_rank_0_is_the_trainer_the_weight_backend_sees() -> None:
                  "policies.vertical.server_device=cuda:1"],
     )  # fmt: skip
     assert config.policies["vertical"].trainer_on() == "cuda:1"
-    assert weight_backend(config, "vertical") == "cuda_ipc"  # rank 0 shares cuda:1 with the servers
+    assert (
+        weight_backend(config, "vertical", one_machine(config)) == "cuda_ipc"
+    )  # rank 0 shares cuda:1 with the servers
 
 
 @pytest.mark.parametrize(
@@ -70,19 +74,35 @@ def test_one_gpu_named_twice_is_left_to_engines_that_give_each_process_its_own()
 
 
 def test_under_ray_gpus_the_same_name_is_not_one_gpu() -> None:
-    """Ray sets each process's CUDA_VISIBLE_DEVICES: trainer and servers both see theirs as cuda:0."""
+    """Ray sets each process's CUDA_VISIBLE_DEVICES: trainer and servers both see theirs as cuda:0. The Ray
+    engine says so (`RayEngine.gpu_view`: a process that reserves GPUs has a view of its own), and the
+    deployment decides from that (`mas_async.placement`)."""
+    from mas_async.launch.engines.base import Node, ProcessSpec
+    from mas_async.launch.engines.ray import RayEngine
+
+    def ray_places(config):
+        engine = object.__new__(RayEngine)  # its placement facts only: no Ray cluster is joined
+        engine.ray_config = config.cluster.ray
+        roles = {name: name.split("/")[0] for name in one_machine(config)}
+        return place_processes(
+            config, {name: ("n", "10.0.0.1") for name in roles},
+            lambda name: engine.gpu_view(ProcessSpec(name, roles[name], ()), Node("n", "10.0.0.1")),
+        )  # fmt: skip
+
     on_gpu = ["policies.vertical.device=cuda"]
-    assert weight_backend(load_config(CONFIG, on_gpu), "vertical") == "cuda_ipc"
-    config = load_config(CONFIG, [*on_gpu, *RAY_OWN_GPUS, "cluster.ray.inference_gpus=1"])
-    assert weight_backend(config, "vertical") == "nccl"
-    with pytest.raises(ConfigError, match=r"cuda_ipc .*Ray gives its trainer and servers GPUs of their own"):
-        load_config(CONFIG, [*on_gpu, *RAY_OWN_GPUS, "cluster.weight_backend=cuda_ipc"])
-    assert (
-        weight_backend(load_config(CONFIG, [*on_gpu, *RAY_OWN_GPUS, "cluster.weight_backend=nccl"]), "vertical")
-        == "nccl"
-    )
+    one = load_config(CONFIG, on_gpu)
+    assert weight_backend(one, "vertical", one_machine(one)) == "cuda_ipc"
+    own = load_config(CONFIG, [*on_gpu, *RAY_OWN_GPUS, "cluster.ray.inference_gpus=1"])
+    assert weight_backend(own, "vertical", ray_places(own)) == "nccl"
+    shared = load_config(CONFIG, [*on_gpu, "cluster.engine=ray"])  # no GPUs reserved: the node's numbering
+    assert weight_backend(shared, "vertical", ray_places(shared)) == "cuda_ipc"
+    explicit = load_config(CONFIG, [*on_gpu, *RAY_OWN_GPUS, "cluster.weight_backend=cuda_ipc"])
+    with pytest.raises(ConfigError, match=r"cuda_ipc .*one device name, other GPUs"):
+        weight_backend(explicit, "vertical", ray_places(explicit))
+    nccl = load_config(CONFIG, [*on_gpu, *RAY_OWN_GPUS, "cluster.weight_backend=nccl"])
+    assert weight_backend(nccl, "vertical", ray_places(nccl)) == "nccl"
     with pytest.raises(ConfigError, match=r"nccl cannot join policy 'vertical'"):
-        load_config(CONFIG, [*on_gpu, "cluster.weight_backend=nccl"])
+        weight_backend(load_config(CONFIG, [*on_gpu, "cluster.weight_backend=nccl"]), "vertical", one_machine(one))
 
 
 def test_a_process_placed_on_a_gpu_it_does_not_see_is_told_so() -> None:

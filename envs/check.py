@@ -21,6 +21,9 @@ What it checks:
   under the same actions.
 - clones: `clone()` is a new object that observes the same thing, shares no per-agent dict with the
   original, and stepping either one leaves the other exactly as it was.
+- reference policies: `reference_policies()` is a dict of callables whose names can name a metric (no
+  "/" or spaces); each one, played for every agent in turn, only plays actions that `step` accepts, and
+  `move_quality` judges each of its moves with a bool or None.
 
 What an env may add for it (both optional; an env without them is still checked, minus what they enable):
 - `action_examples(agent) -> list`: actions `agent` may play in the current state, [] when it cannot act
@@ -99,6 +102,7 @@ def check_env(
         twin.close()
     if checker.examples is None:
         report.skipped.append("stepping (no action_examples)")
+    checker.reference_policies(problems, agents, steps, seed)
     report.checked.append("close")
     return report
 
@@ -228,6 +232,41 @@ class _Checker:
             if getattr(env, name) is getattr(clone, name):
                 raise self.fail("clone independence", f"{when}: the clone shares the {name} dict with the original")
         self.passed("clone independence")
+
+    def reference_policies(self, problems: list[dict[str, Any]], agents: list[str], steps: int, seed: int) -> None:
+        policies = self.env_cls.reference_policies()
+        if not isinstance(policies, dict):
+            raise self.fail("reference policies", f"reference_policies() must return a dict, got {policies!r:.80}")
+        for name, policy in policies.items():
+            if not isinstance(name, str) or not name or "/" in name or any(ch.isspace() for ch in name):
+                raise self.fail("reference policies", f"name {name!r} must be a non-empty string without '/' or spaces")
+            if not callable(policy):
+                raise self.fail("reference policies", f"{name!r} is not callable")
+            for problem in problems:
+                env, rng = self.reset(problem, agents), random.Random(seed)
+                for turn in range(steps):
+                    agent = agents[turn % len(agents)]
+                    if env.done:
+                        break
+                    if self.examples is not None and not self.examples(env, agent):
+                        continue  # the agent cannot act now (a placer before a cell is chosen)
+                    action = policy(env, agent, rng)
+                    after = env.clone()
+                    try:
+                        after.step(agent, copy.deepcopy(action))
+                    except ValueError as e:
+                        raise self.fail(
+                            "reference policies", f"{name!r} played {action!r:.60} for {agent!r}: {e}"
+                        ) from None
+                    quality = env.move_quality(agent, action, after)
+                    if quality is not None and not isinstance(quality, bool):
+                        raise self.fail(
+                            "move_quality", f"judged {name!r}'s move {action!r:.60} {quality!r}, not a bool"
+                        )
+                    env = after  # (clones may share resources: only the last one is closed)
+                env.close()
+        if policies:
+            self.passed("reference policies")
 
     def play(self, env: Env, twin: Env, agents: list[str], steps: int, rng: random.Random) -> None:
         turn = 0

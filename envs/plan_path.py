@@ -71,13 +71,13 @@ def shortest_path_length(rows: int, cols: int, walls: frozenset[Cell], start: Ce
     return bfs_distances(rows, cols, walls, goal).get(start)
 
 
-def team_moves(rows: int, cols: int, walls: frozenset[Cell], start: Cell, goal: Cell) -> int | None:
+def team_moves(rows: int, cols: int, walls: frozenset[Cell], start: Cell, goal: Cell, first: int = 0) -> int | None:
     """Fewest moves from `start` to `goal` when a vertical move (U/D) and a horizontal move (L/R)
-    alternate, vertical first, and nobody may stay (a blocked move leaves the token in place);
-    None when the goal cannot be reached that way. BFS over (cell, whose move)."""
+    alternate, vertical first (`first` 1: horizontal first), and nobody may stay (a blocked move leaves
+    the token in place); None when the goal cannot be reached that way. BFS over (cell, whose move)."""
     axes = (((-1, 0), (1, 0)), ((0, -1), (0, 1)))
-    seen = {(start, 0)}
-    queue = deque([(start, 0, 0)])
+    seen = {(start, first)}
+    queue = deque([(start, first, 0)])
     while queue:
         cell, phase, moves = queue.popleft()
         if cell == goal:
@@ -238,6 +238,19 @@ class PlanPathEnv(Env):
     def distance(self) -> int:
         """BFS shortest-path length from the token to the goal (0 on the goal)."""
         return self.dist[self.position]
+
+    def move_quality(self, agent: str, action: Any, after: PlanPathEnv) -> bool | None:
+        """A good move shortens the BFS distance to the goal (`eval/progress_rate/<agent>`)."""
+        return after.distance() < self.distance()
+
+    @classmethod
+    def reference_policies(cls) -> dict[str, Any]:
+        """random (uniform over the mover's two moves), always_<V>_<H> (each constant team answer),
+        toward_goal (along the mover's axis; when aligned, a move that is not blocked), optimal (the
+        fewest alternating moves left, `team_moves`): see envs/reference_policies.py."""
+        from envs.reference_policies import PLAN_PATH  # (that module reads this one's rules)
+
+        return dict(PLAN_PATH)
 
     def clone(self) -> PlanPathEnv:
         # The problem, walls and distance map are never mutated, so clones share them.

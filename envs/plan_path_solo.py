@@ -38,6 +38,14 @@ class PlanPathSoloEnv(PlanPathEnv):
         self._check(agent)
         return [] if self.done else list(AXIS)
 
+    @classmethod
+    def reference_policies(cls) -> dict[str, Any]:
+        """random, always_<M>, toward_goal and optimal (down the BFS distance): see
+        envs/reference_policies.py."""
+        from envs.reference_policies import PLAN_PATH_SOLO  # (that module reads this one's rules)
+
+        return dict(PLAN_PATH_SOLO)
+
     @staticmethod
     def _check(agent: str) -> None:
         if agent != "solo":

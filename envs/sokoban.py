@@ -309,6 +309,19 @@ class SokobanEnv(Env):
             self.distances = team_distances(self.board, self.start)
         return self.distances.get((self.state, AGENTS.index(agent)))
 
+    def move_quality(self, agent: str, action: Any, after: SokobanEnv) -> bool | None:
+        """A good move leaves fewer team moves to the solution (`eval/progress_rate/<agent>`)."""
+        before, left = self.distance(agent), after.distance(AGENTS[1 - AGENTS.index(agent)])
+        return before is not None and left is not None and left < before
+
+    @classmethod
+    def reference_policies(cls) -> dict[str, Any]:
+        """random, always_<V>_<H> (each constant team answer) and optimal (the team's breadth-first
+        solver): see envs/reference_policies.py."""
+        from envs.reference_policies import SOKOBAN  # (that module reads this one's rules)
+
+        return dict(SOKOBAN)
+
     def action_examples(self, agent: str) -> list[str]:
         """Every action `agent` may play (blocked moves are legal): used by envs.check.check_env."""
         _check_agent(agent)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from functools import lru_cache
+from typing import Any
 
 from envs.sokoban import MOVES, Board, SokobanEnv, State, move
 
@@ -71,6 +72,18 @@ class SokobanSoloEnv(SokobanEnv):
     def action_examples(self, agent: str) -> list[str]:
         self._check(agent)
         return [] if self.done else list(AXIS)
+
+    def move_quality(self, agent: str, action: Any, after: SokobanEnv) -> bool | None:
+        """A good move leaves fewer moves to the solution (`eval/progress_rate/solo`)."""
+        before, left = self.distance(), after.distance()
+        return before is not None and left is not None and left < before
+
+    @classmethod
+    def reference_policies(cls) -> dict[str, Any]:
+        """random, always_<M> and optimal (the breadth-first solver): see envs/reference_policies.py."""
+        from envs.reference_policies import SOKOBAN_SOLO  # (that module reads this one's rules)
+
+        return dict(SOKOBAN_SOLO)
 
     @staticmethod
     def _check(agent: str) -> None:

@@ -230,6 +230,15 @@ class SudokuEnv(Env):
             return []
         return _options(self.grid, r, c)
 
+    @classmethod
+    def reference_policies(cls) -> dict[str, Any]:
+        """random, always_A_<d> (cell A, digit d), fewest_candidates (the simplest solver: the most
+        constrained open cell, one of its candidate digits) and optimal (that cell, its solution digit):
+        see envs/reference_policies.py."""
+        from envs.reference_policies import SUDOKU  # (that module reads this one's rules)
+
+        return dict(SUDOKU)
+
     def action_examples(self, agent: str) -> list[str]:
         """Valid actions of `agent` now (used by envs.check.check_env): the empty cells for the chooser,
         the digits for the placer once a cell is selected."""

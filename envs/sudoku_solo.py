@@ -66,6 +66,14 @@ class SudokuSoloEnv(SudokuEnv):
         view.selected = self.cells[label]
         return view
 
+    @classmethod
+    def reference_policies(cls) -> dict[str, Any]:
+        """random, always_A<d>, fewest_candidates and optimal as one "B3" action: see
+        envs/reference_policies.py."""
+        from envs.reference_policies import SUDOKU_SOLO  # (that module reads this one's rules)
+
+        return dict(SUDOKU_SOLO)
+
     def action_examples(self, agent: str) -> list[str]:
         self._check(agent)
         if self.done:

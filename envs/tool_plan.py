@@ -218,6 +218,10 @@ class ToolPlanEnv(Env):
     def wrong_example(self) -> Any:
         return self.answer()[:1]
 
+    def move_quality(self, agent: str, action: Any, after: Env) -> bool | None:
+        """No judgement here (Plan-Path's team judges the plan's moves: `PlanPathToolPlanEnv`)."""
+        return None
+
 
 class PlanPathToolPlanEnv(ToolPlanEnv, PlanPathEnv):
     """Plan-Path for the tool + plan team: the plan moves the walker in all four directions."""
@@ -254,6 +258,19 @@ class PlanPathToolPlanEnv(ToolPlanEnv, PlanPathEnv):
         self.play("plan", action)
         return {**self.infos["plan"], "solved": self.success()}
 
+    def move_quality(self, agent: str, action: Any, after: Env) -> bool | None:
+        """The plan's macro action is good when it shortens the distance to the goal, as a mover's move;
+        the tool's program moves nothing."""
+        return None if agent == "tool" else PlanPathEnv.move_quality(self, agent, action, after)
+
+    @classmethod
+    def reference_policies(cls) -> dict[str, Any]:
+        """The Plan-Path movers' reference policies, one movers' turn per team turn, and solver (the
+        shortest path): see envs/reference_policies.py."""
+        from envs.reference_policies import PLAN_PATH_TOOL_PLAN  # (that module reads this one's rules)
+
+        return dict(PLAN_PATH_TOOL_PLAN)
+
     def answer(self) -> list[str]:
         # Walk down the BFS distance map (shared with the env) to the goal.
         path, cell = [], self.position
@@ -289,6 +306,10 @@ class PlanPathToolAloneEnv(PlanPathToolPlanEnv):
     def action_examples(self, agent: str) -> list[Any]:
         _check_agent(agent, self.possible_agents)
         return super().action_examples(agent)
+
+    def move_quality(self, agent: str, action: Any, after: Env) -> bool | None:
+        """Alone, the tool's printed actions move the walker: judged as the plan's would be."""
+        return PlanPathEnv.move_quality(self, agent, action, after)
 
 
 class PlanPathPlanAloneEnv(PlanPathToolPlanEnv):
@@ -355,6 +376,14 @@ class SokobanToolPlanEnv(ToolPlanEnv, SokobanEnv):
             self.terminations = {a: True for a in self.possible_agents}
         return {"blocked": blocked, "moves": applied, "solved": solved}
 
+    @classmethod
+    def reference_policies(cls) -> dict[str, Any]:
+        """The Sokoban movers' reference policies, one movers' turn per team turn, and solver: see
+        envs/reference_policies.py."""
+        from envs.reference_policies import SOKOBAN_TOOL_PLAN  # (that module reads this one's rules)
+
+        return dict(SOKOBAN_TOOL_PLAN)
+
     def answer(self) -> list[str]:
         # Breadth-first over (keeper, boxes) with free moves; generated levels are small (one box).
         start = self.state
@@ -394,6 +423,14 @@ class SudokuToolPlanEnv(ToolPlanEnv, SudokuEnv):
 
     def apply(self, action: Any) -> dict[str, Any]:
         return {"solved": self.fill_grid(action)}
+
+    @classmethod
+    def reference_policies(cls) -> dict[str, Any]:
+        """random (a random digit in every empty cell) and solver (the solution grid): see
+        envs/reference_policies.py."""
+        from envs.reference_policies import SUDOKU_TOOL_PLAN  # (that module reads this one's rules)
+
+        return dict(SUDOKU_TOOL_PLAN)
 
     def answer(self) -> list[list[int]]:
         return [row[:] for row in self.solution]

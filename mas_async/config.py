@@ -246,6 +246,11 @@ class EvalConfig(_Section):
     """Greedy decoding during evaluation (else sampled at the rollout temperature)."""
     k: int = Field(1, ge=1)
     """Episodes per test problem: reports avg@k (mean success) and pass@k (any of the k succeeds)."""
+    baselines: bool = True
+    """Play the env's reference policies (`Env.reference_policies`: random, constant answers, its own
+    heuristic) on the same test problems through the same workflow, once per run: beside the first
+    evaluation of a training run (not again when it resumes) and in `mas-async eval`. Logged as
+    eval/baseline/<name>/team_success_rate, .../reward/<agent>, .../progress_rate/<agent>."""
     checkpoint: str | None = None
     """`mas-async eval`: a run directory whose last complete checkpoint supplies every policy's weights."""
     pick: Literal["latest", "best"] = "latest"

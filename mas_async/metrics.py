@@ -59,6 +59,34 @@ class Keys:
     """The longest recovery completed in the iteration: from a process found dead to its replacement's first result."""
 
     PARSE_PREFIX = "parse/"
+    PROGRESS_PREFIX = "progress_rate/"
+    BASELINE_PREFIX = "eval/baseline/"
+
+    @staticmethod
+    def progress_rate(agent: str) -> str:
+        """Share of an agent's committed moves that the env judged good (`Env.move_quality`, e.g.
+        Plan-Path: the move shortened the distance to the goal), averaged over the iteration's episodes;
+        in the row as is (training) and under eval/ (held out). Absent where the env judges no move."""
+        return f"progress_rate/{agent}"
+
+    @staticmethod
+    def baseline(name: str, key: str) -> str:
+        """A reference policy's figure on the held-out problems: eval/baseline/<name>/<key>, with key
+        "team_success_rate", "reward/<agent>", "progress_rate/<agent>", "episodes" or "dropped"."""
+        return f"eval/baseline/{name}/{key}"
+
+    @staticmethod
+    def baselines(row: dict[str, Any], key: str = "team_success_rate") -> dict[str, float]:
+        """name -> the row's eval/baseline/<name>/<key> (empty when the row has no baselines)."""
+        suffix = "/" + key
+        return {
+            k[len(Keys.BASELINE_PREFIX) : -len(suffix)]: float(v)
+            for k, v in row.items()
+            if k.startswith(Keys.BASELINE_PREFIX)
+            and k.endswith(suffix)
+            and isinstance(v, (int, float))
+            and "/" not in k[len(Keys.BASELINE_PREFIX) : -len(suffix)]
+        }
 
     @staticmethod
     def invalid_rate(agent: str) -> str:

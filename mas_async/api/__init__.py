@@ -4,7 +4,7 @@ User packages (`envs/`, `nodes/`, a user's own) import only from here; the rest 
 user code only through the registry's "module:Class" lookups, so the arrows point one way.
 """
 
-from mas_async.api.env import SPLITS, Env, check_split, step_env
+from mas_async.api.env import SPLITS, Env, ReferencePolicy, check_split, step_env
 from mas_async.api.node import Node, ParseError
 from mas_async.api.priority import PrioritySlots, episode_iteration, episode_turn
 from mas_async.api.registry import BACKENDS, ENVS, NODES, WORKFLOWS, RegistryError, resolve
@@ -25,6 +25,7 @@ __all__ = [
     "Node",
     "ParseError",
     "PrioritySlots",
+    "ReferencePolicy",
     "RegistryError",
     "Workflow",
     "check_split",

@@ -14,14 +14,28 @@ Three additions serve training:
 - `problems(split, count, **options)` builds a dataset: a list of plain dicts, one per problem, that
   `reset(options={"problem": problem})` accepts. Procedural envs generate them from seeds; the seeds of
   the "train" and "test" splits never overlap.
+
+Two optional additions put a trained policy's figures in context:
+
+- `reference_policies()` names fixed policies (uniform random, constant answers, the env's own
+  heuristic or solver) that the run plays once through its workflow on the held-out problems, beside
+  the first evaluation (`eval/baseline/<name>/...`): a policy must beat them to have learned anything.
+- `move_quality(agent, action, after)` judges one move (e.g. "it shortened the distance to the
+  goal"); an episode's share of good committed moves is logged as `progress_rate/<agent>`.
 """
 
 from __future__ import annotations
 
 import copy
+import random
+from collections.abc import Callable
 from typing import Any
 
 SPLITS = ("train", "test")
+
+ReferencePolicy = Callable[["Env", str, random.Random], Any]
+"""`(env, agent, rng) -> action`: what a fixed policy plays for `agent` in `env`'s current state (the
+kind of value the agent's node's `parse` returns); `rng` is its only source of randomness."""
 
 
 class Env:
@@ -56,6 +70,17 @@ class Env:
                 check_split(split, count)
                 first = 0 if split == "train" else 10**9
                 return [{"seed": first + i, "word": f"W{first + i}"} for i in range(count)]
+
+            @classmethod
+            def reference_policies(cls):
+                return {
+                    "silent": lambda env, agent, rng: "",
+                    "random": lambda env, agent, rng: rng.choice(["W0", "W1", env.word]),
+                    "oracle": lambda env, agent, rng: env.word,
+                }
+
+            def move_quality(self, agent, action, after):
+                return after.said == self.word
 
         env = Echo()
         env.reset(options={"problem": Echo.problems("train", 1)[0]})
@@ -116,6 +141,24 @@ class Env:
     def problems(cls, split: str, count: int, **options: Any) -> list[dict[str, Any]]:
         """`count` problems of `split` ("train" or "test") as plain dicts; train and test never overlap."""
         raise NotImplementedError
+
+    @classmethod
+    def reference_policies(cls) -> dict[str, ReferencePolicy]:
+        """Fixed policies to measure a trained one against, by name: each is called as
+        `policy(env, agent, rng)` whenever `agent` acts, and returns the action it plays (what the agent's
+        node would parse from a reply). The run plays each one through its own workflow and nodes' rewards
+        on the held-out problems (logged as `eval/baseline/<name>/...`). Name them after what they do:
+        "random" (uniform over the legal actions), "always_<action>" (a constant answer), the env's own
+        heuristic, "optimal" (the best possible, a ceiling). The default has none."""
+        return {}
+
+    def move_quality(self, agent: str, action: Any, after: Env) -> bool | None:
+        """Whether `agent`'s `action` in this state (the one before it), which led to `after`, was a
+        good move (e.g. it shortened the distance to the goal); `action` is None when the agent's reply
+        did not parse (`after` is then this state, unchanged). None: the env does not judge this
+        agent's moves (the default). The share of an episode's committed moves judged good is logged
+        per agent as `progress_rate/<agent>`."""
+        return None
 
 
 def check_split(split: str, count: int) -> None:

@@ -25,7 +25,9 @@ class Candidate:
 
     env: the candidate's own clone after its action (unchanged when the text did not parse); committing
     the candidate makes this very object the episode's env. reward = alpha * team_reward + local_reward.
-    `completion` is the generated completion (token ids, log-probs, weight version).
+    `completion` is the generated completion (token ids, log-probs, weight version); None when a
+    reference policy chose the action (a baseline episode: nothing was generated). `quality` is the
+    env's judgement of the move (`Env.move_quality`), None where the env has none.
     """
 
     agent: str
@@ -42,6 +44,7 @@ class Candidate:
     team_reward: float
     local_reward: float
     reward: float
+    quality: bool | None = None
 
 
 class EpisodeContext(Protocol):
@@ -51,7 +54,8 @@ class EpisodeContext(Protocol):
     """The committed env (the chosen candidate's clone after each commit)."""
     turn: int
     mode: str
-    """"train" (K candidates, samples recorded) or "eval" (one candidate, greedy unless configured)."""
+    """"train" (K candidates, samples recorded), "eval" (one candidate, greedy unless configured) or
+    "baseline/<name>" (the env's reference policy <name> plays instead of the model; nothing recorded)."""
     k: int
     """Candidates per agent per turn in this episode (1 in eval mode)."""
 

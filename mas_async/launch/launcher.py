@@ -314,6 +314,7 @@ def supervise(children: list[Child], run_dir: Path, progress: Progress, restarts
                 time.sleep(0.2)
             stop_children(children)
             progress.finish()
+            progress.summary()
             return 0
         now = time.monotonic()
         lost = []

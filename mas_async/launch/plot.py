@@ -3,7 +3,11 @@
 One PNG per view, plus `overview.png` with all of them:
 
 - reward.png: mean candidate reward per agent (training rollouts; held-out evaluation dashed);
-- success.png: team success rate of training rollouts (best-of-K) and of the held-out evaluation;
+- success.png: team success rate of training rollouts (best-of-K) and of the held-out evaluation, with
+  each of the env's reference policies on the same held-out problems as a dotted horizontal line
+  (eval/baseline/<name>/team_success_rate: a policy under them has learned nothing they do not do);
+- progress.png: per agent, the held-out share of moves that the env judged good (eval/progress_rate/...),
+  with the best and worst reference policy's as dotted lines;
 - throughput.png: rollout tokens per second;
 - time.png: seconds per iteration in each phase (rollout, train step, weight sync);
 - logprob_diff.png: per policy, the mean absolute difference between the rollout's log-probs and the
@@ -49,6 +53,8 @@ class View:
     log_y: bool = False
     train_only: bool = False
     """Leave out rows without training (the final evaluation pass) from this view."""
+    levels: tuple[Line, ...] = ()
+    """Horizontal lines: each `key` read from the first row that has it (a baseline, measured once)."""
 
 
 def views(rows: list[dict[str, Any]]) -> list[View]:
@@ -61,6 +67,18 @@ def views(rows: list[dict[str, Any]]) -> list[View]:
         for i, a in enumerate(agents)
         if f"eval/reward/{a}" in keys
     ]
+    baselines = list(dict.fromkeys(name for row in rows for name in Keys.baselines(row)))  # (the env's order)
+    # Colours after the run's own lines (C0, C1), in the order the env names its policies.
+    success_levels = tuple(
+        Line(Keys.baseline(name, "team_success_rate"), f"{name} (baseline)", color=2 + i)
+        for i, name in enumerate(baselines)
+    )
+    progress_agents = sorted(k.removeprefix("eval/progress_rate/") for k in keys if k.startswith("eval/progress_rate/"))
+    progress = tuple(
+        Line(f"eval/{Keys.progress_rate(a)}", f"{a} (eval)", dashed=True, color=i)
+        for i, a in enumerate(progress_agents)
+    )
+    progress_levels = _extreme_baselines(rows, baselines, progress_agents)
     return [
         View("reward", "Mean reward per agent", "reward", tuple(reward)),
         View(
@@ -71,6 +89,7 @@ def views(rows: list[dict[str, Any]]) -> list[View]:
                 Line(Keys.TRAIN_SUCCESS, "train rollouts (best of K)"),
                 Line(Keys.EVAL_SUCCESS, "held-out eval (one sample)", dashed=True),
             ),
+            levels=success_levels,
         ),
         View(
             "throughput",
@@ -98,7 +117,30 @@ def views(rows: list[dict[str, Any]]) -> list[View]:
             tuple(Line(f"policy/{p}/logprob_abs_diff", p) for p in policies),
             log_y=True,
         ),
+        View("progress", "Held-out moves judged good", "share of moves", progress, levels=progress_levels),
     ]
+
+
+def _extreme_baselines(rows: list[dict[str, Any]], baselines: list[str], agents: list[str]) -> tuple[Line, ...]:
+    """Per agent, the reference policies with the highest and the lowest held-out progress rate."""
+    lines = []
+    for i, agent in enumerate(agents):
+        key = Keys.progress_rate(agent)
+        rates = {name: v for name in baselines if (v := _first(rows, Keys.baseline(name, key))) is not None}
+        if not rates:
+            continue
+        for name in dict.fromkeys((max(rates, key=rates.__getitem__), min(rates, key=rates.__getitem__))):
+            lines.append(Line(Keys.baseline(name, key), f"{agent}: {name} (baseline)", color=i))
+    return tuple(lines)
+
+
+def _first(rows: list[dict[str, Any]], key: str) -> float | None:
+    """The value of `key` in the first row that has it (a baseline is measured once per run)."""
+    for row in rows:
+        value = row.get(key)
+        if isinstance(value, (int, float)):
+            return float(value)
+    return None
 
 
 def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
@@ -125,6 +167,12 @@ def _draw(ax: Axes, view: View, rows: list[dict[str, Any]]) -> None:
             color = None if line.color is None else f"C{line.color % 10}"
             marker = "o" if len(xs) < 30 else None
             ax.plot(xs, ys, style, color=color, marker=marker, markersize=3, label=line.label)
+            drawn = True
+    for line in view.levels:
+        level = _first(rows, line.key)
+        if level is not None:
+            color = None if line.color is None else f"C{line.color % 10}"
+            ax.axhline(level, linestyle=":", linewidth=1.2, color=color, label=f"{line.label} {level:.2f}")
             drawn = True
     ax.set_title(view.title)
     ax.set_xlabel("iteration")
@@ -169,7 +217,7 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
     fig = Figure(figsize=(15, 8.5), layout="constrained")
     fig.suptitle(f"mas-async run {run_dir}")
     for index, view in enumerate(all_views):
-        _draw(fig.add_subplot(2, 3, index + 1), view, rows)
+        _draw(fig.add_subplot(2, (len(all_views) + 1) // 2, index + 1), view, rows)
     path = out / "overview.png"
     fig.savefig(path, dpi=90)
     paths.append(path)

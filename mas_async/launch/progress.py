@@ -1,7 +1,9 @@
 """The launcher's live progress display, fed by RUN_DIR/metrics.jsonl.
 
 On a terminal it is a rich live panel (iteration, elapsed time and ETA, success, per-agent reward,
-tokens/s, the on-policy proof); elsewhere (CI logs, pipes) it prints one plain line per iteration.
+tokens/s, the on-policy proof, the env's reference policies on the held-out problems); elsewhere (CI
+logs, pipes) it prints one plain line per iteration, and the baselines once, when they are in. At the end
+of a run, `summary()` prints the last held-out evaluation against the baselines (launch/comparison.py).
 The ETA is the remaining training iterations times the mean time per iteration over the last
 `ETA_WINDOW` rows (so it follows a run that speeds up or slows down, and averages over evaluations);
 after the first iteration, that iteration's own phase times (its elapsed time includes the start-up).
@@ -18,6 +20,7 @@ from rich.live import Live
 from rich.table import Table
 
 from mas_async.config import Config
+from mas_async.launch.comparison import baselines_line, comparison_lines
 from mas_async.metrics import Keys, read_metrics
 
 ETA_WINDOW = 10
@@ -67,6 +70,10 @@ class Progress:
         self.path = run_dir / "metrics.jsonl"
         self.rows: list[dict[str, Any]] = []
         self.last_eval: float | None = None
+        self.last_progress: dict[str, float] = {}
+        """agent -> held-out share of moves judged good at the last evaluation."""
+        self.baselines: dict[str, float] = {}
+        """reference policy -> its held-out team success (measured once per run)."""
         self.started = time.monotonic()
         self.console = Console()
         self.live: Live | None = None
@@ -83,8 +90,17 @@ class Progress:
             row = rows[index]
             if Keys.EVAL_SUCCESS in row:
                 self.last_eval = row[Keys.EVAL_SUCCESS]
+                self.last_progress = {
+                    agent: row[f"eval/{Keys.progress_rate(agent)}"]
+                    for agent in self.cfg.agents
+                    if f"eval/{Keys.progress_rate(agent)}" in row
+                }
+            if Keys.baselines(row):
+                self.baselines = Keys.baselines(row)
             if self.live is None:
                 print(self._line(row, rows[: index + 1]), flush=True)
+                if Keys.baselines(row):
+                    print(f"  baselines, held-out team success: {baselines_line(row)}", flush=True)
         if self.live is not None:
             self.live.update(self._table())
 
@@ -119,6 +135,10 @@ class Progress:
         table.add_row("elapsed / ETA", f"{duration(elapsed)} / {duration(eta)}")
         table.add_row("train success (best-of-K)", _fmt(row.get(Keys.TRAIN_SUCCESS), ".2f"))
         table.add_row("eval success (held out)", _fmt(self.last_eval, ".2f"))
+        if self.baselines:
+            table.add_row("baselines (held out)", "  ".join(f"{n} {v:.2f}" for n, v in self.baselines.items()))
+        for agent, rate in self.last_progress.items():
+            table.add_row(f"eval progress/{agent}", _fmt(rate, ".2f"))
         for agent in self.cfg.agents:
             table.add_row(f"reward/{agent}", _fmt(row.get(f"reward/{agent}"), "+.3f"))
         table.add_row("rollout tokens/s", _fmt(row.get(Keys.TOKENS_PER_S), ".0f"))
@@ -127,6 +147,12 @@ class Progress:
             mismatch = row.get(Keys.policy(policy, Keys.VERSION_MISMATCH))
             table.add_row(f"{policy}: logprob diff / mismatch", f"{_fmt(diff, '.1e')} / {_fmt(mismatch, 'd')}")
         return table
+
+    def summary(self) -> None:
+        """The last held-out evaluation against the env's reference policies (when the run has both)."""
+        lines = comparison_lines(self.rows, list(self.cfg.agents))
+        if lines:
+            self.console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
 
     def finish(self) -> None:
         self.update()

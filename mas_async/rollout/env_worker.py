@@ -6,7 +6,8 @@ inference server of the agent's policy, with a request id and a deadline. When a
 recorded groups go to the router as one Groups message per policy (routed to that policy's trainer),
 then an EpisodeDone with the episode's summary. An exception in an episode (a bug in a node, an env or
 a workflow) fails that episode only: it is reported in EpisodeDone.error and counted as dropped, and
-the worker lives on.
+the worker lives on. A "baseline/<name>" episode is played by the env's reference policy <name>
+(`BaselineEpisode`): no request, no groups, only its EpisodeDone.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from mas_async.api.priority import episode_iteration
 from mas_async.api.registry import ENVS, NODES, WORKFLOWS, resolve
 from mas_async.config import Config
 from mas_async.deployment import Deployment
+from mas_async.rollout.baseline import BaselineEpisode, baseline_name
 from mas_async.rollout.episode import Episode, candidates_per_turn, greedy_decoding
 from mas_async.runtime.actor import Peer
 from mas_async.wire.messages import (
@@ -152,20 +154,7 @@ class EnvWorker(Peer):
         try:
             env = self.env_cls()
             env.reset(seed=msg.seed, options={"problem": msg.problem})
-            episode = Episode(
-                episode_id=msg.episode_id,
-                problem_id=msg.problem_id,
-                env=env,
-                policy_of=self.policy_of,
-                tokenizers=self.tokenizers,
-                generate=self.generate,
-                k=candidates_per_turn(self.cfg, msg.mode),
-                alpha=self.cfg.algorithm.alpha,
-                mode=msg.mode,
-                seed=msg.seed,
-                greedy=greedy_decoding(self.cfg, msg.mode),
-                template_kwargs={p: spec.chat_template_kwargs for p, spec in self.cfg.policies.items()},
-            )
+            episode = self._episode(msg, env)
             await self.workflow.run(episode)
             summary = episode.finish()
             by_policy = defaultdict(list)
@@ -183,3 +172,34 @@ class EnvWorker(Peer):
             if env is not None:
                 env.close()
         self.send(EpisodeDone(msg.episode_id, msg.iteration, msg.mode, msg.attempt, error, summary, counts))
+
+    def _episode(self, msg: RunEpisode, env) -> Episode:
+        """The episode context of `msg`: the model plays ("train", "eval"), or a reference policy of the
+        env ("baseline/<name>", seeded by the episode so that a rerun plays the same moves)."""
+        name = baseline_name(msg.mode)
+        if name is not None:
+            return BaselineEpisode(
+                name=name,
+                policies=self.env_cls.reference_policies(),
+                rng=random.Random(f"{msg.seed}/{name}"),
+                episode_id=msg.episode_id,
+                problem_id=msg.problem_id,
+                env=env,
+                policy_of=self.policy_of,
+                alpha=self.cfg.algorithm.alpha,
+                seed=msg.seed,
+            )
+        return Episode(
+            episode_id=msg.episode_id,
+            problem_id=msg.problem_id,
+            env=env,
+            policy_of=self.policy_of,
+            tokenizers=self.tokenizers,
+            generate=self.generate,
+            k=candidates_per_turn(self.cfg, msg.mode),
+            alpha=self.cfg.algorithm.alpha,
+            mode=msg.mode,
+            seed=msg.seed,
+            greedy=greedy_decoding(self.cfg, msg.mode),
+            template_kwargs={p: spec.chat_template_kwargs for p, spec in self.cfg.policies.items()},
+        )

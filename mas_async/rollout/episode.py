@@ -17,7 +17,11 @@ tree-sampling step:
 Workflows that need more control (agents acting in parallel within a turn, a verifier routing to one of
 two agents) use the lower-level `sample`, `record`, `commit` and `next_turn` that `act` is built from.
 `finish()` stamps every sample with the episode's return and returns the episode's metrics (success,
-mean reward and parse-failure rate of each agent's candidates, turns, tokens).
+mean reward and parse-failure rate of each agent's candidates, the share of each agent's committed moves
+that the env judges good (`Env.move_quality`), turns, tokens).
+
+`BaselineEpisode` (rollout/baseline.py) is the same episode with a reference policy of the env in the
+model's place.
 """
 
 from __future__ import annotations
@@ -45,6 +49,16 @@ if TYPE_CHECKING:
 # generate(policy, prompt_ids int32[P], n, greedy) -> n completions, from one request.
 Generate = Callable[[str, np.ndarray, int, bool], Awaitable[list[Completion]]]
 MODES = ("train", "eval")
+BASELINE_PREFIX = "baseline/"
+"""Mode of an episode that a reference policy of the env plays: "baseline/<name>" (`Env.reference_policies`)."""
+
+
+def check_mode(mode: str) -> str:
+    """`mode` if it is one an episode can have ("train", "eval", "baseline/<name>"), else a ValueError."""
+    name = mode[len(BASELINE_PREFIX) :] if mode.startswith(BASELINE_PREFIX) else ""
+    if mode in MODES or (name and "/" not in name):
+        return mode
+    raise ValueError(f"episode mode must be one of {', '.join(MODES)} or {BASELINE_PREFIX}<name>, got {mode!r}")
 
 
 def candidates_per_turn(config: Config, mode: str) -> int:
@@ -86,8 +100,7 @@ class Episode:
         greedy: bool | None = None,
         template_kwargs: Mapping[str, dict[str, Any]] | None = None,
     ) -> None:
-        if mode not in MODES:
-            raise ValueError(f"episode mode must be one of {', '.join(MODES)}, got {mode!r}")
+        check_mode(mode)
         if not isinstance(k, int) or k < 1:
             raise ValueError(f"k (candidates per turn) must be a positive integer, got {k!r}")
         missing = sorted({policy for policy in policy_of.values() if policy not in tokenizers})
@@ -228,6 +241,12 @@ class Episode:
             summary[f"reward/{agent}"] = float(np.mean(rewards))
         for agent, invalid in self.invalid.items():
             summary[Keys.invalid_rate(agent)] = float(np.mean(invalid))
+        judged: dict[str, list[bool]] = {}
+        for candidate in self.committed:
+            if candidate.quality is not None:
+                judged.setdefault(candidate.agent, []).append(candidate.quality)
+        for agent, qualities in judged.items():
+            summary[Keys.progress_rate(agent)] = float(np.mean(qualities))
         summary["turns"] = len(self._turns_played)
         summary["tokens"] = self.tokens
         summary["multi_version_tokens"] = self.tokens if len(self.versions) > 1 else 0
@@ -244,10 +263,10 @@ class Episode:
     async def _score(
         self, node: Node, policy: str, index: int, prompt_ids: np.ndarray, completion: Completion, text: str
     ) -> Candidate:
-        clone = self.env.clone()
         try:
             action = node.parse(text)
         except ParseError as error:
+            clone = self.env.clone()
             return Candidate(
                 agent=node.agent,
                 policy=policy,
@@ -263,7 +282,22 @@ class Episode:
                 team_reward=0.0,
                 local_reward=node.invalid_penalty,
                 reward=node.invalid_penalty,
+                quality=self.env.move_quality(node.agent, None, clone),
             )
+        return await self._score_action(node, policy, index, prompt_ids, completion, text, action)
+
+    async def _score_action(
+        self,
+        node: Node,
+        policy: str,
+        index: int,
+        prompt_ids: np.ndarray,
+        completion: Completion | None,
+        text: str,
+        action: Any,
+    ) -> Candidate:
+        """`action` applied to its own clone of the committed env, and rewarded as the node rewards it."""
+        clone = self.env.clone()
         await step_env(clone, node.agent, action)
         team = float(clone.team_reward())
         local = float(node.local_reward(self.env, action, clone))
@@ -282,6 +316,7 @@ class Episode:
             team_reward=team,
             local_reward=local,
             reward=self.alpha * team + local,
+            quality=self.env.move_quality(node.agent, action, clone),
         )
 
 

@@ -13,6 +13,8 @@ Iteration v's samples train the step from version v to v+1 (its "target"). `max_
 - k >= 1, bounded staleness: iteration v's training episodes may start once every replica holds v-k, so
   rollouts of up to k iterations ahead run while trainers step; a step from v accepts samples generated
   by v-k..v. Evaluation episodes of iteration v still run only at version v (they measure those weights).
+Baseline episodes ("baseline/<name>": a reference policy of the env plays, no model) use no weights:
+they may start at any time, during a step too, and no step waits for them (router/episodes.py).
 """
 
 from __future__ import annotations
@@ -89,10 +91,15 @@ class VersionClock:
     def may_dispatch(self, target: int, mode: str = "train") -> bool:
         """May an episode of `mode` of the iteration that trains the step from `target` start now?
         Training episodes: once every replica holds target - k (strict: target, and no step running).
-        Evaluation episodes: only while every replica holds exactly `target`."""
+        Evaluation episodes: only while every replica holds exactly `target`. Baseline episodes
+        ("baseline/<name>"): always, since they generate nothing."""
         if mode == "eval":
             return self.version == target and not self.stepping
-        return self.may_open(target) and (self.max_staleness > 0 or not self.stepping)
+        if mode == "train":
+            return self.may_open(target) and (self.max_staleness > 0 or not self.stepping)
+        if mode.startswith("baseline/"):
+            return True
+        raise ValueError(f"unknown episode mode {mode!r}")
 
     def step_due(self, in_flight: int, queued: int) -> bool:
         """A step is due when every episode of its iteration is in (or dropped) and none runs."""

@@ -5,6 +5,11 @@ held until its EpisodeDone of the same attempt arrives and only then forwarded t
 failed episode, a timed-out one or an abandoned attempt (its worker was declared dead and the episode
 runs again elsewhere) never contributes a sample, and no episode is counted twice. Whatever arrives
 for an attempt that is not the current one is dropped and counted (`late`).
+
+Baseline episodes ("baseline/<name>": a reference policy of the env plays, `rollout/baseline.py`) are
+in the book of the run's first evaluation, but outside its barrier: `done` (what the step waits for)
+is set when the training and evaluation episodes are in, `all_done` when the baseline ones are too
+(the row waits for those, the weight update never does). They generate nothing and send no groups.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from mas_async.metrics import EpisodeStats
 from mas_async.wire.messages import EpisodeDone, RunEpisode
 
 MODES = ("train", "eval")
+"""Modes whose episodes the iteration's barrier waits for; any other is a baseline/<name> episode."""
 
 
 @dataclass
@@ -43,14 +49,19 @@ class EpisodeBook:
         """When the last episode came in (or was dropped)."""
         self.queued = list(tasks)
         self.in_flight: dict[str, EpisodeTask] = {}
-        self.stats = {mode: EpisodeStats() for mode in MODES}
-        self.dropped = dict.fromkeys(MODES, 0)
+        baselines = list(dict.fromkeys(t.msg.mode for t in tasks if t.msg.mode not in MODES))  # (the env's order)
+        self.stats = {mode: EpisodeStats() for mode in (*MODES, *baselines)}
+        """mode -> what its finished episodes added up to ("train", "eval", "baseline/<name>"...)."""
+        self.dropped = dict.fromkeys(self.stats, 0)
         self.eval_solved: dict[str, list[bool]] = {}
         """test problem -> success of each of its eval.k episodes (for pass@k)."""
         self.first_error = ""
         self.late = 0
         """Groups or EpisodeDone messages of an attempt that is not current (dropped)."""
         self.done = asyncio.Event()
+        """Every training and evaluation episode is in (or dropped): the step may begin."""
+        self.all_done = asyncio.Event()
+        """Every episode is in, the baseline ones too: the iteration's row may be written."""
         self._trainer_ranks: dict[tuple[str, str], int] = {}
         """(policy, problem id) -> the trainer rank that gets the groups of every episode of that problem."""
 
@@ -95,13 +106,14 @@ class EpisodeBook:
             self.late += 1
             return None
         del self.in_flight[msg.episode_id]
+        mode = task.msg.mode  # the dispatched one (the worker's echo of it is not trusted)
         if msg.error:
-            self.dropped[msg.mode] += 1
+            self.dropped[mode] += 1
             self.first_error = self.first_error or msg.error
             task.groups.clear()
         else:
-            self.stats[msg.mode].add(msg.summary)
-            if msg.mode == "eval":
+            self.stats[mode].add(msg.summary)
+            if mode == "eval":
                 self.eval_solved.setdefault(task.msg.problem_id, []).append(bool(msg.summary.get("success")))
         return task
 
@@ -120,10 +132,17 @@ class EpisodeBook:
     def overdue(self, now: float) -> list[EpisodeTask]:
         return [task for task in self.in_flight.values() if now > task.deadline]
 
+    def generating(self) -> bool:
+        """Whether an episode that sends generate requests is in flight (a baseline one sends none)."""
+        return any(task.msg.mode in MODES for task in self.in_flight.values())
+
     def check_done(self) -> None:
-        if not self.queued and not self.in_flight and not self.done.is_set():
+        waiting = [t for t in (*self.queued, *self.in_flight.values()) if t.msg.mode in MODES]
+        if not waiting and not self.done.is_set():
             self.done_at = time.monotonic()
             self.done.set()
+        if not self.queued and not self.in_flight:
+            self.all_done.set()
 
 
 def plan_episodes(
@@ -136,10 +155,12 @@ def plan_episodes(
     *,
     train: bool,
     evaluate: bool,
+    baselines: list[str] = (),
 ) -> list[EpisodeTask]:
     """The iteration's episodes: `rollout.batch_size` training problems (each run by
     `episodes_per_problem` episodes: one under tree sampling, K under parallel sampling) and, when
-    evaluating, `eval.size` test problems with eval.k episodes each."""
+    evaluating, `eval.size` test problems with eval.k episodes each; then, for each reference policy in
+    `baselines`, the same test problems with the same episode seeds, played by that policy."""
     from mas_async.rollout.episode import episodes_per_problem
 
     tasks = []
@@ -157,12 +178,14 @@ def plan_episodes(
                 tasks.append(EpisodeTask(msg))
     if evaluate:
         copies = episodes_per_problem(config, "eval")
-        for index in range(min(config.eval.size, len(test_problems))):
-            for copy in range(copies):
-                suffix = f"-{copy}" if copies > 1 else ""
-                msg = RunEpisode(
-                    f"eval{iteration}-{index}{suffix}", iteration, "eval", 0, f"test{index}",
-                    test_problems[index], index * 1000 + copy, version,
-                )  # fmt: skip
-                tasks.append(EpisodeTask(msg))
+        players = [("eval", "eval")] + [(f"baseline/{name}", f"baseline-{name}-") for name in baselines]
+        for mode, prefix in players:
+            for index in range(min(config.eval.size, len(test_problems))):
+                for copy in range(copies):
+                    suffix = f"-{copy}" if copies > 1 else ""
+                    msg = RunEpisode(
+                        f"{prefix}{iteration}-{index}{suffix}", iteration, mode, 0, f"test{index}",
+                        test_problems[index], index * 1000 + copy, version,
+                    )  # fmt: skip
+                    tasks.append(EpisodeTask(msg))
     return tasks

@@ -6,7 +6,8 @@ episode's groups until it is done and then routes them to the trainers of their 
 iteration barrier as the version clock (`VersionClock`) says:
 
 1. dispatch the iteration's episodes at the clock's version v (and, every few iterations, the held-out
-   eval episodes);
+   eval episodes; beside the run's first evaluation, the env's reference policies on the same problems,
+   `rollout/baseline.py`, which no step waits for);
 2. forward each finished episode's groups to the trainers, counted per policy and version by the clock;
 3. when every episode of iteration v is in, send TrainStep(v) to every trainer; trainers step in
    parallel and broadcast weights v+1; each inference server acknowledges WeightsLoaded(v+1); when the
@@ -45,6 +46,7 @@ from mas_async.checkpoint import checkpoint_due, load_best, prune_checkpoints, s
 from mas_async.config import Config
 from mas_async.deployment import Deployment, replica_names, trainer_peer, trainer_rank
 from mas_async.metrics import Keys, MetricsWriter, keep_rows_before
+from mas_async.rollout.baseline import check_baseline_names
 from mas_async.router.clock import ClockError, StepTimeout, VersionClock
 from mas_async.router.episodes import EpisodeBook, EpisodeTask, plan_episodes
 from mas_async.router.faults import FaultLog, replaced_alone, run_restart_from_env
@@ -150,12 +152,16 @@ class Router(Actor):
         self.idle = IdleTimer(time.monotonic())
         """Time with no episode in flight (no request can reach an inference server)."""
         env_cls = resolve(config.env.name, ENVS, "env")
+        self.baseline_names = check_baseline_names(config.env.name, list(env_cls.reference_policies()))
+        """The env's reference policies, played once per run beside the first evaluation."""
         self.train_problems = env_cls.problems("train", config.env.train_size, **config.env.options)
         self.test_problems = env_cls.problems("test", config.env.test_size, **config.env.options)
         self._order = list(range(len(self.train_problems)))
         random.Random(config.run.seed).shuffle(self._order)
         self.start = deployment.start_version
         """The first iteration of this run; iteration v trains the step from version v."""
+        self._baselines_due = config.eval.baselines and (self.start == 0 or not deployment.training)
+        """Whether the next evaluation brings the baselines (a resumed run has them in its rows already)."""
         replaced = []
         if (run_dir / "metrics.jsonl").exists():  # a resumed or restarted run: rows from `start` on are redone
             replaced = keep_rows_before(run_dir / "metrics.jsonl", self.start)
@@ -296,6 +302,10 @@ class Router(Actor):
             self.refuse(worker, Groups, f"its counts are not between 0 and {MAX_COUNT}")
             return
         book = self.books.get(header.iteration)
+        task = book.current(header.episode_id, header.iteration, header.attempt) if book is not None else None
+        if task is not None and task.msg.mode != "train":  # eval and baseline episodes record nothing
+            self.refuse(worker, Groups, "its episode is not a training episode")
+            return
         if book is None or not book.hold_groups(header, frames):
             # An abandoned attempt, a timed-out episode or an old iteration (counted as late): its
             # samples must never reach a trainer (counted twice, or from weights that are gone).
@@ -434,12 +444,15 @@ class Router(Actor):
                 self.send_to(worker, task.msg)
             book.queued = waiting
             book.check_done()
-        self.idle.update(now, busy=any(book.in_flight for book in self.books.values()))
+        self.idle.update(now, busy=any(book.generating() for book in self.books.values()))
 
     def _episodes(self, iteration: int, version: int, train: bool, evaluate: bool) -> list[EpisodeTask]:
+        baselines = []
+        if evaluate and self._baselines_due:
+            baselines, self._baselines_due = self.baseline_names, False
         return plan_episodes(
             self.cfg, self.train_problems, self.test_problems, self._order, iteration, version,
-            train=train, evaluate=evaluate,
+            train=train, evaluate=evaluate, baselines=baselines,
         )  # fmt: skip
 
     async def _watchdog(self) -> None:
@@ -597,6 +610,7 @@ class Router(Actor):
             self.best = {"version": book.version, "score": new_best}
         if self.deployment.training:
             prune_checkpoints(self.run_dir, self.policies, self.cfg.trainer.keep_checkpoints)
+        await book.all_done.wait()  # the baselines, if any (each one bounded by rollout.episode_timeout_s)
         now = time.monotonic()
         row = iteration_row(
             book, eval_k=self.cfg.eval.k, train=train, trained=trained, version=book.version, rollout_s=rollout_s,
@@ -606,7 +620,7 @@ class Router(Actor):
         # The overlap of rollouts and steps: the trainers wait for the rollout (wait_s) in every mode;
         # the servers are idle while no episode runs (the step of a strict run, env-bound stretches).
         row[Keys.TRAINER_IDLE_S] = wait_s
-        row[Keys.INFERENCE_IDLE_S] = self.idle.take(now, busy=any(b.in_flight for b in self.books.values()))
+        row[Keys.INFERENCE_IDLE_S] = self.idle.take(now, busy=any(b.generating() for b in self.books.values()))
         row.update(self.faults.take())
         del self.books[iteration]
         self.metrics.write(row)

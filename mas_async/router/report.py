@@ -2,15 +2,20 @@
 
 Key names are those of `mas_async.metrics.Keys`. Success rates count every episode that was dispatched:
 a failed or timed-out episode is a failure, never left out of the denominator (`*/dropped` says how
-many there were).
+many there were). A figure that nothing measured in the iteration is left out of the row, never
+written as 0.0 (a trainer's metrics are its own: see training/learner.py). The row of the run's first
+evaluation also holds the env's reference policies on the same problems: eval/baseline/<name>/...
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from mas_async.metrics import Keys
-from mas_async.router.episodes import EpisodeBook
+from mas_async.metrics import EpisodeStats, Keys
+from mas_async.router.episodes import MODES, EpisodeBook
+
+PER_AGENT = ("reward/", Keys.PARSE_PREFIX, Keys.PROGRESS_PREFIX)
+"""Prefixes of the per-agent means of episode summaries that a row reports."""
 
 
 def iteration_row(
@@ -33,11 +38,12 @@ def iteration_row(
         means = train_stats.means()
         row[Keys.TRAIN_SUCCESS] = book.success_rate("train")
         for key, value in means.items():
-            if key.startswith(("reward/", Keys.PARSE_PREFIX)):
+            if key.startswith(PER_AGENT):
                 row[key] = value
         row[Keys.TRAIN_EPISODES] = train_stats.episodes
         row[Keys.TRAIN_DROPPED] = book.dropped["train"]
-        row[Keys.TRAIN_TURNS] = means.get("turns", 0.0)
+        if "turns" in means:  # (no episode finished: every one was dropped)
+            row[Keys.TRAIN_TURNS] = means["turns"]
         row[Keys.MULTI_VERSION] = train_stats.multi_version_tokens / max(1, train_stats.tokens)
     if eval_stats.episodes or book.dropped["eval"]:
         means = eval_stats.means()
@@ -49,16 +55,21 @@ def iteration_row(
         problems = max(1, ran // max(1, eval_k))
         row[f"eval/pass@{eval_k}"] = sum(any(s) for s in solved) / problems
         for key, value in means.items():
-            if key.startswith(("reward/", Keys.PARSE_PREFIX)):
+            if key.startswith(PER_AGENT):
                 row[f"eval/{key}"] = value
         row[Keys.EVAL_EPISODES] = eval_stats.episodes
         row[Keys.EVAL_DROPPED] = book.dropped["eval"]
+    for mode, stats in book.stats.items():
+        if mode not in MODES:
+            row.update(baseline_figures(mode.removeprefix("baseline/"), stats, book.dropped[mode]))
     tokens = train_stats.tokens + eval_stats.tokens
     row[Keys.TOKENS_PER_S] = tokens / rollout_s if rollout_s > 0 else 0.0
     row[Keys.ROLLOUT_S] = rollout_s
     if train:
-        row[Keys.TRAIN_S] = max(m.get(Keys.TRAIN_S, 0.0) for m in trained.values())
-        row[Keys.WEIGHT_SYNC_S] = max(m.get(Keys.WEIGHT_SYNC_S, 0.0) for m in trained.values())
+        for key in (Keys.TRAIN_S, Keys.WEIGHT_SYNC_S):
+            times = [m[key] for m in trained.values() if key in m]
+            if times:
+                row[key] = max(times)
         row[Keys.STEP_S] = step_s
         for policy, metrics in trained.items():
             row[Keys.policy(policy, "version")] = version
@@ -71,3 +82,16 @@ def iteration_row(
     row[Keys.REFUSED_HANDSHAKES] = refused_handshakes
     row[Keys.ELAPSED_S] = elapsed_s
     return row
+
+
+def baseline_figures(name: str, stats: EpisodeStats, dropped: int) -> dict[str, Any]:
+    """Reference policy `name`'s figures on the held-out problems, as eval/baseline/<name>/... keys: its
+    team success rate (a dropped episode is a failure), the per-agent means, episodes and dropped."""
+    ran = stats.episodes + dropped
+    figures = {Keys.baseline(name, "team_success_rate"): stats.sums.get("success", 0.0) / max(1, ran)}
+    for key, value in stats.means().items():
+        if key.startswith(PER_AGENT):
+            figures[Keys.baseline(name, key)] = value
+    figures[Keys.baseline(name, "episodes")] = stats.episodes
+    figures[Keys.baseline(name, "dropped")] = dropped
+    return figures

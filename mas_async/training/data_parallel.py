@@ -110,25 +110,26 @@ def _refuse_shared_gpus(store: dist.Store, policy: str, rank: int, world_size: i
 
 def merge_metrics(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     """One metrics dict of a step from every rank's: counts and loss terms (already divided by the global
-    normaliser) add up, maxima take the max, means are weighted by samples or tokens, anything else
-    (lr, grad_norm, versions: equal on every rank) is rank 0's. `optimizer_state_bytes` stays per rank."""
-    rows = [m for m in per_rank if m.get("samples", 0) > 0] or per_rank[:1]
+    normaliser) add up, maxima take the max, means are weighted by samples or tokens over the ranks that
+    measured them, anything else (lr, grad_norm, versions: equal on every rank) is rank 0's.
+    `optimizer_state_bytes` stays per rank. A figure is in the merged dict when some rank measured it
+    (a rank without samples measures no entropy or log-prob difference), never filled in with 0."""
     merged = dict(per_rank[0])
-    samples = sum(m.get("samples", 0) for m in per_rank)
-    tokens = sum(m.get("tokens", 0) for m in per_rank)
     for key in ("samples", "tokens", "active_samples", "micro_batches", "version_mismatch", "stale_dropped",
-                "stale_samples", "stale_checked_samples", "stale_unchecked_samples", "loss", "kl", "entropy",
+                "stale_samples", "stale_checked_samples", "stale_unchecked_samples", "loss", "kl",
                 "episodes", "repeated_episodes"):  # fmt: skip
         if key in merged:
-            merged[key] = sum(m.get(key, 0) for m in per_rank)
+            merged[key] = sum(m[key] for m in per_rank if key in m)
     for key in ("logprob_abs_diff_max", "staleness_max", "is_weight_max"):
-        if key in merged:
-            merged[key] = max(m.get(key, 0.0) for m in rows)
+        values = [m[key] for m in per_rank if key in m]
+        if values:
+            merged[key] = max(values)
     for key, weight in (("reward_mean", "samples"), ("advantage_abs_mean", "samples"), ("staleness_mean", "samples"),
-                        ("logprob_abs_diff", "tokens"), ("clip_fraction", "tokens")):  # fmt: skip
-        total = samples if weight == "samples" else tokens
-        if key in merged and total:
-            merged[key] = sum(m.get(key, 0.0) * m.get(weight, 0) for m in rows) / total
+                        ("logprob_abs_diff", "tokens"), ("clip_fraction", "tokens"), ("entropy", "tokens")):  # fmt: skip
+        measured = [m for m in per_rank if key in m]
+        total = sum(m.get(weight, 0) for m in measured)
+        if measured and total:
+            merged[key] = sum(m[key] * m.get(weight, 0) for m in measured) / total
     merged["ranks"] = len(per_rank)
     merged["rank_samples_max"] = max(m.get("samples", 0) for m in per_rank)
     merged["rank_samples_min"] = min(m.get("samples", 0) for m in per_rank)

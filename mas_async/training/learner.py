@@ -7,6 +7,12 @@ the loss is `off_policy.off_policy_loss`. The learner then keeps a copy of the w
 versions (`kept_weights.py`), so that the rollout log-probs of older samples are checked against its
 recompute under the very weights that generated them. The loss of a micro-batch is `objective.py`'s;
 the optimiser and its schedule are `optimizer.py`'s.
+
+A step's metrics hold only what it measured: `entropy` (the policy's next-token entropy at every
+sampled position, under the weights of the step's first pass over each sample) always, `kl` only with
+a reference model (`kl_coef` > 0), `grad_norm` and `clip_fraction` only when some sample went through
+backward, `logprob_abs_diff` only when some rollout log-prob was checked: a figure that was not
+measured is absent, never 0.0 (a collapsed policy shows as entropy near 0, not as a default).
 """
 
 from __future__ import annotations
@@ -49,6 +55,14 @@ def _pad(rows: list[torch.Tensor], width: int, device: torch.device) -> torch.Te
     for i, row in enumerate(rows):
         out[i, : len(row)] = row.to(device)
     return out
+
+
+class _Detached(list):
+    """A list that keeps tensors detached: the measured entropies of a training pass without an entropy
+    term, whose autograd graph (a [tokens, vocab] tensor per sample) is then freed at once."""
+
+    def append(self, tensor: torch.Tensor) -> None:
+        super().append(tensor.detach())
 
 
 class PolicyLearner:
@@ -200,10 +214,15 @@ class PolicyLearner:
         # recompute covers only the samples that pass skips (`reuses_training_logprobs`).
         reuse = self.reuses_training_logprobs()
         old: list[torch.Tensor | None] = [None] * len(samples)
+        # The entropy of each sample's first pass: the no-grad recompute's, or its training pass's when
+        # that pass gives the old log-probs (every sample is measured once, under the weights `version`).
+        entropy: list[torch.Tensor | None] = [None] * len(samples)
         with torch.no_grad(), self._without_dropout():
             recompute = [i for i in range(len(samples)) if not (reuse and trained[i])]
-            for i, logprobs in zip(recompute, self._logprobs(self.model, [samples[i] for i in recompute]), strict=True):
-                old[i] = logprobs
+            entropies: list[torch.Tensor] = []
+            recomputed_logprobs = self._logprobs(self.model, [samples[i] for i in recompute], entropies)
+            for i, logprobs, ent in zip(recompute, recomputed_logprobs, entropies, strict=True):
+                old[i], entropy[i] = logprobs, ent
             ref = self._logprobs(self.reference, samples) if self.reference is not None else None
         rollout = [torch.from_numpy(np.array(s.logprobs, dtype=np.float32)) for s in samples]
         extra: dict[str, float] = {}
@@ -221,9 +240,7 @@ class PolicyLearner:
         recomputed = old
         if algo.old_logprobs == "rollout":
             old = rollout
-        stats: dict[str, float] = {
-            "loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_tokens": 0.0, "grad_norm": 0.0, "micro_batches": 0,
-        }  # fmt: skip
+        stats: dict[str, float] = {"loss": 0.0, "kl": 0.0, "clip_tokens": 0.0, "micro_batches": 0}
         if stale:
             stats.update({"is_weight_sum": 0.0, "is_weight_max": 0.0, "is_truncated_tokens": 0.0})
         behaviour = rollout if stale else None
@@ -242,7 +259,7 @@ class PolicyLearner:
                 self.optimizer.zero_grad(set_to_none=True)
                 if any_chosen:
                     computed_tokens += self._accumulate(
-                        samples, chosen, advantages, old, ref, normalizer, stats, behaviour
+                        samples, chosen, advantages, old, ref, normalizer, stats, behaviour, entropy
                     )  # fmt: skip
                     max_norm = self.cfg.trainer.grad_clip or float("inf")
                     stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
@@ -257,27 +274,33 @@ class PolicyLearner:
             if s.version == version and o is not None
         ]
         diffs = torch.cat(fresh + checked) if fresh or checked else torch.zeros(0)
-        rewards = np.array([s.reward for s in samples] or [0.0], dtype=np.float64)
-        return {
+        measured = torch.cat([e.float().cpu() for e in entropy if e is not None] or [torch.zeros(0)])
+        metrics: dict[str, Any] = {
             "samples": len(samples),
             "active_samples": active_total / max(1, algo.ppo_epochs),
             "tokens": sum(len(s.completion_ids) for s in samples),
             "loss": stats["loss"] / max(1, steps),
-            "kl": stats["kl"] / max(1, steps),
-            "entropy": stats["entropy"] / max(1, steps),
-            "grad_norm": stats["grad_norm"],
-            "clip_fraction": stats["clip_tokens"] / max(1, computed_tokens),
             "lr": self.scheduler.get_last_lr()[0],
             "optimizer_steps": steps,
             "micro_batches": int(stats["micro_batches"]),
-            "logprob_abs_diff": float(diffs.mean()) if len(diffs) else 0.0,
-            "logprob_abs_diff_max": float(diffs.max()) if len(diffs) else 0.0,
-            "reward_mean": float(rewards.mean()),
-            "advantage_abs_mean": float(np.abs(advantages).mean()) if len(advantages) else 0.0,
             "optimizer_state_bytes": self.optimizer_state_bytes(),
-            **extra,
-            **self._importance_metrics(stats, computed_tokens, stale),
         }
+        # What this rank measured, and only that (with several ranks, a rank may hold no sample).
+        if len(measured):
+            metrics["entropy"] = float(measured.mean())
+        if self.reference is not None:
+            metrics["kl"] = stats["kl"] / max(1, steps)
+        if "grad_norm" in stats:
+            metrics["grad_norm"] = stats["grad_norm"]
+        if computed_tokens:
+            metrics["clip_fraction"] = stats["clip_tokens"] / computed_tokens
+        if len(diffs):
+            metrics["logprob_abs_diff"] = float(diffs.mean())
+            metrics["logprob_abs_diff_max"] = float(diffs.max())
+        if samples:
+            metrics["reward_mean"] = float(np.mean([s.reward for s in samples]))
+            metrics["advantage_abs_mean"] = float(np.abs(advantages).mean())
+        return {**metrics, **extra, **self._importance_metrics(stats, computed_tokens, stale)}
 
     def reuses_training_logprobs(self) -> bool:
         """Whether a step takes its old log-probs from its training pass instead of a no-grad recompute:
@@ -336,27 +359,28 @@ class PolicyLearner:
             "is_truncated_fraction": stats["is_truncated_tokens"] / max(1, tokens),
         }
 
-    def _accumulate(self, samples, chosen, advantages, old, ref, normalizer, stats, behaviour=None) -> int:
+    def _accumulate(self, samples, chosen, advantages, old, ref, normalizer, stats, behaviour, entropy) -> int:
         """Forward/backward of the `chosen` samples of one mini-batch in micro-batches; returns tokens.
-        With `behaviour` (stale mode) the loss is `off_policy_loss` with `old` as the proximal log-probs."""
-        algo, tokens = self.algo, 0
+        With `behaviour` (stale mode) the loss is `off_policy_loss` with `old` as the proximal log-probs.
+        `entropy[i]` is filled in for each sample whose old log-probs its pass gives."""
+        tokens = 0
         runs = self._micro_batches([samples[i] for i in chosen])
         if not runs and self.dp is not None:
             self._zero_backward()
         for n_run, run in enumerate(runs):
             idx = [chosen[j] for j in run]
             stats["micro_batches"] += 1
-            entropies: list[torch.Tensor] | None = [] if algo.entropy_coef > 0 else None
             with self._sync_gradients(last=n_run == len(runs) - 1):
-                tokens += self._micro_step(samples, idx, advantages, old, ref, normalizer, stats, behaviour, entropies)
+                tokens += self._micro_step(samples, idx, advantages, old, ref, normalizer, stats, behaviour, entropy)
         return tokens
 
-    def _micro_step(self, samples, idx, advantages, old, ref, normalizer, stats, behaviour, entropies) -> int:
+    def _micro_step(self, samples, idx, advantages, old, ref, normalizer, stats, behaviour, entropy) -> int:
         """Forward and backward of one micro-batch (`idx`); returns its tokens."""
+        entropies: list[torch.Tensor] = [] if self.algo.entropy_coef > 0 else _Detached()
         new = self._logprobs(self.ddp, [samples[i] for i in idx], entropies)
-        for i, logprobs in zip(idx, new, strict=True):
+        for i, logprobs, ent in zip(idx, new, entropies, strict=True):
             if old[i] is None:  # one optimiser step: the old log-probs are these, before it
-                old[i] = logprobs.detach()
+                old[i], entropy[i] = logprobs.detach(), ent.detach()
         width, device = max(len(t) for t in new), self.device
         mask = _pad([torch.ones(len(t)) for t in new], width, device)
         loss, parts = micro_batch_loss(
@@ -368,13 +392,14 @@ class PolicyLearner:
             normalizer,
             behaviour=None if behaviour is None else _pad([behaviour[i] for i in idx], width, device),
             ref=None if ref is None else _pad([ref[i] for i in idx], width, device),
-            entropy=None if entropies is None else _pad(entropies, width, device),
+            entropy=_pad(entropies, width, device) if self.algo.entropy_coef > 0 else None,
         )
         # DDP averages the ranks' gradients; each rank's loss is already over the global normaliser.
         (loss * self.world_size).backward()
         n = float(mask.sum())
-        for key in ("loss", "kl", "entropy"):
-            stats[key] += parts.get(key, 0.0)
+        stats["loss"] += parts["loss"]
+        if "kl" in parts:
+            stats["kl"] += parts["kl"]
         stats["clip_tokens"] += parts["clip_fraction"] * n
         if behaviour is not None:
             stats["is_weight_sum"] += parts["is_weight_mean"] * n

@@ -252,10 +252,15 @@ class Trainer(Peer):
             )
             self.send(Trained(self.policy, self.version, "", metrics if self.rank == 0 else {}))
             log.info(
-                "iteration %d: v%d, %d samples, loss %.4f, logprob diff %.2e, sync %.3fs",
-                msg.iteration, self.version, metrics["samples"], metrics.get("loss", 0.0),
-                metrics.get("logprob_abs_diff", 0.0), sync["seconds"],
+                "iteration %d: v%d, %d samples, loss %s, logprob diff %s, entropy %s, sync %.3fs",
+                msg.iteration, self.version, metrics["samples"], _figure(metrics, "loss", ".4f"),
+                _figure(metrics, "logprob_abs_diff", ".2e"), _figure(metrics, "entropy", ".3f"), sync["seconds"],
             )  # fmt: skip
         except Exception as e:
             self.send(Trained(self.policy, self.version, f"{type(e).__name__}: {e}", {}))
             raise
+
+
+def _figure(metrics: dict, key: str, spec: str) -> str:
+    """`metrics[key]` formatted, or "-" when the step did not measure it."""
+    return format(metrics[key], spec) if key in metrics else "-"

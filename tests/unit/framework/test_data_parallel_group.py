@@ -44,3 +44,19 @@ def test_metrics_of_the_ranks_merge():
     assert merged["lr"] == 0.1 and merged["grad_norm"] == 2.0
     assert merged["optimizer_state_bytes"] == 100 and merged["optimizer_state_bytes_max"] == 120
     assert merged["ranks"] == 2 and (merged["rank_samples_min"], merged["rank_samples_max"]) == (1, 3)
+
+
+def test_a_figure_only_some_ranks_measured_is_theirs_and_none_is_made_up():
+    """A rank without samples measures no entropy nor log-prob difference: the merged figure is the
+    others' (token-weighted), and a figure no rank measured stays absent."""
+    empty = {"samples": 0, "tokens": 0, "loss": 0.0, "lr": 0.1}
+    rank1 = {"samples": 2, "tokens": 10, "loss": 0.5, "lr": 0.1, "entropy": 1.5, "logprob_abs_diff": 2e-6,
+             "logprob_abs_diff_max": 4e-6, "grad_norm": 1.0}  # fmt: skip
+    rank2 = {"samples": 1, "tokens": 30, "loss": 0.25, "lr": 0.1, "entropy": 0.5, "logprob_abs_diff": 1e-6,
+             "logprob_abs_diff_max": 3e-6, "grad_norm": 1.0}  # fmt: skip
+    merged = merge_metrics([empty, rank1, rank2])
+    assert merged["entropy"] == pytest.approx((1.5 * 10 + 0.5 * 30) / 40)
+    assert merged["logprob_abs_diff"] == pytest.approx((2e-6 * 10 + 1e-6 * 30) / 40)
+    assert merged["logprob_abs_diff_max"] == 4e-6 and merged["loss"] == pytest.approx(0.75)
+    assert "kl" not in merged and "clip_fraction" not in merged
+    assert "entropy" not in merge_metrics([empty, dict(empty)])

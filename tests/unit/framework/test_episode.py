@@ -263,6 +263,8 @@ def test_workflow_episode_return_and_summary() -> None:
         "reward/horizontal": 0.25,
         "parse/invalid_rate/vertical": 0.0,
         "parse/invalid_rate/horizontal": 0.25,
+        "progress_rate/vertical": 1.0,  # every committed move shortened the distance (see below)
+        "progress_rate/horizontal": 1.0,
         "turns": 2,
         "tokens": 16,
         "multi_version_tokens": 0,  # every completion came from version 3
@@ -316,6 +318,7 @@ def test_eval_mode_is_greedy_single_and_records_no_samples() -> None:
         "success": False,
         "reward/vertical": 1.0,
         "parse/invalid_rate/vertical": 0.0,
+        "progress_rate/vertical": 1.0,
         "turns": 1,
         "tokens": 2,
         "multi_version_tokens": 0,

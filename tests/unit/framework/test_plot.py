@@ -11,7 +11,7 @@ from mas_async.launch.cli import main
 from mas_async.launch.plot import PlotError, plot_run
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-VIEWS = ["reward", "success", "throughput", "time", "logprob_diff", "overview"]
+VIEWS = ["reward", "success", "throughput", "time", "logprob_diff", "progress", "overview"]
 
 
 def _write_run(run_dir: Path, iterations: int = 6) -> None:
@@ -51,7 +51,7 @@ def test_cli_plot_into_another_folder(tmp_path: Path, capsys: pytest.CaptureFixt
     _write_run(tmp_path / "run")
     assert main(["plot", str(tmp_path / "run"), "--out", str(tmp_path / "pngs")]) == 0
     assert sorted(p.name for p in (tmp_path / "pngs").iterdir()) == sorted(f"{v}.png" for v in VIEWS)
-    assert "wrote 6 plots" in capsys.readouterr().out
+    assert "wrote 7 plots" in capsys.readouterr().out
 
 
 def test_missing_metrics_is_one_sentence(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

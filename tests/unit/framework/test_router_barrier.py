@@ -49,7 +49,7 @@ def _router(tmp_path, *overrides: str) -> Router:
     config = load_config(
         ROOT / "configs/plan_path_tiny.yaml",
         ["env.train_size=16", "env.test_size=4", "rollout.batch_size=2", "eval.size=2", "cluster.env_workers=2",
-         "rollout.episodes_per_worker=1", *overrides],
+         "rollout.episodes_per_worker=1", "eval.baselines=false", *overrides],
     )  # fmt: skip
     deployment = Deployment("tcp://127.0.0.1:1", {"vertical": 1, "horizontal": 2}, {"vertical": "", "horizontal": ""})
     router = Router(config, deployment, tmp_path)

@@ -35,7 +35,7 @@ def test_parallel_sampling_runs_k_episodes_per_problem(tmp_path):
 
 
 def test_eval_k_episodes_per_test_problem(tmp_path):
-    router = _router(tmp_path, "eval.size=6", "eval.k=3", "eval.greedy=false")
+    router = _router(tmp_path, "eval.size=6", "eval.k=3", "eval.greedy=false", "eval.baselines=false")
     tasks = router._episodes(0, 0, train=False, evaluate=True)
     assert len(tasks) == 18 and set(Counter(t.msg.problem_id for t in tasks).values()) == {3}
     test_split = _problems(router, "test")

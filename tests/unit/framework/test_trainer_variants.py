@@ -218,3 +218,31 @@ def test_bf16_autocast_runs_the_forward_in_bfloat16_and_keeps_fp32_weights(model
     assert exact["logprob_abs_diff"] < 1e-5 < rounded["logprob_abs_diff"] < 0.1
     step_plain, step_bf16 = _flat(plain) - before, _flat(bf16) - before
     assert torch.nn.functional.cosine_similarity(step_plain, step_bf16, dim=0) > 0.9
+
+
+def _entropy(learner, samples) -> float:
+    """The mean next-token entropy over every completion token of `samples` under the learner's weights now."""
+    entropies: list[torch.Tensor] = []
+    with torch.no_grad():
+        for s in samples:
+            completion_logprobs(learner.model, [s.prompt_ids], [s.completion_ids], learner.temperature, entropies)
+    return float(torch.cat(entropies).mean())
+
+
+@pytest.mark.parametrize("overrides", [[], ["algorithm.ppo_epochs=2"]], ids=["one_step", "epochs"])
+def test_a_step_logs_what_it_measured_and_nothing_else(model_path, overrides):
+    """Entropy always (of every sample, under the weights before the step, whichever pass measured it);
+    grad_norm and clip_fraction only when something went through backward; kl only with a reference."""
+    learner = _learner(model_path, "policies.vertical.lr=0.01", *overrides)
+    batch = _with_zero_advantages(learner)
+    expected = _entropy(learner, batch)
+    metrics = learner.step(batch)
+    assert metrics["entropy"] == pytest.approx(expected, rel=1e-5) and metrics["entropy"] > 0.1
+    assert metrics["grad_norm"] >= 0.0 and 0.0 <= metrics["clip_fraction"] <= 1.0  # (a clipped epoch: 0.0)
+    assert metrics["logprob_abs_diff"] >= 0.0 and "kl" not in metrics
+    still = _learner(model_path, *overrides)
+    tied = _batch(still, rewards=(0.0, 0.0, 0.0, 0.0))  # no advantage anywhere: nothing goes through backward
+    quiet = still.step(tied)
+    assert quiet["entropy"] == pytest.approx(_entropy(still, tied), rel=1e-5)
+    assert "grad_norm" not in quiet and "clip_fraction" not in quiet and "kl" not in quiet
+    assert "logprob_abs_diff" in quiet  # every sample's rollout log-prob is still checked

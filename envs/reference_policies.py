@@ -59,8 +59,9 @@ def _ties(moves: list[str], score: Callable[[str], float], rng: random.Random) -
 
 
 def _mover_moves(agent: str) -> list[str]:
+    """The moves of a Plan-Path or Sokoban mover (the same letters in both games; never "S")."""
     if agent not in ("vertical", "horizontal"):
-        raise ValueError(f"plan_path: a movers' reference policy plays vertical or horizontal, not {agent!r}")
+        raise ValueError(f"a movers' reference policy plays vertical or horizontal, not {agent!r}")
     return [m for m in PLAN_PATH_MOVES[agent] if m != "S"]
 
 
@@ -77,11 +78,11 @@ def _team_left(rows: int, cols: int, walls: frozenset[Cell], cell: Cell, goal: C
     return math.inf if left is None else left
 
 
-def plan_path_random(env: Any, agent: str, rng: random.Random) -> str:
+def movers_random(env: Any, agent: str, rng: random.Random) -> str:
     return rng.choice(_mover_moves(agent))
 
 
-def plan_path_constant(vertical: str, horizontal: str) -> ReferencePolicy:
+def movers_constant(vertical: str, horizontal: str) -> ReferencePolicy:
     def always(env: Any, agent: str, rng: random.Random) -> str:
         _mover_moves(agent)
         return vertical if agent == "vertical" else horizontal
@@ -110,16 +111,21 @@ def plan_path_optimal(env: Any, agent: str, rng: random.Random) -> str:
 
 
 PLAN_PATH: dict[str, ReferencePolicy] = {
-    "random": plan_path_random,
-    **{f"always_{v}_{h}": plan_path_constant(v, h) for v in "UD" for h in "LR"},
+    "random": movers_random,
+    **{f"always_{v}_{h}": movers_constant(v, h) for v in "UD" for h in "LR"},
     "toward_goal": plan_path_toward_goal,
     "optimal": plan_path_optimal,
 }
 
 
-def _solo(agent: str) -> list[str]:
+def _check_solo(agent: str) -> None:
     if agent != "solo":
         raise ValueError(f"a solo reference policy plays the agent 'solo', not {agent!r}")
+
+
+def _solo(agent: str) -> list[str]:
+    """The moves of a Plan-Path or Sokoban solo agent."""
+    _check_solo(agent)
     return list(FOUR_MOVES)
 
 
@@ -134,10 +140,12 @@ def plan_path_solo_optimal(env: Any, agent: str, rng: random.Random) -> str:
     return _ties(_solo(agent), lambda m: env.dist.get(_landing(env, FOUR_MOVES[m]), math.inf), rng)
 
 
-def _always(letter: str) -> ReferencePolicy:
+def _always(action: str) -> ReferencePolicy:
+    """A solo agent's constant answer."""
+
     def always(env: Any, agent: str, rng: random.Random) -> str:
-        _solo(agent)
-        return letter
+        _check_solo(agent)
+        return action
 
     return always
 
@@ -157,24 +165,6 @@ PLAN_PATH_SOLO: dict[str, ReferencePolicy] = {
 # -- Sokoban -------------------------------------------------------------------------------------
 
 
-def _pusher_moves(agent: str) -> list[str]:
-    if agent not in SOKOBAN_MOVES:
-        raise ValueError(f"sokoban: a movers' reference policy plays vertical or horizontal, not {agent!r}")
-    return list(SOKOBAN_MOVES[agent])
-
-
-def sokoban_random(env: Any, agent: str, rng: random.Random) -> str:
-    return rng.choice(_pusher_moves(agent))
-
-
-def sokoban_constant(vertical: str, horizontal: str) -> ReferencePolicy:
-    def always(env: Any, agent: str, rng: random.Random) -> str:
-        _pusher_moves(agent)
-        return vertical if agent == "vertical" else horizontal
-
-    return always
-
-
 def sokoban_optimal(env: Any, agent: str, rng: random.Random) -> str:
     left = team_distances(env.board, env.start)
     partner = 1 - SOKOBAN_AGENTS.index(agent)
@@ -183,12 +173,12 @@ def sokoban_optimal(env: Any, agent: str, rng: random.Random) -> str:
         state, _ = move(env.board, env.state, SOKOBAN_MOVES[agent][m])
         return left.get((state, partner), math.inf)
 
-    return _ties(_pusher_moves(agent), after, rng)
+    return _ties(_mover_moves(agent), after, rng)
 
 
 SOKOBAN: dict[str, ReferencePolicy] = {
-    "random": sokoban_random,
-    **{f"always_{v}_{h}": sokoban_constant(v, h) for v in "UD" for h in "LR"},
+    "random": movers_random,
+    **{f"always_{v}_{h}": movers_constant(v, h) for v in "UD" for h in "LR"},
     "optimal": sokoban_optimal,
 }
 
@@ -263,32 +253,19 @@ SUDOKU: dict[str, ReferencePolicy] = {
 }
 
 
-def _sudoku_solo(agent: str) -> None:
-    if agent != "solo":
-        raise ValueError(f"a solo reference policy plays the agent 'solo', not {agent!r}")
-
-
 def sudoku_solo_random(env: Any, agent: str, rng: random.Random) -> str:
-    _sudoku_solo(agent)
+    _check_solo(agent)
     return rng.choice(_open_cells(env)) + str(rng.randint(1, env.size))
 
 
-def sudoku_solo_constant(action: str) -> ReferencePolicy:
-    def always(env: Any, agent: str, rng: random.Random) -> str:
-        _sudoku_solo(agent)
-        return action
-
-    return always
-
-
 def sudoku_solo_fewest_candidates(env: Any, agent: str, rng: random.Random) -> str:
-    _sudoku_solo(agent)
+    _check_solo(agent)
     label = _fewest(env)
     return label + _candidate(env, env.cells[label], rng)
 
 
 def sudoku_solo_optimal(env: Any, agent: str, rng: random.Random) -> str:
-    _sudoku_solo(agent)
+    _check_solo(agent)
     label = _fewest(env)
     r, c = env.cells[label]
     return label + str(env.solution[r][c])
@@ -296,7 +273,7 @@ def sudoku_solo_optimal(env: Any, agent: str, rng: random.Random) -> str:
 
 SUDOKU_SOLO: dict[str, ReferencePolicy] = {
     "random": sudoku_solo_random,
-    **{f"always_A{d}": sudoku_solo_constant(f"A{d}") for d in range(1, 5)},
+    **{f"always_A{d}": _always(f"A{d}") for d in range(1, 5)},
     "fewest_candidates": sudoku_solo_fewest_candidates,
     "optimal": sudoku_solo_optimal,
 }

@@ -12,6 +12,7 @@ import psutil
 import pytest
 import yaml
 
+from envs.plan_path import PlanPathEnv
 from tests.integration.launch import FAST, alive, child_pids, cleanup, run_train, start_train, wait_for_rows
 
 
@@ -38,9 +39,21 @@ def test_three_iterations_role_specialised(tmp_path):
             assert row[f"policy/{policy}/version_mismatch"] == 0
             assert row[f"policy/{policy}/logprob_abs_diff"] < 1e-4  # servers ran exactly the trainer's weights
             assert row[f"policy/{policy}/samples"] > 0
-        assert row["rollout/episodes"] == 4 and row["rollout/dropped"] == 0
+            assert row[f"policy/{policy}/entropy"] > 0  # measured with entropy_coef 0 (the default)
+            assert f"policy/{policy}/kl" not in row  # kl_coef 0: there is no reference to measure it against
+        assert row["rollout/episodes"] == 4 and row["rollout/dropped"] == 0 and row["rollout/turns"] >= 1
         assert 0.0 <= row["team/success_rate"] <= 1.0
+        assert 0.0 <= row["eval/progress_rate/vertical"] <= 1.0
     assert "eval/team_success_rate" in rows[3] and "team/success_rate" not in rows[3]
+    # The env's reference policies on the same held-out problems, once per run: in the first evaluation.
+    names = list(PlanPathEnv.reference_policies())
+    for name in names:
+        assert 0.0 <= rows[0][f"eval/baseline/{name}/team_success_rate"] <= 1.0
+        assert rows[0][f"eval/baseline/{name}/episodes"] == rows[0]["eval/episodes"] == 4
+        assert f"eval/baseline/{name}/progress_rate/horizontal" in rows[0]
+    assert rows[0]["eval/baseline/optimal/team_success_rate"] == 1.0  # 8 turns: every goal is in reach
+    assert not [key for row in rows[1:] for key in row if key.startswith("eval/baseline/")]
+    assert "baseline toward_goal" in out and "policy (iteration 3)" in out  # the end-of-run table
     resolved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert resolved["rollout"]["batch_size"] == 4 and resolved["run"]["iterations"] == 3
     logs = {p.name for p in (run_dir / "logs").iterdir()}

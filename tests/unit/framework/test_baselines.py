@@ -78,6 +78,18 @@ def test_a_wasted_move_lowers_the_progress_rate() -> None:
     assert summary["reward/vertical"] == -1.0  # each blocked move gets the node's penalty
 
 
+def test_a_reply_that_did_not_parse_is_a_move_without_progress() -> None:
+    events: list[tuple] = []
+    episode = Episode(
+        episode_id="e", problem_id="test0", env=_fresh(OPEN), policy_of={"vertical": "v", "horizontal": "h"},
+        tokenizers={"v": FakeTokenizer(), "h": FakeTokenizer()}, generate=FakeGenerate([["D"], ["?"]], events),
+        k=1, alpha=1.0, mode="eval",
+    )  # fmt: skip
+    summary = _play(episode, max_turns=1)
+    assert summary["progress_rate/vertical"] == 1.0 and summary["progress_rate/horizontal"] == 0.0
+    assert summary["parse/invalid_rate/horizontal"] == 1.0
+
+
 def test_an_unknown_reference_policy_is_named() -> None:
     with pytest.raises(UnknownBaseline, match="PlanPathEnv has no reference policy 'nope': it has always_D_L"):
         _baseline_episode("nope", OPEN)

@@ -38,3 +38,7 @@ def test_two_iterations(tmp_path: Path, config: str) -> None:
             assert row[f"policy/{policy}/samples"] > 0
             assert row[f"policy/{policy}/logprob_abs_diff"] < 1e-4
     assert "eval/team_success_rate" in rows[2]
+    # The first evaluation's baselines: the solver's program ran in the sandbox of an env worker and solved
+    # every held-out problem (docs/evaluation.md); random never does here.
+    assert rows[0]["eval/baseline/solver/team_success_rate"] == 1.0 and rows[0]["eval/baseline/solver/episodes"] == 2
+    assert 0.0 <= rows[0]["eval/baseline/random/team_success_rate"] <= 1.0

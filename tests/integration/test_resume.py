@@ -44,6 +44,8 @@ def test_kill_9_mid_iteration_then_resume(tmp_path):
         cleanup(proc, run_dir)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [0, 1, 2, 3, 4, 5, 6]  # none lost, none repeated
+    # The baselines were measured once, in the first evaluation; the resumed run's evaluations (4, 6) do not redo them.
+    assert [r["iteration"] for r in rows if "eval/baseline/random/team_success_rate" in r] == [0]
     for i, row in enumerate(rows[:6]):
         assert row["policy/vertical/version"] == i and row["policy/horizontal/version"] == i
         for policy in ("vertical", "horizontal"):

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from matplotlib.figure import Figure
+from rich.console import Console
 
 from mas_async.config import load_config
 from mas_async.launch.comparison import comparison_lines
@@ -51,6 +52,10 @@ def test_plain_progress_prints_the_baselines_once(tmp_path: Path, capsys) -> Non
     assert "baselines, held-out team success: random 0.06  always_U_L 0.00  toward_goal 0.75  optimal 0.94" in out
     assert "baseline optimal" in out and "policy (iteration 5)" in out
     assert progress.baselines == BASELINES and progress.last_progress == {"vertical": 0.6}
+    console = Console(width=200, record=True)
+    console.print(progress._table())  # the live panel on a terminal
+    panel = console.export_text()
+    assert "baselines (held out)" in panel and "optimal 0.94" in panel and "eval progress/vertical" in panel
 
 
 def test_the_success_plot_draws_each_baseline_as_a_level(tmp_path: Path) -> None:

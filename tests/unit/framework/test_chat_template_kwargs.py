@@ -49,6 +49,9 @@ class _Env:
     def team_reward(self):
         return 0.0
 
+    def move_quality(self, agent, action, after):
+        return None
+
 
 def _prompt(template_kwargs) -> tuple[str, list[dict]]:
     tokenizer, seen = RecordingTokenizer(), []

@@ -454,19 +454,64 @@ class ClusterConfig(_Section):
         return self
 
 
+class WandbConfig(_Section):
+    """Weights & Biases logging (`metrics.wandb`): the router logs every metrics row to a W&B run, beside
+    metrics.jsonl and TensorBoard, under the same names, with the resolved config."""
+
+    project: str = "mas-async"
+    """The W&B project of the run."""
+    entity: str | None = None
+    """The W&B user or team that owns the project; None: the logged-in account's default entity."""
+    mode: Literal["online", "offline"] = "online"
+    """online: stream to the W&B server (needs `wandb login` or WANDB_API_KEY in the router's environment).
+    offline: write the run only into RUN_DIR/wandb/offline-run-*, without a network; `wandb sync
+    RUN_DIR/wandb/offline-run-*` uploads it later."""
+    name: str | None = None
+    """Display name of the W&B run; None: `<run.name>-<the run directory's folder name>`."""
+    group: str | None = None
+    """W&B group, to show several runs (seeds, ablation arms) together."""
+    tags: list[str] = Field(default_factory=list)
+    """W&B tags of the run."""
+    notes: str | None = None
+    """A description of the run, shown on its W&B page."""
+
+
+class MetricsConfig(_Section):
+    """Where the router writes each iteration's metrics row besides RUN_DIR/metrics.jsonl (always written)."""
+
+    tensorboard: bool = True
+    """Also write every numeric value as a TensorBoard scalar into RUN_DIR/tensorboard/."""
+    wandb: WandbConfig | None = None
+    """Also log every row to Weights & Biases (`metrics.wandb.mode=offline` turns it on without a network);
+    None: off, and the wandb package is never imported."""
+
+
 class Config(_Section):
+    """A run: one YAML file (configs/), validated by these models; `section.key=value` overrides on the
+    command line."""
+
     run: RunConfig = Field(default_factory=RunConfig)
+    """The run's name, directory, seed and length."""
     policies: dict[str, PolicyConfig]
     """Named policies (models); any agent-to-policy mapping is allowed."""
     agents: dict[str, AgentConfig]
     """Agents of the team, in the env's possible_agents order: node class and policy of each."""
     workflow: WorkflowConfig
+    """How the agents take turns on an episode."""
     env: EnvConfig
+    """The environment and its train and test problems."""
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    """Sampling, advantage groups and the PPO loss (AT-GRPO by default)."""
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    """Episodes per iteration, generation settings and the staleness bound."""
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    """Held-out evaluation during training, and `mas-async eval`."""
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    """Optimiser, micro-batches, checkpoints and the trainer's bounds."""
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    """Where the processes run, how they talk, and how lost ones are replaced."""
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    """TensorBoard and Weights & Biases beside metrics.jsonl."""
     resume: str | None = None
     """A run directory to resume from its last complete checkpoint (`resume=RUN_DIR` on the command
     line); the run continues with that directory's resolved config, versions and data position."""

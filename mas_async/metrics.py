@@ -1,11 +1,12 @@
-"""Per-iteration metrics: aggregation of episode summaries and the writer of RUN_DIR/metrics.jsonl and
-RUN_DIR/tensorboard/.
+"""Per-iteration metrics: aggregation of episode summaries and the writer of RUN_DIR/metrics.jsonl,
+RUN_DIR/tensorboard/ and, when `metrics.wandb` asks, a Weights & Biases run (mas_async/wandb_run.py).
 
 The router owns the only writer: one JSON object per line, one line per iteration, flushed at once so
 the launcher's progress display (and a user's `tail -f`) sees it live. Every numeric value of a row is
 also a TensorBoard scalar under the same name, at step = the row's iteration
 (`tensorboard --logdir RUN_DIR/tensorboard`), written with tensorboard's own event writer: torch's
 SummaryWriter would make the router import torch (~3 s of CPU at every start) for the same file.
+The same rows, keys and values go to W&B (`metrics.wandb`), whose package is imported only then.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    from mas_async.wandb_run import WandbRun
 
 
 class Keys:
@@ -141,12 +144,13 @@ class EpisodeStats:
 
 
 class MetricsWriter:
-    """Appends one JSON object per iteration to RUN_DIR/metrics.jsonl and, unless `tensorboard` is
-    False, writes its numeric values as scalars to RUN_DIR/tensorboard/."""
+    """Appends one JSON object per iteration to RUN_DIR/metrics.jsonl; unless `tensorboard` is False,
+    writes its numeric values as scalars to RUN_DIR/tensorboard/; logs it to `wandb` when given."""
 
-    def __init__(self, path: Path, *, tensorboard: bool = True) -> None:
+    def __init__(self, path: Path, *, tensorboard: bool = True, wandb: WandbRun | None = None) -> None:
         self.path = path
         self._file = path.open("a", buffering=1)
+        self._wandb = wandb
         self._board: EventFileWriter | None = None
         if tensorboard:
             from tensorboard.summary.writer.event_file_writer import EventFileWriter
@@ -168,11 +172,15 @@ class MetricsWriter:
             step = int(row.get("iteration", 0))
             self._board.add_event(Event(wall_time=time.time(), step=step, summary=Summary(value=scalars)))
             self._board.flush()
+        if self._wandb is not None:
+            self._wandb.log(row)
 
     def close(self) -> None:
         self._file.close()
         if self._board is not None:
             self._board.close()
+        if self._wandb is not None:
+            self._wandb.finish()
 
 
 def keep_rows_before(path: Path, iteration: int) -> list[dict[str, Any]]:

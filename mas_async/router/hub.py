@@ -59,6 +59,7 @@ from mas_async.runtime.curve import RunAuthenticator, secure_server
 from mas_async.runtime.handshakes import RefusedHandshakes
 from mas_async.runtime.log_limit import LogLimit, printable
 from mas_async.runtime.router_socket import RouterSocket
+from mas_async.wandb_run import WandbRun
 from mas_async.wire.codec import CodecError
 from mas_async.wire.messages import (
     PROTOCOL_VERSION,
@@ -165,7 +166,11 @@ class Router(Actor):
         replaced = []
         if (run_dir / "metrics.jsonl").exists():  # a resumed or restarted run: rows from `start` on are redone
             replaced = keep_rows_before(run_dir / "metrics.jsonl", self.start)
-        self.metrics = MetricsWriter(run_dir / "metrics.jsonl")
+        wandb = None
+        if config.metrics.wandb is not None:
+            job_type = "train" if deployment.training else "eval"
+            wandb = WandbRun(config.metrics.wandb, config, run_dir, job_type=job_type)
+        self.metrics = MetricsWriter(run_dir / "metrics.jsonl", tensorboard=config.metrics.tensorboard, wandb=wandb)
         self.started = time.monotonic()
         self._step_done = asyncio.Event()
         self.refusals = RefusedHandshakes()

@@ -416,13 +416,19 @@ def launch(
     finally:
         signal.signal(signal.SIGUSR1, previous)
     version = latest_complete(run_dir, list(config.policies))
-    if rc == 0 and mode == "train" and stop.asked and version is not None and version < config.run.iterations:
+    if rc != 0 or mode != "train" or not stop.asked or (version is not None and version >= config.run.iterations):
+        return rc
+    if version is None:  # the router ended the run, but no checkpoint of every policy is there
         print(
-            f"mas-async: stopped at the checkpoint of version {version}, as asked (SIGUSR1); resume with "
-            f"`mas-async train {run_dir / 'config.yaml'} resume={run_dir}`"
+            f"mas-async: the run stopped as asked (SIGUSR1), but {run_dir} holds no complete checkpoint",
+            file=sys.stderr,
         )
-        return STOPPED
-    return rc
+        return 1
+    print(
+        f"mas-async: stopped at the checkpoint of version {version}, as asked (SIGUSR1); resume with "
+        f"`mas-async train {run_dir / 'config.yaml'} resume={run_dir}`"
+    )
+    return STOPPED
 
 
 def _restarting(

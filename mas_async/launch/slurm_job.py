@@ -37,6 +37,8 @@ from mas_async.launch.slurm_stale import JOB_NAME_ENV
 
 SCRIPT_NAME = "slurm.sbatch"
 SBATCH_TIMEOUT_S = 60.0
+HEADER_WIDTH = 104
+"""Width of the script's header lines that list each node's steps."""
 
 
 @dataclass
@@ -142,7 +144,13 @@ def steps_by_node(config: Config, specs: list[ProcessSpec], node_count: int) -> 
                 f"{spec.name} ({res.cpus} CPU{'s' if res.cpus > 1 else ''}"
                 + (f", {res.gpus} GPU)" if res.gpus else ")")
             )
-        lines.append(f"node {index}: {', '.join(held) or 'nothing but the clearing step'}")
+        line = f"node {index}:"
+        for item in held or ["nothing but the clearing step"]:
+            if len(line) + len(item) + 2 > HEADER_WIDTH:
+                lines.append(line)
+                line = " "
+            line += f" {item},"
+        lines.append(line.rstrip(","))
     return lines
 
 

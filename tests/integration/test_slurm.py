@@ -48,17 +48,24 @@ def wait_for_job(cluster, job: str, timeout: float) -> dict[str, str]:
     return state
 
 
-@pytest.fixture
-def allocation(cluster, monkeypatch):
-    """A 2-node allocation without a shell (`salloc --no-shell`), this process's environment inside it."""
+def enter_allocation(cluster, monkeypatch, *options: str) -> str:
+    """An allocation of `options` without a shell (`salloc --no-shell`), this process's environment inside
+    it; its job id (the caller cancels it)."""
     out = subprocess.run(
-        ["salloc", "--no-shell", "--nodes=2", "--ntasks-per-node=1", "--job-name=engine-test", "--immediate=30"],
+        ["salloc", "--no-shell", "--immediate=30", *options],
         env=cluster.env, capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     job = out.stderr.split("Granted job allocation")[1].split()[0]
     monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
     monkeypatch.setenv("SLURM_JOB_ID", job)
     monkeypatch.setenv("SLURM_JOB_NODELIST", job_state(cluster, job)["NodeList"])
+    return job
+
+
+@pytest.fixture
+def allocation(cluster, monkeypatch):
+    """A 2-node allocation with one task per node, this process's environment inside it."""
+    job = enter_allocation(cluster, monkeypatch, "--nodes=2", "--ntasks-per-node=1", "--job-name=engine-test")
     yield job
     cluster.command("scancel", job)
 
@@ -251,18 +258,12 @@ def test_each_gpu_process_is_a_step_with_gpus_of_its_own(cluster, tmp_path, monk
     assert "--gpus-per-node=2" in resources
     # The job's allocation as the script asks for it, held without a shell; inside it, the environment that
     # sbatch gives the batch step (its resource options too, which a step must not inherit).
-    got = subprocess.run(
-        ["salloc", "--no-shell", "--job-name=gpu-steps", "--immediate=30", *resources],
-        env=cluster.env, capture_output=True, text=True, timeout=60, check=True,
-    )  # fmt: skip
-    job = got.stderr.split("Granted job allocation")[1].split()[0]
-    monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
-    monkeypatch.setenv("SLURM_JOB_ID", job)
-    monkeypatch.setenv("SLURM_JOB_NODELIST", job_state(cluster, job)["NodeList"])
+    job = enter_allocation(cluster, monkeypatch, "--job-name=gpu-steps", *resources)
     monkeypatch.setenv("SLURM_GPUS_PER_NODE", "2")
-    config = load_config(run_dir / "config.yaml")  # the copy the job would run
-    engine = SlurmEngine(config)
+    engine = None
     try:
+        config = load_config(run_dir / "config.yaml")  # the copy the job would run
+        engine = SlurmEngine(config)
         specs = process_specs(config)
         placement = engine.place(specs)
         children = {}
@@ -292,7 +293,8 @@ def test_each_gpu_process_is_a_step_with_gpus_of_its_own(cluster, tmp_path, monk
         assert all(child.wait(30) == 0 for child, _ in children.values())
     finally:
         (tmp_path / "release").touch()
-        engine.close()
+        if engine is not None:
+            engine.close()
         cluster.command("scancel", job)
 
 

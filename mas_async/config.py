@@ -84,9 +84,8 @@ class PolicyConfig(_Section):
     trainer_devices: list[Annotated[str, Field(pattern=_DEVICE)]] | None = None
     """Where each trainer rank runs, one entry per rank, e.g. [cuda:2, cuda:3]. Unset: `device` for rank 0,
     and on a GPU cuda:N+r for rank r of `device` cuda:N (the node's next GPUs), or every rank on `device`
-    when `cluster.ray.trainer_gpus` gives each its own (it then sees only those). Under SLURM steps that
-    each hold their own GPU (`cluster.slurm.step_args`), give [cuda, cuda, ...]. Two ranks on one GPU are
-    refused (NCCL cannot join them)."""
+    when each has GPUs of its own and sees only those (`cluster.ray.trainer_gpus`; every SLURM step,
+    `cluster.slurm.gpus`). Two ranks on one GPU are refused (NCCL cannot join them)."""
     lora: LoraConfig | None = None
     """Train LoRA adapters (peft) on the frozen model instead of every weight: the trainer's optimiser
     holds the adapters only, each weight sync sends the adapter tensors only, the hf backend serves the
@@ -374,15 +373,28 @@ class SlurmConfig(_Section):
     processes: the router and trainers on node 0, inference servers round-robin over nodes 1.. (node 0 in
     a one-node allocation), env workers round-robin over all nodes."""
     step_args: dict[str, list[str]] = Field(default_factory=dict)
-    """Role or process -> extra `srun` arguments of its step (the resources it needs), e.g.
-    `{trainer: ["--gpus=1"], inference: ["--gpus=1", "--cpus-per-task=4"]}`; a process's entry is added
-    after its role's."""
+    """Role or process -> extra `srun` arguments of its step, after the resources the launcher gives it
+    (`gpus`, `cpus`), e.g. `{inference: ["--gpu-bind=closest"]}`; a process's entry is added after its role's."""
     command_timeout_s: float = Field(60.0, gt=0)
     """Bound on every SLURM command the launcher waits for (scontrol, the free-ports step, scancel)."""
+    gpus: dict[str, Annotated[int, Field(ge=0)]] = Field(default_factory=dict)
+    """Role or process -> GPUs of its own for each such process (its step's `--gpus-per-task`; it sees them
+    as cuda:0..). Unset: 1 for a trainer rank on a GPU device, 1 for an inference replica on a GPU or of a
+    backend that places itself (vLLM), else 0. A step without GPUs gets none (`--gres=none`)."""
+    cpus: dict[str, Annotated[int, Field(ge=1)]] = Field(default_factory=dict)
+    """Role or process -> CPUs of each such process's step (`--cpus-per-task`). Unset: 4 for a process with
+    GPUs, else `cluster.torch_threads`. The job asks each node for the most that one node's processes need."""
+    mem_per_node: str = "0"
+    """The job's `--mem` per node ("0": all of each node's memory); every step may use all of it (`--mem=0`)."""
+    signal_before_s: int = Field(300, ge=0, le=65535)
+    """SLURM sends the launcher SIGUSR1 this many seconds before the job's time limit (`--signal=B:USR1@N`;
+    up to 60 s earlier): the run checkpoints after the iteration in progress, stops, and the job requeues
+    itself to resume there. Give it room for about two iterations and a checkpoint."""
 
     @model_validator(mode="after")
     def _keys_name_roles(self) -> SlurmConfig:
-        for field, keys in (("placement", self.placement), ("step_args", self.step_args)):
+        fields = ("placement", "step_args", "gpus", "cpus")
+        for field, keys in ((f, getattr(self, f)) for f in fields):
             for key in keys:
                 if key.split("/")[0] not in ROLE_NAMES:
                     raise ValueError(
@@ -649,7 +661,9 @@ class Config(_Section):
 
     def trainer_device(self, policy: str, rank: int = 0) -> str:
         """Where trainer rank `rank` of `policy` runs ("cpu", "cuda:N" as that process sees its GPUs)."""
-        own_gpus = self.cluster.engine == "ray" and self.cluster.ray.trainer_gpus > 0
+        # Ray processes with reserved GPUs and SLURM steps see only GPUs of their own, from cuda:0.
+        engine = self.cluster.engine
+        own_gpus = engine == "slurm" or (engine == "ray" and self.cluster.ray.trainer_gpus > 0)
         return self.policies[policy].trainer_on(rank, own_gpus=own_gpus)
 
     def _trainer_ranks_can_be_placed(self) -> None:

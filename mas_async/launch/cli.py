@@ -131,7 +131,7 @@ def _slurm(args: argparse.Namespace) -> int:
         Path(args.config), args.overrides, args.nodes, args.partition, args.time, args.job_name, args.sbatch
     )
     try:
-        script = write_batch_script(request, load_config(args.config, args.overrides))
+        script = write_batch_script(request, load_config(args.config, [*args.overrides, "cluster.engine=slurm"]))
     except (ConfigError, RegistryError) as e:
         print(f"mas-async: {e}", file=sys.stderr)
         return 2

@@ -37,6 +37,7 @@ from mas_async.launch.engines.registry import open_engine
 from mas_async.launch.progress import Progress
 from mas_async.launch.restarts import RESTART_THE_RUN, RestartBudget
 from mas_async.launch.roles import DEFAULT_ROLES
+from mas_async.launch.stop_signal import STOPPED, StopOnSignal
 from mas_async.placement import describe, place_processes, weight_backends
 from mas_async.router.faults import RUN_RESTART_ENV, replaced_alone
 from mas_async.router.lost_peers import LostPeers
@@ -52,12 +53,14 @@ def model_cache_dir() -> Path:
     return Path(os.environ.get("MAS_ASYNC_CACHE", Path.home() / ".cache" / "mas-async")) / "models"
 
 
-def prepare_run_dir(config: Config) -> Path:
+def prepare_run_dir(config: Config, again: bool = False) -> Path:
+    """The run directory with the resolved config; `again`: it may hold an earlier start of this run that
+    reached no checkpoint (a requeued SLURM job), whose rows the router redoes from iteration 0."""
     if config.run.output_dir is None:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         config.run.output_dir = f"runs/{config.run.name}/{stamp}"
     run_dir = config.output_dir()
-    if (run_dir / "metrics.jsonl").exists():
+    if (run_dir / "metrics.jsonl").exists() and not again:
         raise ConfigError(f"run directory {run_dir} already holds a run; choose another run.output_dir")
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     dump_config(config, run_dir / "config.yaml")
@@ -382,22 +385,62 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def launch(config: Config, mode: str = "train", roles: str = DEFAULT_ROLES) -> int:
+def launch(
+    config: Config,
+    mode: str = "train",
+    roles: str = DEFAULT_ROLES,
+    *,
+    again: bool = False,
+    stop: StopOnSignal | None = None,
+) -> int:
     """Run a whole training job (mode "train") or one evaluation pass (mode "eval"); returns the exit
     status. An evaluation runs the router, inference servers and env workers, no trainers. A training run
     that loses a trainer, its router or a replica starts again from its last complete checkpoint (`RunLost`).
-    `roles` is the role map the processes build their actors from (a test passes one that records)."""
-    weights = None
-    if mode == "eval":
-        weights, start_version = eval_weights(config)
-        if config.run.output_dir is None:
-            config.run.name = f"{config.run.name}-eval"
-        run_dir = prepare_run_dir(config)
-    elif config.resume:
-        config, run_dir, start_version = prepare_resume(config)
-    else:
-        run_dir, start_version = prepare_run_dir(config), 0
-    training = mode == "train"
+    `roles` is the role map the processes build their actors from (a test passes one that records).
+    `again`: see `prepare_run_dir`. SIGUSR1 stops a training run at a checkpoint of its own (`stop_signal`;
+    a caller that handles it already passes its `stop`); the status is then STOPPED."""
+    stop = stop or StopOnSignal()
+    previous = stop.install()
+    try:
+        weights = None
+        if mode == "eval":
+            weights, start_version = eval_weights(config)
+            if config.run.output_dir is None:
+                config.run.name = f"{config.run.name}-eval"
+            run_dir = prepare_run_dir(config)
+        elif config.resume:
+            config, run_dir, start_version = prepare_resume(config)
+        else:
+            run_dir, start_version = prepare_run_dir(config, again), 0
+        stop.attach(run_dir)
+        rc = _restarting(config, run_dir, start_version, mode == "train", weights, roles)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    version = latest_complete(run_dir, list(config.policies))
+    if rc != 0 or mode != "train" or not stop.asked or (version is not None and version >= config.run.iterations):
+        return rc
+    if version is None:  # the router ended the run, but no checkpoint of every policy is there
+        print(
+            f"mas-async: the run stopped as asked (SIGUSR1), but {run_dir} holds no complete checkpoint",
+            file=sys.stderr,
+        )
+        return 1
+    print(
+        f"mas-async: stopped at the checkpoint of version {version}, as asked (SIGUSR1); resume with "
+        f"`mas-async train {run_dir / 'config.yaml'} resume={run_dir}`"
+    )
+    return STOPPED
+
+
+def _restarting(
+    config: Config,
+    run_dir: Path,
+    start_version: int,
+    training: bool,
+    weights: dict[str, str] | None,
+    roles: str,
+) -> int:
+    """`_run` until the run ends, again from the last complete checkpoint after each `RunLost`."""
     engine = open_engine(config)
     budget = RestartBudget(config.cluster.max_restarts, config.cluster.restart_window_s)
     env: dict[str, str] = {}

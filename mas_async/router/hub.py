@@ -54,6 +54,7 @@ from mas_async.router.idle import IdleTimer
 from mas_async.router.lost_peers import record_lost_peer
 from mas_async.router.peers import PeerInfo, PeerTable
 from mas_async.router.report import iteration_row
+from mas_async.router.stop_request import STOP_REQUEST, stop_requested
 from mas_async.runtime.actor import Actor, PeerDead, make_socket
 from mas_async.runtime.curve import RunAuthenticator, secure_server
 from mas_async.runtime.handshakes import RefusedHandshakes
@@ -172,6 +173,8 @@ class Router(Actor):
             wandb = WandbRun(config.metrics.wandb, config, run_dir, job_type=job_type)
         self.metrics = MetricsWriter(run_dir / "metrics.jsonl", tensorboard=config.metrics.tensorboard, wandb=wandb)
         self.started = time.monotonic()
+        self.stopped_at: int | None = None
+        """The version the run stopped at when asked to (`stop_request.py`); None while it goes on."""
         self._step_done = asyncio.Event()
         self.refusals = RefusedHandshakes()
         """ZeroMQ handshakes refused so far (peers without the run's CURVE key), a logged counter."""
@@ -522,14 +525,19 @@ class Router(Actor):
             raise PeerDead(f"peers never joined within {self.cfg.cluster.startup_timeout_s}s: {missing}") from None
         log.info("all %d peers joined; starting", len(self.table.expected))
         self.idle = IdleTimer(time.monotonic())
+        reason = "run finished"
         if self.deployment.training:
             for iteration in range(self.start, self.cfg.run.iterations + 1):
                 await self._iteration(iteration, **self._plan(iteration))
+                if self.stopped_at is not None:
+                    reason = f"run stopped at its checkpoint of version {self.stopped_at}, to be resumed there"
+                    log.info("%s (asked in %s)", reason, STOP_REQUEST)
+                    break
         else:  # mas-async eval: one evaluation pass of the given weights
             row = await self._iteration(self.start, evaluate=True, train=False)
             (self.run_dir / "eval.json").write_text(json.dumps(row, indent=2))
         for ident in self.peers:
-            self.send_to(ident, Shutdown("run finished", False))
+            self.send_to(ident, Shutdown(reason, False))
         await asyncio.sleep(0.5)  # let the Shutdown messages leave (and any still in the outbox)
 
     def _plan(self, iteration: int) -> dict[str, bool]:
@@ -565,10 +573,12 @@ class Router(Actor):
         await book.done.wait()
         return book
 
-    async def step(self, iteration: int, checkpoint_first: bool = False) -> dict[str, dict[str, Any]]:
+    async def step(
+        self, iteration: int, checkpoint_first: bool = False, checkpoint_after: bool = False
+    ) -> dict[str, dict[str, Any]]:
         """The barrier's step: TrainStep(v) to every trainer, then wait until every trainer stepped and
         every replica loaded v+1; returns each trainer's metrics. `checkpoint_first`: the trainers save
-        the weights of v before they step."""
+        the weights of v before they step; `checkpoint_after`: those of v+1 after it."""
         version = self.clock.begin_step()
         if version != iteration:
             raise ClockError(f"iteration {iteration} would step from version {version}")
@@ -576,7 +586,7 @@ class Router(Actor):
         for policy in self.policies:
             for rank in range(self.clock.ranks[policy]):
                 expected = self.clock.expected_samples(policy, version, rank)
-                msg = TrainStep(policy, iteration, version, expected, checkpoint_first)
+                msg = TrainStep(policy, iteration, version, expected, checkpoint_first, checkpoint_after)
                 self.send_to(trainer_peer(policy, rank).encode(), msg)
         timeout_s = self.cfg.trainer.step_timeout_s
         try:
@@ -603,13 +613,17 @@ class Router(Actor):
         step_s, trained = 0.0, {}
         new_best = self._new_best(book) if evaluate and self.deployment.training else None
         if train:
+            # Asked to stop (stop_request.py): checkpoint v+1 after this step and end the run there.
+            stop = iteration + 1 < self.cfg.run.iterations and stop_requested(self.run_dir)
             t1 = time.monotonic()
-            trained = await self.step(iteration, checkpoint_first=new_best is not None)
+            trained = await self.step(iteration, checkpoint_first=new_best is not None, checkpoint_after=stop)
             step_s = time.monotonic() - t1
             if new_best is not None:  # the trainers saved the evaluated weights (version v) first
                 save_router(self.run_dir, book.version, {"iteration": iteration})
-            if checkpoint_due(self.cfg, self.clock.version):
+            if checkpoint_due(self.cfg, self.clock.version) or stop:
                 save_router(self.run_dir, self.clock.version, {"iteration": iteration + 1})
+            if stop:
+                self.stopped_at = self.clock.version
         if new_best is not None:  # after a final evaluation, v is the final checkpoint itself
             save_best(self.run_dir, book.version, new_best)
             self.best = {"version": book.version, "score": new_best}

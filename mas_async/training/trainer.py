@@ -239,7 +239,7 @@ class Trainer(Peer):
             sync = {"seconds": 0.0, "bytes": 0}
             if self.rank == 0:
                 sync = await self._publish()
-            if checkpoint_due(self.cfg, self.version):
+            if checkpoint_due(self.cfg, self.version) or msg.checkpoint_after:
                 await asyncio.to_thread(save_policy, self.run_dir, self.policy, self.version, self.learner)
                 metrics["checkpoint_version"] = self.version
             metrics.update(

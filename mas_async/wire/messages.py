@@ -25,7 +25,7 @@ import numpy as np
 from mas_async.wire.codec import MAX_HEADER_BYTES, CodecError, pack, unpack
 from mas_async.wire.samples import Completion, Sample
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 
 
 class Kind(IntEnum):
@@ -194,6 +194,7 @@ class TrainStep(Message):
     version: int
     expected_samples: int  # samples the router forwarded; the trainer checks it got exactly these
     checkpoint_first: bool = False  # save the weights of `version` before stepping (a new best evaluation)
+    checkpoint_after: bool = False  # save the weights of `version + 1` after stepping (the run stops there)
 
 
 @dataclass(slots=True)

@@ -1,7 +1,9 @@
 """A real 2-node SLURM cluster on this machine, for the `slurm` tests: munged, slurmctld and two slurmd.
 
 Debian's slurm-wlm is built with MULTIPLE_SLURMD: two NodeName lines on 127.0.0.1 with different ports,
-and `slurmd -N node1`, `slurmd -N node2`, give two nodes that jobs and steps really run on. Every file
+and `slurmd -N node1`, `slurmd -N node2`, give two nodes that jobs and steps really run on. Each declares
+16 CPUs (more than this machine has) and 4 GPUs as GRES on character devices the cluster creates, which
+slurmd hands to steps as their CUDA_VISIBLE_DEVICES (there is no GPU behind them). Every file
 (slurm.conf, cgroup.conf, munge key and socket, state, logs, pid files) lives in one temporary folder;
 no systemd, nothing in /etc. The daemons run in the foreground as children of the test, munged as the
 munge user, and are stopped by pid. Processes are tracked with proctrack/cgroup (cgroup v1 freezer):
@@ -19,6 +21,7 @@ import pwd
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
 import time
@@ -30,6 +33,12 @@ from pathlib import Path
 from mas_async.deployment import free_ports
 
 NODES = ("node1", "node2")
+GPUS_PER_NODE = 4
+"""GPUs each node declares as GRES, on device files the cluster creates (no GPU behind them)."""
+LOCAL_MAJOR = 240
+CPUS_PER_NODE = 16
+"""CPUs each node declares (more than this machine has: `SlurmdParameters=config_overrides`); the steps
+of a run need one or more each, and the processes share the real cores."""
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "squeue", "sinfo", "scancel")
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 20.0
@@ -77,7 +86,8 @@ def write_config(root: Path, proctrack: str) -> None:
     ctld_port, *node_ports = free_ports("127.0.0.1", 1 + len(NODES))
     host = socket.gethostname().split(".")[0]
     node_lines = [
-        f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs=2 State=UNKNOWN"
+        f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs={CPUS_PER_NODE} "
+        f"Gres=gpu:{GPUS_PER_NODE} State=UNKNOWN"
         for name, port in zip(NODES, node_ports, strict=True)
     ]
     (root / "slurm.conf").write_text(
@@ -90,7 +100,11 @@ def write_config(root: Path, proctrack: str) -> None:
                 "SlurmdUser=root",
                 "AuthType=auth/munge",
                 "CredType=cred/munge",
-                f"AuthInfo=socket={root}/munge/munge.socket",
+                # A requeued job may start again cred_expire seconds later (120 by default), and the
+                # scheduler looks at the queue every sched_interval seconds (60): both short here.
+                f"AuthInfo=socket={root}/munge/munge.socket,cred_expire=10",
+                "SchedulerType=sched/builtin",
+                "SchedulerParameters=sched_interval=1",
                 f"StateSaveLocation={root}/state",
                 f"SlurmdSpoolDir={root}/spool/%n",
                 f"SlurmctldPidFile={root}/slurmctld.pid",
@@ -99,6 +113,8 @@ def write_config(root: Path, proctrack: str) -> None:
                 f"SlurmdLogFile={root}/log/slurmd.%n.log",
                 f"ProctrackType=proctrack/{proctrack}",
                 "TaskPlugin=task/none",
+                "GresTypes=gpu",
+                "SlurmdParameters=config_overrides",
                 "MpiDefault=none",
                 "SelectType=select/cons_tres",
                 "SelectTypeParameters=CR_Core",
@@ -113,8 +129,21 @@ def write_config(root: Path, proctrack: str) -> None:
             ]
         )
     )
+    # GPUs as GRES on character devices of a major number reserved for local use (240, devices.txt): no
+    # driver is behind them (opening one fails), slurmd only reads their numbers and hands them to steps
+    # (CUDA_VISIBLE_DEVICES); cgroup device constraints are off (ConstrainDevices=no), so nothing is hidden.
+    gres = []
+    (root / "dev").mkdir()
+    for n, name in enumerate(NODES):
+        for i in range(GPUS_PER_NODE):
+            path = root / "dev" / f"{name}-gpu{i}"
+            os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(LOCAL_MAJOR, n * GPUS_PER_NODE + i))
+            gres.append(f"NodeName={name} Name=gpu File={path}")
+    (root / "gres.conf").write_text("\n".join(["AutoDetect=off", *gres, ""]))
     # Read from beside slurm.conf; only tracking, no confinement (the processes share this machine's cores).
-    (root / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nConstrainCores=no\nConstrainRAMSpace=no\n")
+    (root / "cgroup.conf").write_text(
+        "CgroupPlugin=cgroup/v1\nConstrainCores=no\nConstrainRAMSpace=no\nConstrainDevices=no\n"
+    )
 
 
 def start_munged(root: Path) -> subprocess.Popen:

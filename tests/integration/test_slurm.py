@@ -48,17 +48,24 @@ def wait_for_job(cluster, job: str, timeout: float) -> dict[str, str]:
     return state
 
 
-@pytest.fixture
-def allocation(cluster, monkeypatch):
-    """A 2-node allocation without a shell (`salloc --no-shell`), this process's environment inside it."""
+def enter_allocation(cluster, monkeypatch, *options: str) -> str:
+    """An allocation of `options` without a shell (`salloc --no-shell`), this process's environment inside
+    it; its job id (the caller cancels it)."""
     out = subprocess.run(
-        ["salloc", "--no-shell", "--nodes=2", "--ntasks-per-node=1", "--job-name=engine-test", "--immediate=30"],
+        ["salloc", "--no-shell", "--immediate=30", *options],
         env=cluster.env, capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     job = out.stderr.split("Granted job allocation")[1].split()[0]
     monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
     monkeypatch.setenv("SLURM_JOB_ID", job)
     monkeypatch.setenv("SLURM_JOB_NODELIST", job_state(cluster, job)["NodeList"])
+    return job
+
+
+@pytest.fixture
+def allocation(cluster, monkeypatch):
+    """A 2-node allocation with one task per node, this process's environment inside it."""
+    job = enter_allocation(cluster, monkeypatch, "--nodes=2", "--ntasks-per-node=1", "--job-name=engine-test")
     yield job
     cluster.command("scancel", job)
 
@@ -217,3 +224,139 @@ def _train_across_two_nodes(cluster, run_dir: Path, job_name: str) -> None:
     pids = json.loads((run_dir / "pids.json").read_text())
     assert set(pids) == set(nodes) and all(isinstance(p, int) for p in pids.values())
     assert not [name for name, pid in pids.items() if alive(pid)]
+
+
+# A step's task: says which node it is on and which GPUs it sees, then waits for the test's word (bounded).
+GPU_PROBE = """
+import os, sys, time
+out = sys.argv[1]
+seen = os.environ.get("CUDA_VISIBLE_DEVICES") or "-"
+open(out + ".ready", "w").write(os.environ["SLURMD_NODENAME"] + " " + seen)
+deadline = time.monotonic() + 120
+while not os.path.exists(os.path.join(os.path.dirname(out), "release")) and time.monotonic() < deadline:
+    time.sleep(0.05)
+"""
+RESOURCE_OPTIONS = ("--nodes=", "--ntasks-per-node=", "--cpus-per-task=", "--gpus-per-node=", "--mem=")
+
+
+def test_each_gpu_process_is_a_step_with_gpus_of_its_own(cluster, tmp_path, monkeypatch):
+    """The resources the script of a GPU config asks for hold every process of the run at once, each GPU
+    process's step seeing only GPUs of its own (the cluster's GPUs are GRES on device files)."""
+    from mas_async.launch.engines.slurm import SlurmEngine
+
+    run_dir = tmp_path / "run"
+    out = subprocess.run(
+        [sys.executable, "-m", "mas_async", "slurm", "configs/plan_path_tiny_gpu.yaml", "--nodes", "2", "--dry-run",
+         f"run.output_dir={run_dir}"],
+        cwd=ROOT, env=cluster.env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    sbatch = [
+        line.split()[1] for line in (run_dir / "slurm.sbatch").read_text().splitlines() if line.startswith("#SBATCH")
+    ]
+    resources = [option for option in sbatch if option.startswith(RESOURCE_OPTIONS)]
+    assert "--gpus-per-node=2" in resources
+    # The job's allocation as the script asks for it, held without a shell; inside it, the environment that
+    # sbatch gives the batch step (its resource options too, which a step must not inherit).
+    job = enter_allocation(cluster, monkeypatch, "--job-name=gpu-steps", *resources)
+    monkeypatch.setenv("SLURM_GPUS_PER_NODE", "2")
+    engine = None
+    try:
+        config = load_config(run_dir / "config.yaml")  # the copy the job would run
+        engine = SlurmEngine(config)
+        specs = process_specs(config)
+        placement = engine.place(specs)
+        children = {}
+        for spec in specs:
+            prefix = str(tmp_path / spec.name.replace("/", "-"))
+            command = [sys.executable, "-c", GPU_PROBE, prefix]
+            children[spec.name] = (engine.start(spec, placement[spec.name], command, {}, Path(prefix + ".log")), prefix)
+        seen: dict[str, tuple[str, str]] = {}
+        deadline = time.monotonic() + 60
+        while len(seen) < len(children):  # all at once: no step waits for another's CPUs or GPUs
+            for name, (child, prefix) in children.items():
+                assert child.poll() is None, f"{name}: {child.tail()}"
+                if name not in seen and Path(prefix + ".ready").exists():
+                    node, gpus = Path(prefix + ".ready").read_text().split()
+                    seen[name] = (node, gpus)
+            assert time.monotonic() < deadline, f"steps not running after 60 s: {sorted(set(children) - set(seen))}"
+            time.sleep(0.1)
+        for neighbours in (
+            ("trainer/vertical", "trainer/horizontal"),
+            ("inference/vertical/0", "inference/horizontal/0"),
+        ):
+            (node_a, gpus_a), (node_b, gpus_b) = (seen[name] for name in neighbours)
+            assert node_a == node_b  # one node ...
+            assert len(gpus_a.split(",")) == len(gpus_b.split(",")) == 1 and gpus_a != gpus_b, seen  # ... a GPU each
+        assert {seen[name][1] for name in ("router", "env_worker/0", "env_worker/1")} == {"-"}  # no GPU
+        (tmp_path / "release").touch()
+        assert all(child.wait(30) == 0 for child, _ in children.values())
+    finally:
+        (tmp_path / "release").touch()
+        if engine is not None:
+            engine.close()
+        cluster.command("scancel", job)
+
+
+def test_a_requeued_job_resumes_its_run_and_runs_every_iteration_once(cluster, tmp_path):
+    """SLURM's warning before the time limit (SIGUSR1 to the batch shell): the run checkpoints, stops and
+    requeues its job. Then a preemption (`scontrol requeue`: SIGTERM to everything): the job comes back
+    and resumes from that checkpoint. Only those two checkpoints and the final one exist
+    (trainer.checkpoint_every=0), and the run ends with every iteration once, strictly on-policy."""
+    run_dir = tmp_path / "run"
+    out = subprocess.run(
+        [
+            sys.executable, "-m", "mas_async", "slurm", "configs/plan_path_tiny_single.yaml", "--nodes", "2",
+            "--job-name", f"mas-async-requeue-{os.getpid()}", "--time", "10:00", "run.iterations=6",
+            "trainer.checkpoint_every=0", "trainer.keep_best=false", "cluster.env_workers=1", *FAST,
+            f"run.output_dir={run_dir}",
+        ],
+        cwd=ROOT, env=cluster.env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    job = out.stdout.split("submitted job ")[1].split()[0]
+    output = run_dir / f"slurm-{job}.out"
+    try:
+        wait_for(lambda: len(metrics_rows(run_dir)) >= 2, 120, "two iterations of the first start", output)
+        done_before = len(metrics_rows(run_dir))
+        cluster.command("scancel", "--batch", "--signal=USR1", job)  # what --signal=B:USR1@N sends
+        done_after = len(metrics_rows(run_dir))
+        wait_for(lambda: "start 2," in read(output), 120, "the job's second start", output)
+        stopped = int(read(output).split("stopped at the checkpoint of version ")[1].split(",")[0])
+        # After the step of the iteration in progress, or of the next one if the signal came during a step.
+        assert done_before + 1 <= stopped <= done_after + 2 < 6, (done_before, done_after, stopped)
+        wait_for(lambda: f"from its checkpoint of version {stopped}" in read(output), 60, "the resume", output)
+        wait_for(lambda: len(metrics_rows(run_dir)) > stopped, 120, "an iteration of the second start", output)
+        cluster.command("scontrol", "requeue", job)  # a preemption
+        state = wait_for_job(cluster, job, JOB_TIMEOUT_S)
+    except BaseException:
+        cluster.command("scancel", job)
+        raise
+    text = read(output)
+    assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0" and state["Restarts"] == "2", text
+    assert "start 3," in text and text.count(f"from its checkpoint of version {stopped}") == 2, text
+    rows = metrics_rows(run_dir)
+    assert [r["iteration"] for r in rows] == list(range(7)), text  # every iteration once, none lost
+    for row in rows[:6]:
+        assert row["policy/solo/version"] == row["iteration"]
+        assert row["policy/solo/version_mismatch"] == 0
+        assert row["policy/solo/logprob_abs_diff"] < 1e-4  # the servers resumed with the trainer's weights
+    versions = sorted(int(p.name[1:]) for p in (run_dir / "checkpoints" / "solo").iterdir() if p.name.startswith("v"))
+    assert versions == [stopped, 6]
+
+
+def metrics_rows(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def wait_for(check, timeout: float, what: str, output: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {timeout:.0f} s; the job's output:\n{read(output)}")
+        time.sleep(0.5)

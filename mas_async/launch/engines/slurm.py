@@ -3,10 +3,13 @@ on its node, started with `srun` by the launcher (which itself runs in the batch
 
 Nodes are the allocation's (`scontrol show hostnames $SLURM_JOB_NODELIST`), each at its `NodeAddr`
 resolved to an IP; `cluster.slurm.placement` puts a role or one process on a node by index (defaults in
-`default_node_index`). A process is `srun --overlap -N1 -n1 -w NODE --kill-on-bad-exit=1 --job-name=NAME
-sh -c '<write JOB.STEP and pid>; exec COMMAND'`, run by the launcher in its own session with its output
-(the step's and srun's own errors) in the process's log. `--overlap` lets the steps share the job's
-resources: plain steps would wait for each other's CPUs.
+`slurm_resources.default_node_index`). A process is `srun --exact -N1 -n1 -w NODE --cpus-per-task=C
+(--gpus-per-task=G | --gres=none) --mem=0 --kill-on-bad-exit=1 --immediate=T --job-name=NAME sh -c '<write
+JOB.STEP and pid>; exec COMMAND'`, run by the launcher in its own session with its output (the step's and
+srun's own errors) in the process's log: each step holds CPUs and GPUs of its own (`slurm_resources`), so
+a GPU process sees only its own GPUs, from cuda:0 (its GPU view is its own, for `mas_async.placement`). srun
+runs without the job's resource variables (they would be every step's defaults), and a step that cannot
+get its resources within `command_timeout_s` fails with srun's reason instead of waiting.
 
 Stopping a step (checked on slurm-wlm 22.05, docs/slurm.md): SIGTERM to srun does not reach the task,
 srun "forces job termination" and the step is SIGKILLed at once; so a graceful stop is `scancel
@@ -29,6 +32,13 @@ from pathlib import Path
 
 from mas_async.config import Config, ConfigError
 from mas_async.launch.engines.base import Child, Engine, Node, ProcessSpec
+from mas_async.launch.slurm_resources import (
+    gpus_of,
+    node_indexes,
+    step_environment,
+    step_options,
+    step_resources,
+)
 
 STEP_FILE_ENV = "MAS_ASYNC_STEP_FILE"
 # Run as the step's task: records "JOB.STEP PID" for signals and pids.json, then becomes the command.
@@ -46,7 +56,10 @@ def slurm_command(args: list[str], timeout: float) -> str:
     if shutil.which(args[0]) is None:
         raise SlurmCommandError(f"{args[0]} is not installed here (cluster.engine=slurm needs SLURM's commands)")
     try:
-        out = subprocess.run(args, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        out = subprocess.run(
+            args, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+            env=step_environment(dict(os.environ)),  # an srun step asks for its own resources only
+        )  # fmt: skip
     except subprocess.TimeoutExpired:
         raise SlurmCommandError(f"`{' '.join(args)}` did not finish in {timeout:.0f} s") from None
     if out.returncode != 0:
@@ -70,17 +83,6 @@ def allocation_nodes(nodelist: str, timeout: float) -> list[Node]:
         except OSError as e:
             raise SlurmCommandError(f"node {name}: its NodeAddr {address!r} does not resolve: {e}") from None
     return nodes
-
-
-def default_node_index(spec: ProcessSpec, nth_of_role: int, node_count: int) -> int:
-    """Where a process runs unless `cluster.slurm.placement` says: router and trainers on node 0 (beside the
-    launcher), inference servers round-robin over nodes 1.. (node 0 when it is the only one), env workers
-    round-robin over all nodes."""
-    if spec.role == "inference":
-        return 1 + nth_of_role % (node_count - 1) if node_count > 1 else 0
-    if spec.role == "env_worker":
-        return nth_of_role % node_count
-    return 0
 
 
 class SlurmChild(Child):
@@ -163,42 +165,40 @@ class SlurmEngine(Engine):
                 "cluster.engine=slurm runs inside a SLURM allocation (SLURM_JOB_ID and SLURM_JOB_NODELIST are "
                 "not set): submit the run with `mas-async slurm CONFIG --nodes N`, or start it in `salloc`"
             )
+        self.config = config
         self.settings = config.cluster.slurm
         self.timeout = self.settings.command_timeout_s
         self.nodes = allocation_nodes(nodelist, self.timeout)
         self.children: list[SlurmChild] = []
 
     def place(self, specs: list[ProcessSpec]) -> dict[str, Node]:
-        placement = self.settings.placement
-        seen: dict[str, int] = {}
-        where = {}
-        for spec in specs:
-            nth = seen[spec.role] = seen.get(spec.role, -1) + 1
-            key = spec.name if spec.name in placement else spec.role
-            index = placement.get(key, default_node_index(spec, nth, len(self.nodes)))
-            if index >= len(self.nodes):
-                names = ", ".join(n.name for n in self.nodes)
-                raise ConfigError(
-                    f"cluster.slurm.placement.{key}={index}: the allocation has {len(self.nodes)} nodes "
-                    f"({names}), indexes 0..{len(self.nodes) - 1}"
-                )
-            where[spec.name] = self.nodes[index]
-        return where
+        for spec in specs:  # a device the step would not hold is refused before anything starts
+            step_resources(self.config, spec)
+        return {name: self.nodes[index] for name, index in node_indexes(self.config, specs, len(self.nodes)).items()}
+
+    def gpu_view(self, spec: ProcessSpec, node: Node) -> str:
+        """A step with GPUs sees only its own: its numbering is its own (two steps never share a GPU)."""
+        return spec.name if gpus_of(self.config, spec) else node.name
 
     def free_ports(self, node: Node, count: int) -> list[int]:
         code = (
             "import json; from mas_async.deployment import free_ports; "
             f"print(json.dumps(free_ports({node.address!r}, {count})))"
         )
-        # srun's stdout is the task's output only (its own messages go to stderr).
-        out = slurm_command([*self._srun(node, "free-ports"), sys.executable, "-c", code], self.timeout)
+        # srun's stdout is the task's output only (its own messages go to stderr). A short step beside the
+        # others (--overlap), also while the steps of a run being restarted still hold their resources.
+        share = ["--overlap", "--gres=none"]
+        out = slurm_command([*self._srun(node, "free-ports"), *share, sys.executable, "-c", code], self.timeout)
         return json.loads(out.strip().splitlines()[-1])
 
     def start(self, spec: ProcessSpec, node: Node, command: list[str], env: dict[str, str], log_path: Path) -> Child:
         step_file = log_path.with_suffix(".step")
         step_file.unlink(missing_ok=True)
         extra = [*self.settings.step_args.get(spec.role, []), *self.settings.step_args.get(spec.name, [])]
-        srun = [*self._srun(node, spec.name), *extra, "sh", "-c", STEP_WRAPPER, "mas-async-step", *command]
+        resources = step_options(step_resources(self.config, spec))
+        immediate = f"--immediate={max(1, round(self.timeout))}"  # no step waits unbounded for its resources
+        srun = [*self._srun(node, spec.name), *resources, immediate, *extra]
+        srun += ["sh", "-c", STEP_WRAPPER, "mas-async-step", *command]
         with log_path.open("ab") as log_file:
             proc = subprocess.Popen(
                 srun,
@@ -206,7 +206,7 @@ class SlurmEngine(Engine):
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # Ctrl-C reaches the launcher only; it stops the steps
-                env={**os.environ, **env, STEP_FILE_ENV: str(step_file)},
+                env={**step_environment(dict(os.environ)), **env, STEP_FILE_ENV: str(step_file)},
             )
         child = SlurmChild(spec.name, node, log_path, proc, step_file, self.timeout)
         self.children.append(child)
@@ -224,6 +224,6 @@ class SlurmEngine(Engine):
 
     def _srun(self, node: Node, name: str) -> list[str]:
         return [
-            "srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node.name}", "--kill-on-bad-exit=1",
+            "srun", "--nodes=1", "--ntasks=1", f"--nodelist={node.name}", "--kill-on-bad-exit=1",
             f"--job-name={name}", f"--jobid={self.job_id}",
         ]  # fmt: skip

@@ -15,7 +15,8 @@ import pytest
 from mas_async.config import ConfigError, load_config
 from mas_async.launch.cli import main
 from mas_async.launch.engines.base import ProcessSpec
-from mas_async.launch.engines.slurm import SlurmEngine, default_node_index
+from mas_async.launch.engines.slurm import SlurmEngine
+from mas_async.launch.slurm_resources import default_node_index
 from mas_async.launch.slurm_stale import clear_stale
 from tests.support.paths import ROOT
 from tests.support.run_processes import run_process
@@ -40,6 +41,11 @@ def test_dry_run_writes_a_readable_script_and_submits_nothing(tmp_path, capsys, 
         "--job-name=pp",
         "--nodes=2",
         "--ntasks-per-node=1",
+        "--cpus-per-task=4",  # node 0: router, two trainers, an env worker, one CPU each (no GPU anywhere)
+        "--mem=0",
+        "--requeue",
+        "--signal=B:USR1@300",
+        "--open-mode=append",
         f"--chdir={Path.cwd()}",
         f"--output={run_dir}/slurm-%j.out",
         "--partition=gpu",
@@ -49,11 +55,13 @@ def test_dry_run_writes_a_readable_script_and_submits_nothing(tmp_path, capsys, 
     assert "export MAS_ASYNC_JOB_NAME=pp\n" in text
     clear = f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 --job-name=clear-stale {sys.executable} "
     assert clear + "-m mas_async.launch.slurm_stale --job-name pp\n" in text
-    train = f"exec {sys.executable} -m mas_async train {CONFIG} run.iterations=3 cluster.engine=slurm "
-    assert train + f"run.output_dir={run_dir}\n" in text
-    assert text.index("slurm_stale") < text.index("mas_async train")  # clear first, then launch
+    assert f"MAS_ASYNC_STOP_REQUESTED=$stop exec {sys.executable} -m mas_async.launch.slurm_batch {run_dir}\n" in text
+    assert text.index("slurm_stale") < text.index("slurm_batch")  # clear first, then launch
     assert subprocess.run([bash, "-n", str(script)]).returncode == 0
     assert not (run_dir / "metrics.jsonl").exists()
+    # Every start of the job runs the config as it was at submission, with the overrides and on SLURM.
+    copied = load_config(run_dir / "config.yaml")
+    assert (copied.run.iterations, copied.cluster.engine, copied.run.output_dir) == (3, "slurm", str(run_dir))
 
 
 def test_refusals_name_the_problem(tmp_path, capsys):

@@ -1,0 +1,140 @@
+"""What each process of a SLURM run holds, and what its job asks for: one place for the batch script
+(`slurm_job`) and the engine (`engines/slurm`), so that the job always holds what its steps take.
+
+Every process is its own job step with resources of its own (`srun --exact`, never `--overlap`, which
+shares CPUs, memory and GPUs with every other step):
+
+- GPUs (`gpus_of`): `cluster.slurm.gpus` for the process or its role, else 1 for a trainer rank on a GPU
+  device and 1 for an inference replica on a GPU or of a backend that places itself (vLLM), else 0. A
+  step with GPUs asks `--gpus-per-task=G` and sees only its own, as cuda:0..G-1 (CUDA_VISIBLE_DEVICES);
+  one without asks `--gres=none`, since a step gets every GPU of the job on its node by default.
+- CPUs: `cluster.slurm.cpus` for the process or its role, else 4 with GPUs and `cluster.torch_threads`
+  without (`--cpus-per-task`).
+- memory: `--mem=0`, which lets a step use the job's memory on its node without taking it from the others.
+
+The job has one task per node and asks every node for `--cpus-per-task=C --gpus-per-node=G --mem=M`, C and
+G the most that the processes placed on any one node need together (SLURM asks the same of each node), M
+`cluster.slurm.mem_per_node`. Within it, the steps of one node run side by side, CPU roles packed beside
+the GPU ones; the batch step (the launcher) takes nothing from them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mas_async.config import Config, ConfigError
+from mas_async.launch.engines.base import ProcessSpec
+from mas_async.placement import SELF_PLACED, process_device
+
+GPU_PROCESS_CPUS = 4
+"""CPUs of a process with GPUs unless `cluster.slurm.cpus` says (data movement, tokenisation, vLLM's loop)."""
+
+JOB_RESOURCE_ENV = (
+    "SLURM_CPUS_PER_GPU", "SLURM_EXACT", "SLURM_EXCLUSIVE", "SLURM_GPUS", "SLURM_GPUS_PER_NODE",
+    "SLURM_GPUS_PER_SOCKET", "SLURM_GPUS_PER_TASK", "SLURM_GRES", "SLURM_MEM_PER_CPU", "SLURM_MEM_PER_GPU",
+    "SLURM_MEM_PER_NODE", "SLURM_NTASKS_PER_GPU", "SLURM_OVERLAP", "SLURM_STEP_GRES", "SRUN_CPUS_PER_TASK",
+)  # fmt: skip
+"""The job's resource options as sbatch exports them to the batch step: srun would read them as a step's
+defaults (every step would ask for all of the node's GPUs), so a step's srun runs without them."""
+
+
+@dataclass(frozen=True)
+class StepResources:
+    """What one step holds on its node (or, summed, what one node's steps hold)."""
+
+    gpus: int = 0
+    cpus: int = 0
+
+    def __add__(self, other: StepResources) -> StepResources:
+        return StepResources(self.gpus + other.gpus, self.cpus + other.cpus)
+
+
+def default_node_index(spec: ProcessSpec, nth_of_role: int, node_count: int) -> int:
+    """Where a process runs unless `cluster.slurm.placement` says: router and trainers on node 0 (beside the
+    launcher), inference servers round-robin over nodes 1.. (node 0 when it is the only one), env workers
+    round-robin over all nodes."""
+    if spec.role == "inference":
+        return 1 + nth_of_role % (node_count - 1) if node_count > 1 else 0
+    if spec.role == "env_worker":
+        return nth_of_role % node_count
+    return 0
+
+
+def node_indexes(config: Config, specs: list[ProcessSpec], node_count: int) -> dict[str, int]:
+    """process name -> its node index: `cluster.slurm.placement` (the process, else its role), else
+    `default_node_index`; an index outside the allocation is a ConfigError."""
+    placement = config.cluster.slurm.placement
+    seen: dict[str, int] = {}
+    where = {}
+    for spec in specs:
+        nth = seen[spec.role] = seen.get(spec.role, -1) + 1
+        key = spec.name if spec.name in placement else spec.role
+        index = placement.get(key, default_node_index(spec, nth, node_count))
+        if index >= node_count:
+            raise ConfigError(
+                f"cluster.slurm.placement.{key}={index}: the allocation has {node_count} nodes, indexes "
+                f"0..{node_count - 1}"
+            )
+        where[spec.name] = index
+    return where
+
+
+def _setting(table: dict[str, int], spec: ProcessSpec) -> int | None:
+    return table.get(spec.name, table.get(spec.role))
+
+
+def gpus_of(config: Config, spec: ProcessSpec) -> int:
+    """The GPUs of `spec`'s step (module docstring); a device the step would not hold is a ConfigError."""
+    device = process_device(config, spec.name)
+    gpus = _setting(config.cluster.slurm.gpus, spec)
+    if gpus is None:
+        gpus = 1 if device == SELF_PLACED or device.startswith("cuda") else 0
+    if device.startswith("cuda"):
+        index = int(device.partition(":")[2] or 0)
+        if index >= gpus:
+            held = f"{gpus} GPU(s) of its own, seen as cuda:0..{gpus - 1}" if gpus else "no GPU"
+            raise ConfigError(
+                f"{spec.name} runs on {device}, but under cluster.engine=slurm its step holds {held} "
+                f"(cluster.slurm.gpus.{spec.role}); name its device cuda, or give its step more GPUs"
+            )
+    return gpus
+
+
+def step_resources(config: Config, spec: ProcessSpec) -> StepResources:
+    """What `spec`'s step holds on its node."""
+    gpus = gpus_of(config, spec)
+    cpus = _setting(config.cluster.slurm.cpus, spec)
+    if cpus is None:
+        cpus = GPU_PROCESS_CPUS if gpus else config.cluster.torch_threads
+    return StepResources(gpus, cpus)
+
+
+def node_needs(config: Config, specs: list[ProcessSpec], node_count: int) -> list[StepResources]:
+    """What the steps placed on each node (by index) hold together."""
+    where = node_indexes(config, specs, node_count)
+    needs = [StepResources() for _ in range(node_count)]
+    for spec in specs:
+        needs[where[spec.name]] += step_resources(config, spec)
+    return needs
+
+
+def job_options(config: Config, specs: list[ProcessSpec], node_count: int) -> list[str]:
+    """The job's per-node requests (`#SBATCH` options): the most any one node's steps hold, and memory."""
+    needs = node_needs(config, specs, node_count)
+    cpus, gpus = max(n.cpus for n in needs), max(n.gpus for n in needs)
+    return [
+        f"--cpus-per-task={cpus}",
+        *([f"--gpus-per-node={gpus}"] if gpus else []),
+        f"--mem={config.cluster.slurm.mem_per_node}",
+    ]
+
+
+def step_options(resources: StepResources) -> list[str]:
+    """The srun options that give a step exactly `resources` of its node, beside the other steps."""
+    gpus = [f"--gpus-per-task={resources.gpus}"] if resources.gpus else ["--gres=none"]
+    return ["--exact", f"--cpus-per-task={resources.cpus}", *gpus, "--mem=0"]
+
+
+def step_environment(environ: dict[str, str]) -> dict[str, str]:
+    """`environ` without the job's resource options (`JOB_RESOURCE_ENV`), for a step's srun."""
+    return {k: v for k, v in environ.items() if k not in JOB_RESOURCE_ENV}

@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from envs.code_exec import HARNESS
+from envs.sandbox import isolation_available, run_python
 
 from envs import sandbox_zygote_client as zygote_client
 from envs.code_data import load_own
-from envs.code_exec import HARNESS
-from envs.sandbox import isolation_available, run_python
 
 WAYS = {"zygote": True, "fresh": False}
 

@@ -37,10 +37,9 @@ import hashlib
 from typing import Any
 
 from envs.plan_path import PlanPathEnv
-from envs.sandbox import Limits, RunCache, run_python, run_sync
 from envs.sokoban import SokobanEnv, move
 from envs.sudoku import BOX, SudokuEnv
-from mas_async.api import Env
+from mas_async.api import Env, Limits, RunCache, run_python, run_sync
 
 AGENTS = ("tool", "plan")
 MARKER = "**Actions List**:"
@@ -112,6 +111,7 @@ class ToolPlanEnv(Env):
     `apply` and `answer`."""
 
     possible_agents = list(AGENTS)
+    runs_code = True
     tool_limits: Limits = TOOL_LIMITS
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:

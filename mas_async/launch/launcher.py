@@ -368,11 +368,27 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def check_sandbox(config: Config) -> None:
+    """Refuse, before any process starts, an env that runs model-written code where this machine's
+    sandbox cannot isolate it (each env worker checks again on its own node)."""
+    from mas_async import sandbox
+    from mas_async.api.registry import ENVS, resolve
+
+    if not resolve(config.env.name, ENVS, "env").runs_code:
+        return
+    sandbox.configure(config.sandbox.unsafe_no_isolation, config.sandbox.cgroup_root)
+    try:
+        sandbox.require_isolation()
+    except sandbox.SandboxUnavailable as error:
+        raise ConfigError(f"env {config.env.name} runs model-written code, but {error}") from None
+
+
 def launch(config: Config, mode: str = "train") -> int:
     """Run a whole training job (mode "train") or one evaluation pass (mode "eval"); returns the exit
     status. An evaluation runs the router, inference servers and env workers, no trainers. A training run
     that loses a trainer, its router or a replica starts again from its last complete checkpoint (`RunLost`)."""
     weights = None
+    check_sandbox(config)
     if mode == "eval":
         weights, start_version = eval_weights(config)
         if config.run.output_dir is None:

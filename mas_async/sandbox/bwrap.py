@@ -59,15 +59,15 @@ def _prefix() -> tuple[str, ...]:
     for path, target in seen.symlinks:
         parts += ["--symlink", target, path]
     for path in seen.hidden:
-        parts += ["--tmpfs", path] if os.path.isdir(path) else ["--ro-bind", "/dev/null", path]
+        parts += ["--perms", "0000", "--tmpfs", path] if os.path.isdir(path) else ["--ro-bind", "/dev/null", path]
     parts += ["--dev", "/dev", "--proc", "/proc", "--dir", WORKDIR, "--tmpfs", "/tmp"]
     for name in ("child.py", "zygote.py"):
         parts += ["--ro-bind", str(SCRIPTS / name), f"{INSIDE}/{name}"]
-    # The directories bubblewrap made above the bound paths (e.g. /root above a pyenv) are 0700:
-    # open them to the runs' uids, as the paths below them are.
+    # The directories bubblewrap made above the bound paths (e.g. /root above a pyenv) are 0700: make
+    # them traversable and nothing else (0111: not even their owner, the sandbox's user, lists them).
     above = {str(parent) for path in seen.read_only for parent in Path(path).parents if str(parent) != "/"}
     for directory in sorted(above - set(seen.read_only)):
-        parts += ["--chmod", "0755", directory]
+        parts += ["--chmod", "0111", directory]
     parts += ["--remount-ro", "/", "--chdir", "/", "--clearenv"]
     return tuple(parts)
 

@@ -1,57 +1,36 @@
-"""Run a program against tests in the sandbox and say which passed (for `envs/code.py`).
+"""Judge a program against unit tests outside the program's process (for the code env).
 
-`await run_tests(program, tests)` returns one bool per test, never raises for what the program does.
+`await run_tests(program, tests, entry_point=..., prompt=...)` returns one bool per test and never
+raises for what the program does.
 
-- Function tests ({"code": ...}) run in ONE sandbox run: a small harness execs the program in a fresh
-  namespace (as module `__solution__`, so an `if __name__ == "__main__":` block does not run), then
-  each test in a copy of that namespace, each under its own alarm (`per_test_s`), and reports every
-  result as soon as it is known on a duplicate of stdout, tagged with a random nonce: a program that
-  prints, exits early or hangs in test 3 still gets tests 0-2 counted, and its own prints cannot be
-  mistaken for results by accident. (The program runs in the same process as the harness and could
-  read the nonce; the sandbox contains it, but a reward computed here trusts it not to forge results.)
-- Stdin tests ({"input", "output"}) run one sandbox run each, concurrently; a test passes when the
-  program exits 0 and its stdout equals the expected output up to trailing whitespace on each line
-  and trailing blank lines.
+- Function tests ({"code": ...}) take two sandbox runs (`harness.py`). The first holds the program:
+  it runs each test with the tests' asserts cut down to the calls they make (`calls_only`: no
+  expected value is in that process) and sends, as data, what each call of the entry point returned
+  or raised. The second holds no program: it runs the original tests against a replay of those
+  answers and gives the verdicts. A program can then only choose what its functions return; it
+  cannot report a result, reach the process that judges it, or read the values it is judged against.
+  Tests may call helpers that the problem's `prompt` defines (HumanEval's `encode_cyclic`); the
+  judge has the prompt's definitions, not the program's.
+- `run_tests_on_constant(value, ...)`: the verdicts for a program whose entry point returns `value`
+  for every call (a class: every method), without running one: the judge answers with `value`.
+- Stdin tests ({"input", "output"}) run one sandbox run each, concurrently; the program's stdout is
+  compared here: a test passes when the program exits 0 and its stdout equals the expected output up
+  to trailing whitespace on each line and trailing blank lines.
 """
 
 from __future__ import annotations
 
+import ast
 import asyncio
-import re
+import json
 import secrets
+from pathlib import Path
 from typing import Any
 
-from envs.sandbox import Limits, run_python
+from mas_async.sandbox.result import Limits
+from mas_async.sandbox.runner import run_python
 
-HARNESS = """\
-import os as _os, signal as _signal
-_fd = _os.dup(1)
-class _TestTimeout(BaseException):
-    pass
-def _alarm(signum, frame):
-    raise _TestTimeout()
-def _report(what):
-    _os.write(_fd, ("\\n%s %s\\n" % ({nonce!r}, what)).encode())
-_signal.signal(_signal.SIGALRM, _alarm)
-_namespace = {{"__name__": "__solution__"}}
-try:
-    _signal.setitimer(_signal.ITIMER_REAL, {per_test_s!r})
-    exec(compile({program!r}, "solution.py", "exec"), _namespace)
-    _signal.setitimer(_signal.ITIMER_REAL, 0)
-except BaseException as _error:
-    _report("load " + type(_error).__name__)
-    _os._exit(0)
-for _index, _test in enumerate({tests!r}):
-    _signal.setitimer(_signal.ITIMER_REAL, {per_test_s!r})
-    try:
-        exec(compile(_test, "test_%d.py" % _index, "exec"), dict(_namespace))
-        _passed = 1
-    except BaseException:
-        _passed = 0
-    _signal.setitimer(_signal.ITIMER_REAL, 0)
-    _report("%d %d" % (_index, _passed))
-_os._exit(0)
-"""
+HARNESS = Path(__file__).with_name("harness.py").read_text()
 
 
 def is_function_test(test: dict[str, Any]) -> bool:
@@ -59,32 +38,138 @@ def is_function_test(test: dict[str, Any]) -> bool:
 
 
 async def run_tests(
-    program: str, tests: list[dict[str, Any]], *, per_test_s: float = 2.0, limits: Limits | None = None
+    program: str,
+    tests: list[dict[str, Any]],
+    *,
+    entry_point: str = "",
+    prompt: str = "",
+    per_test_s: float = 2.0,
+    limits: Limits | None = None,
 ) -> list[bool]:
-    """One pass/fail per test (all function tests or all stdin tests) for `program`."""
+    """One pass/fail per test (all function tests, which need `entry_point`, or all stdin tests)."""
     if not tests:
         return []
-    kinds = {is_function_test(t) for t in tests}
-    if len(kinds) > 1:
-        raise ValueError("run_tests: a problem's tests are all function tests or all stdin tests, not both")
-    if kinds == {True}:
-        return await _function_tests(program, [t["code"] for t in tests], per_test_s, limits)
+    if _kind(tests) == "function":
+        recordings = await _record(program, [t["code"] for t in tests], entry_point, per_test_s, limits)
+        if recordings is None:
+            return [False] * len(tests)
+        return await _judge(tests, entry_point, prompt, per_test_s, recordings=recordings)
     runs = [_stdin_test(program, t["input"], t["output"], per_test_s, limits) for t in tests]
     return list(await asyncio.gather(*runs))
 
 
-async def _function_tests(program: str, tests: list[str], per_test_s: float, limits: Limits | None) -> list[bool]:
+async def run_tests_on_constant(
+    value: Any, tests: list[dict[str, Any]], *, entry_point: str = "", prompt: str = "", per_test_s: float = 2.0
+) -> list[bool]:
+    """The verdicts for an entry point that returns `value` for every call (a stdin program: prints it)."""
+    if not tests:
+        return []
+    if _kind(tests) == "function":
+        return await _judge(tests, entry_point, prompt, per_test_s, constant=value)
+    shown = normalise_output(str(value))
+    return [normalise_output(t["output"]) == shown for t in tests]
+
+
+def _kind(tests: list[dict[str, Any]]) -> str:
+    kinds = {is_function_test(t) for t in tests}
+    if len(kinds) > 1:
+        raise ValueError("run_tests: a problem's tests are all function tests or all stdin tests, not both")
+    return "function" if kinds == {True} else "stdin"
+
+
+def calls_only(code: str) -> str:
+    """`code` with every assert cut down to the calls it makes: `assert f(3) == 14` becomes `(f(3),)`,
+    `assert abs(f(x) - 0.5) < 1e-6` becomes `(abs(f(x) - 0.5),)`. Comparison operands without a call
+    (the expected values) are left out; and/or operands are all evaluated (the judge's replay takes
+    the answers it needs). Code that does not parse is returned as it is (it fails either way)."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return code
+    return ast.unparse(ast.fix_missing_locations(_CallsOnly().visit(tree)))
+
+
+class _CallsOnly(ast.NodeTransformer):
+    def visit_Assert(self, node: ast.Assert) -> ast.AST:
+        return ast.copy_location(ast.Expr(_calls(node.test)), node)
+
+
+def _calls(expr: ast.expr) -> ast.expr:
+    if isinstance(expr, ast.Compare):
+        operands = [operand for operand in (expr.left, *expr.comparators) if _has_call(operand)]
+        return ast.Tuple([_calls(operand) for operand in operands], ast.Load())
+    if isinstance(expr, ast.BoolOp):
+        return ast.Tuple([_calls(value) for value in expr.values], ast.Load())
+    if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
+        return _calls(expr.operand)
+    return expr
+
+
+def _has_call(expr: ast.expr) -> bool:
+    return any(isinstance(node, ast.Call) for node in ast.walk(expr))
+
+
+def _limits(per_test_s: float, count: int) -> Limits:
+    return Limits(timeout_s=per_test_s * (count + 1) + 5.0, cpu_s=int(per_test_s * (count + 1)) + 5)
+
+
+async def _record(
+    program: str, tests: list[str], entry: str, per_test_s: float, limits: Limits | None
+) -> list[list] | None:
+    """What each test's calls of the entry point did, per test; None when the program did not load."""
+    if not entry:
+        raise ValueError("run_tests: function tests need the problem's entry_point")
     nonce = secrets.token_hex(8)
-    harness = HARNESS.format(nonce=nonce, per_test_s=float(per_test_s), program=program, tests=tests)
-    limits = limits or Limits(
-        timeout_s=per_test_s * (len(tests) + 1) + 5.0, cpu_s=int(per_test_s * (len(tests) + 1)) + 5
+    job = {"mode": "record", "nonce": nonce, "program": program, "entry": entry, "per_test_s": float(per_test_s)}
+    job["tests"] = [calls_only(t) for t in tests]
+    result = await run_python(
+        HARNESS, files={"job.json": json.dumps(job)}, limits=limits or _limits(per_test_s, len(tests))
     )
-    result = await run_python(harness, limits=limits)
+    recordings: list[list] = [[] for _ in tests]
+    for message in _messages(result.stdout, nonce):
+        if "load" in message:
+            return None
+        index = message.get("test")
+        if isinstance(index, int) and 0 <= index < len(tests) and isinstance(message.get("calls"), list):
+            recordings[index] = message["calls"]
+    return recordings
+
+
+async def _judge(
+    tests: list[dict[str, Any]],
+    entry: str,
+    prompt: str,
+    per_test_s: float,
+    recordings: list[list] | None = None,
+    constant: Any = None,
+) -> list[bool]:
+    nonce = secrets.token_hex(8)
+    job = {"mode": "judge", "nonce": nonce, "tests": [t["code"] for t in tests], "entry": entry, "prompt": prompt}
+    job |= {"per_test_s": float(per_test_s), "recordings": recordings, "entry_is_class": entry[:1].isupper()}
+    if recordings is None:
+        from mas_async.sandbox.harness import encode
+
+        job["constant"] = [encode(constant)]
+    result = await run_python(HARNESS, files={"job.json": json.dumps(job)}, limits=_limits(per_test_s, len(tests)))
     passed = [False] * len(tests)
-    for index, ok in re.findall(rf"^{nonce} (\d+) ([01])$", result.stdout, flags=re.MULTILINE):
-        if int(index) < len(tests):
-            passed[int(index)] = ok == "1"
+    for message in _messages(result.stdout, nonce):
+        index = message.get("test")
+        if isinstance(index, int) and 0 <= index < len(tests):
+            passed[index] = message.get("passed") is True
     return passed
+
+
+def _messages(stdout: str, nonce: str) -> list[dict]:
+    found = []
+    for line in stdout.splitlines():
+        if line.startswith(nonce + " "):
+            try:
+                message = json.loads(line[len(nonce) + 1 :])
+            except json.JSONDecodeError:
+                continue
+            if isinstance(message, dict):
+                found.append(message)
+    return found
 
 
 async def _stdin_test(program: str, given: str, expected: str, per_test_s: float, limits: Limits | None) -> bool:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from envs.sandbox import isolation_available
+from mas_async.sandbox import isolation_available
 from tests.support.paths import ROOT
 
 

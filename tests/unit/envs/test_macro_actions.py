@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from envs.plan_path import PlanPathEnv
-from envs.sandbox import Limits
+from mas_async.api import Limits
 from envs.sokoban import SokobanEnv
 from envs.sudoku import SudokuEnv
 from envs.tool_plan import (

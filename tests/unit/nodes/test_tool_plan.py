@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from envs.sandbox import Limits
+from mas_async.api import Limits
 from envs.tool_plan import (
     PlanPathPlanAloneEnv,
     PlanPathToolAloneEnv,

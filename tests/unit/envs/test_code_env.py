@@ -54,7 +54,9 @@ def test_own_reference_solutions_pass_and_stubs_fail() -> None:
     async def main() -> tuple[list[list[bool]], list[list[bool]]]:
         own = load_own()
         right = await asyncio.gather(*(run_tests(p["solution"], p["tests"], **_judged(p)) for p in own))
-        stubs = await asyncio.gather(*(run_tests(p["prompt"] + "    return None\n", p["tests"], **_judged(p)) for p in own))
+        stubs = await asyncio.gather(
+            *(run_tests(p["prompt"] + "    return None\n", p["tests"], **_judged(p)) for p in own)
+        )
         return right, stubs
 
     right, stubs = asyncio.run(main())
@@ -126,9 +128,9 @@ def test_parallel_episode_scores_every_candidate_and_joins_the_turn(problem: dic
     rewards = {(s.agent, s.info["index"]): s.reward for s in episode.samples}
     assert rewards[("coder", 0)] == 1.5 and rewards[("coder", 1)] == -1.0 and rewards[("coder", 2)] == 2.0
     assert rewards[("tester", 2)] == 1.0 and rewards[("tester", 1)] == -1.0
-    # No code on the tester's clone (team reward 0): its valid tests fail the stub (1.0), 1 test of 3 is
-    # wrong (-1/3).
-    assert rewards[("tester", 0)] == pytest.approx(2 / 3)
+    # No code on the tester's clone (team reward 0): of its 3 tests one discriminates (f(3) == 14 fails
+    # the constants), one is wrong (the reference fails it) and `assert True` catches nothing: (1 - 1) / 3.
+    assert rewards[("tester", 0)] == 0.0
     assert [s.valid for s in episode.samples] == [True, False, True, True, False, True]
     assert {s.group for s in episode.samples} == {"e0/coder/0", "e0/tester/0"}
     assert [(c.agent, c.index) for c in episode.committed] == [("coder", 2), ("tester", 2)]  # the best of each

@@ -119,10 +119,10 @@ def test_a_test_that_only_rules_out_none_earns_nothing(problem: dict[str, Any]) 
 def test_the_wrong_programs_are_constants_and_mutants_of_the_reference(problem: dict[str, Any]) -> None:
     found = mutants(problem)  # sum(i * i for i in range(1, n + 1)): range from 2; n - 1 for n + 1
     assert found == [
-        "def sum_of_squares(n: int) -> int:\n    \"\"\"Return 1*1 + 2*2 + ... + n*n (0 when n <= 0).\n    >>> sum_of_squares(3)\n"
-        "    14\n    \"\"\"\n    return sum((i * i for i in range(2, n + 1)))",
-        "def sum_of_squares(n: int) -> int:\n    \"\"\"Return 1*1 + 2*2 + ... + n*n (0 when n <= 0).\n    >>> sum_of_squares(3)\n"
-        "    14\n    \"\"\"\n    return sum((i * i for i in range(1, n - 1)))",
+        'def sum_of_squares(n: int) -> int:\n    """Return 1*1 + 2*2 + ... + n*n (0 when n <= 0).\n    >>> sum_of_squares(3)\n'
+        '    14\n    """\n    return sum((i * i for i in range(2, n + 1)))',
+        'def sum_of_squares(n: int) -> int:\n    """Return 1*1 + 2*2 + ... + n*n (0 when n <= 0).\n    >>> sum_of_squares(3)\n'
+        '    14\n    """\n    return sum((i * i for i in range(1, n - 1)))',
     ]
     tests = [{"code": "assert sum_of_squares(1) == 1"}, {"code": "assert sum_of_squares(0) == 0"}]
     judged = {"entry_point": problem["entry_point"], "prompt": problem["prompt"]}

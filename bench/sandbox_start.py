@@ -1,8 +1,10 @@
-"""What starting a sandbox run costs: isolated runs forked by the zygote against the raw baseline, a
-fresh interpreter per run (`unshare ... python -I -S sandbox_child.py`), measured in the same run.
+"""What starting a sandbox run costs: runs forked by the zygote (in one bubblewrap sandbox) against a
+fresh sandbox per run (`bwrap ... python -I -S child.py`), and both against the raw baseline, a bare
+interpreter with no sandbox at all (`python -I -S`, the program run as it is): fresh minus bare is what
+bubblewrap and the run's own namespaces cost a run. Measured in the same run.
 
-Two programs: a trivial one (the start cost alone) and the code env's function-test harness
-(`envs.code_exec.HARNESS`, what `run_tests` runs for a turn's program) on the reference solution of
+Two programs: a trivial one (the start cost alone) and the code env's function-test harness in its
+record mode (`mas_async/sandbox/harness.py`, the program's half of `run_tests`) on the reference solution of
 the first of the project's own problems, its 4 tests. Each round runs
 `--runs` of them, `--concurrency` at a time (an env worker overlaps its runs), once per way, in
 alternating order. Figures per way: CPU milliseconds per run (this process, its children and the
@@ -27,12 +29,12 @@ from typing import Any
 
 import psutil
 
-from envs import sandbox_zygote_client as zygote_client
 from envs.code_data import load_own
-from envs.code_exec import HARNESS
-from envs.sandbox import isolation_available, run_python
+from mas_async.sandbox import isolation_available, run_python
+from mas_async.sandbox import zygote_client as zygote_client
+from mas_async.sandbox.tests import HARNESS, calls_only
 
-WAYS = {"zygote": True, "fresh": False}
+WAYS = {"zygote": True, "fresh": False, "bare": None}
 
 
 def cpu_seconds() -> float:
@@ -49,20 +51,32 @@ def cpu_seconds() -> float:
 def programs() -> dict[str, Any]:
     """name -> an async function running one program in the sandbox, given `zygote`."""
     problem = load_own()[0]
-    tests = [t["code"] for t in problem["tests"]]
-    harness = HARNESS.format(nonce="0" * 16, per_test_s=2.0, program=problem["solution"], tests=tests)
+    job = {"mode": "record", "nonce": "0" * 16, "program": problem["solution"], "entry": problem["entry_point"]}
+    job |= {"per_test_s": 2.0, "tests": [calls_only(t["code"]) for t in problem["tests"]]}
+    harness = HARNESS.replace('with open("job.json") as f:', "if True:").replace("job = json.load(f)", f"job = {job!r}")
+    harness = harness.replace('    os.remove("job.json")\n', "")
 
-    async def trivial(zygote: bool) -> bool:
-        return (await run_python("print(sum(range(1000)))", zygote=zygote)).ok
+    async def run(code: str, zygote: bool | None) -> str | None:
+        if zygote is not None:
+            result = await run_python(code, zygote=zygote)
+            return result.stdout if result.ok else None
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-I", "-S", "-c", code, stdout=asyncio.subprocess.PIPE, cwd="/tmp", env={}
+        )
+        out, _ = await proc.communicate()
+        return out.decode() if proc.returncode == 0 else None
 
-    async def function_tests(zygote: bool) -> bool:
-        result = await run_python(harness, zygote=zygote)
-        return result.ok and result.stdout.count(" 1\n") == len(tests)  # every test reported passed
+    async def trivial(zygote: bool | None) -> bool:
+        return await run("print(sum(range(1000)))", zygote) == "499500\n"
+
+    async def function_tests(zygote: bool | None) -> bool:
+        out = await run(harness, zygote)
+        return out is not None and out.count('"calls"') == len(problem["tests"])  # every test recorded
 
     return {"trivial": trivial, "function tests": function_tests}
 
 
-async def one_round(program, zygote: bool, runs: int, concurrency: int) -> tuple[float, float]:
+async def one_round(program, zygote: bool | None, runs: int, concurrency: int) -> tuple[float, float]:
     """(CPU ms per run, runs per second) of `runs` runs, `concurrency` at a time."""
     gate = asyncio.Semaphore(concurrency)
 
@@ -89,10 +103,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 cpu_ms, rate = asyncio.run(one_round(program, WAYS[way], args.runs, args.concurrency))
                 per_way[way]["cpu_ms"].append(cpu_ms)
                 per_way[way]["runs_per_s"].append(rate)
-        zygote, fresh = per_way["zygote"], per_way["fresh"]
+        zygote, fresh, bare = per_way["zygote"], per_way["fresh"], per_way["bare"]
         cpu_ratio = [f / z for f, z in zip(fresh["cpu_ms"], zygote["cpu_ms"], strict=True)]
         rate_ratio = [z / f for f, z in zip(fresh["runs_per_s"], zygote["runs_per_s"], strict=True)]
-        figures[name] = {**per_way, "cpu_ratio": cpu_ratio, "rate_ratio": rate_ratio}
+        bwrap_ms = [f - b for f, b in zip(fresh["cpu_ms"], bare["cpu_ms"], strict=True)]
+        figures[name] = {**per_way, "cpu_ratio": cpu_ratio, "rate_ratio": rate_ratio, "bwrap_cpu_ms": bwrap_ms}
     return figures
 
 
@@ -112,7 +127,8 @@ def report(figures: dict[str, Any], args: argparse.Namespace) -> None:
     for name, ways in figures.items():
         print(
             f"zygote ratio, {name}: CPU per run {_spread(ways['cpu_ratio'])}x less, "
-            f"runs/s {_spread(ways['rate_ratio'])}x (fresh interpreter = 1)"
+            f"runs/s {_spread(ways['rate_ratio'])}x (fresh sandbox = 1); a fresh sandbox costs "
+            f"{_spread(ways['bwrap_cpu_ms'])} ms of CPU more than a bare interpreter (bubblewrap and the namespaces)"
         )
 
 
@@ -127,7 +143,7 @@ def main() -> None:
     if args.smoke:
         args.runs, args.rounds = 8, 1
     if not isolation_available():
-        sys.exit("bench/sandbox_start.py: the zygote starts isolated runs only, and isolation needs root and unshare")
+        sys.exit("bench/sandbox_start.py: bubblewrap cannot isolate runs here (see docs/sandbox.md)")
     figures = measure(args)
     report(figures, args)
     if args.json:

@@ -10,16 +10,23 @@ After every step the env knows, for the current program and tests:
 
 - `pass_ratio()`: the fraction of the problem's hidden ground-truth tests the program passes; this is
   `team_reward()` and the coder's local reward (`nodes/code.py`);
-- `tester_reward()`: the tester's local reward, from the problem's reference solution and the programs
-  known to be wrong (see `tester_reward` for the rule): a test earns credit only if the reference
-  passes it and it fails a wrong program; a test the reference fails is penalised; a test that every
-  program passes (`assert f(1) == f(1)`) earns nothing. 0.0 when the dataset has no reference solution
-  (nothing the tester writes can be validated then);
+- `tester_reward()`: the tester's local reward, from the problem's reference solution and plausible
+  wrong programs (see `tester_reward` for the rule): a test earns credit only if the reference passes
+  it and it discriminates, failing at least one plausible wrong program (`envs/code_wrong.py`:
+  constant-returning variants and mutants of the reference, and the coder's program when it is
+  wrong), not only a program that returns None; a test the reference fails is penalised; a test that
+  every program passes (`assert f(1) == f(1)`) or that only rules out None (`assert f(1) is not
+  None`) earns nothing. 0.0 when the dataset has no reference solution (nothing the tester writes can
+  be validated then);
 - `test_agreement()`: the fraction of the tester's tests that the reference solution passes and that,
   for a function problem, call the function: a diagnostic (in `infos`), no longer a reward;
 - whether the program passes every hidden test: then every agent is terminated (the episode ends; the
   workflow also stops after its `max_turns`). Passing the tester's tests does not end it: a tester
   and a coder that agree on wrong tests have not solved the problem.
+
+Every program is judged outside its own process (`mas_async.api.run_tests`): the program only computes
+the values the tests ask for, so it cannot report its own results. The code envs refuse to start where
+the sandbox cannot isolate programs (`runs_code`).
 
 Ground-truth results never appear in observations: agents see the problem, the current program, the
 current tests and which of those tests the program failed. Results are cached per (program, tests)
@@ -40,9 +47,16 @@ import json
 from typing import Any
 
 from envs.code_data import OWN_TRAIN, load_humaneval, load_jsonl, load_own
-from envs.code_exec import is_function_test, run_tests
-from envs.sandbox import RunCache, run_sync
-from mas_async.api import Env, check_split
+from envs.code_wrong import constants, mutants
+from mas_async.api import (
+    Env,
+    RunCache,
+    check_split,
+    is_function_test,
+    run_sync,
+    run_tests,
+    run_tests_on_constant,
+)
 
 AGENTS = ("coder", "tester")
 SHOWN_CHARS = 3000  # program and tests shown in an observation, at most
@@ -52,6 +66,7 @@ class CodeEnv(Env):
     """A coder and a tester on one programming problem: see the module docstring."""
 
     possible_agents = list(AGENTS)
+    runs_code = True
 
     def __init__(self, per_test_s: float = 2.0) -> None:
         self.per_test_s = per_test_s
@@ -73,7 +88,7 @@ class CodeEnv(Env):
         self.ground_truth: list[bool] = []  # the program on the hidden tests
         # The reference solution on the generated tests; None when the problem has none (or no tests yet).
         self.on_reference: list[bool] | None = None
-        self.on_stub: list[bool] = []  # `wrong_program(problem)` on the generated tests
+        self.on_wrong: list[list[bool]] = []  # each plausible wrong program on the generated tests
         self.on_tests: list[bool] = []  # the program on the generated tests
         self.terminations = {agent: False for agent in AGENTS}
         self.truncations = {agent: False for agent in AGENTS}
@@ -128,7 +143,7 @@ class CodeEnv(Env):
         if agent == "coder":
             self.ground_truth = results
         else:
-            self.on_reference, self.on_stub = results
+            self.on_reference, self.on_wrong = results
         # Only the hidden tests say the problem is solved: ending on the tester's tests let a tester
         # that writes tests the current (wrong) program passes end the episode.
         solved = bool(self.ground_truth) and all(self.ground_truth)
@@ -168,31 +183,31 @@ class CodeEnv(Env):
     def tester_reward(self) -> float:
         """The tester's local reward for the current tests, in [-1, 1]:
 
-            tester_reward = killed / len(wrong) - invalid / len(tests)
+            tester_reward = (discriminating - invalid) / len(tests)
 
         - a test is valid when the reference solution passes it; `invalid` counts the others (a wrong
           test misleads the coder, so it costs, whatever else it does);
-        - `wrong` are the programs known to be wrong: `wrong_program(problem)` (the reference with its
-          entry point returning None, or a program that prints nothing) always, and the coder's current
-          program when it fails a hidden test; `killed` counts those that fail at least one VALID test
-          (the mutation score of the valid tests). A test every program passes, such as
-          `assert f(1) == f(1)`, kills nothing and earns nothing; a test that exposes the coder's bug
-          earns what a test that only rules out the stub cannot.
+        - a valid test discriminates when it fails at least one plausible wrong program: a constant-
+          returning variant or a mutant of the reference (`envs/code_wrong.py`), or the coder's current
+          program when it fails a hidden test. The program that returns None is not one of them: any
+          assert on a value fails it, so a test that rules out only None (`assert f(x) is not None`)
+          earns nothing, as does one that every program passes (`assert f(1) == f(1)`).
 
-        Removing an invalid test never lowers the reward (kills count valid tests only), so the best
-        answer is a set of valid tests that fails every known-wrong program. A correct program (it passes
-        every hidden test) is no target: failing it would not be a discovery. Without a reference
-        solution no test can be validated, and paying for failures alone would pay for wrong tests
-        (they fail every program): the reward is then 0.0, and the tester learns from the team reward.
+        The best answer is a set of valid tests each of which catches a plausible mistake. A correct
+        program (it passes every hidden test) is no target: failing it would not be a discovery.
+        Without a reference solution no test can be validated, and paying for failures alone would pay
+        for wrong tests (they fail every program): the reward is then 0.0, and the tester learns from
+        the team reward.
         """
         if not self.tests or self.on_reference is None:
             return 0.0
-        valid = self.on_reference
-        wrong = [self.on_stub]
+        wrong = list(self.on_wrong)
         if self.code is not None and self.ground_truth and not all(self.ground_truth):
             wrong.append(self.on_tests)
-        killed = sum(any(ok and not passed for ok, passed in zip(valid, results, strict=True)) for results in wrong)
-        return killed / len(wrong) - valid.count(False) / len(valid)
+        discriminating = sum(
+            ok and any(not results[index] for results in wrong) for index, ok in enumerate(self.on_reference)
+        )
+        return (discriminating - self.on_reference.count(False)) / len(self.tests)
 
     def team_reward(self) -> float:
         return self.pass_ratio()
@@ -226,41 +241,33 @@ class CodeEnv(Env):
             raise ValueError("code: call reset() before using the env")
         return self.problem
 
-    async def _judge_tests(self, tests: list[dict[str, Any]]) -> tuple[list[bool] | None, list[bool]]:
-        """The reference solution's and `wrong_program`'s results on `tests`, run concurrently; (None, [])
-        when the problem has no reference (the tests cannot be validated, so the stub is not run)."""
+    async def _judge_tests(self, tests: list[dict[str, Any]]) -> tuple[list[bool] | None, list[list[bool]]]:
+        """The reference solution's and each plausible wrong program's results on `tests`, run
+        concurrently; (None, []) when the problem has no reference (the tests cannot be validated, so
+        no wrong program is run)."""
         problem = self._problem()
         if problem.get("solution") is None or not tests:
             return None, []
         if any(is_function_test(t) != is_function_test(problem["tests"][0]) for t in tests):
-            return [False] * len(tests), [False] * len(tests)  # tests of the wrong kind: no program passes them
-        on_reference, on_stub = await asyncio.gather(
-            self._run(problem["solution"], tests), self._run(wrong_program(problem), tests)
-        )
-        return on_reference, on_stub
+            return [False] * len(tests), []  # tests of the wrong kind: no program passes them
+        judged = {"entry_point": problem["entry_point"], "prompt": problem["prompt"], "per_test_s": self.per_test_s}
+        runs = [self._run(problem["solution"], tests), *(self._run(m, tests) for m in mutants(problem))]
+        runs += [run_tests_on_constant(value, tests, **judged) for value in constants(problem)]
+        on_reference, *on_wrong = await asyncio.gather(*runs)
+        return on_reference, on_wrong
 
     async def _run(self, program: str, tests: list[dict[str, Any]]) -> list[bool]:
         """Results of `program` on `tests`, shared by clones: concurrent askers await one run."""
         if not tests or any(is_function_test(t) != is_function_test(tests[0]) for t in tests):
             return [False] * len(tests)
+        problem = self._problem()
         key = hashlib.sha256(json.dumps([program, tests], sort_keys=True).encode()).hexdigest()
-        return await self._results.get(key, lambda: run_tests(program, tests, per_test_s=self.per_test_s))
-
-
-def wrong_program(problem: dict[str, Any]) -> str:
-    """A program wrong for any problem worth posing, the tester's always-available target: the reference
-    solution with its entry point redefined to return None (a class `Solution` whose every method does),
-    or, for a stdin problem, a program that prints nothing. Keeping the reference's other definitions
-    means a test that only exercises a helper (`assert helper(1) == helper(1)`) passes it, as it passes
-    everything else. Needs `problem["solution"]`."""
-    entry = problem["entry_point"]
-    if not entry:
-        return "pass\n"
-    if entry == "Solution":
-        stub = "class Solution:\n    def __getattr__(self, name):\n        return lambda *args, **kwargs: None\n"
-    else:
-        stub = f"def {entry}(*args, **kwargs):\n    return None\n"
-    return f"{problem['solution']}\n\n{stub}"
+        return await self._results.get(
+            key,
+            lambda: run_tests(
+                program, tests, entry_point=problem["entry_point"], prompt=problem["prompt"], per_test_s=self.per_test_s
+            ),
+        )
 
 
 def format_tests(tests: list[dict[str, Any]]) -> str:

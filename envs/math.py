@@ -27,8 +27,7 @@ import hashlib
 from typing import Any
 
 from envs.math_data import equivalent, last_boxed, load_jsonl, load_split
-from envs.sandbox import Limits, RunCache, SandboxResult, run_python, run_sync
-from mas_async.api import Env, check_split
+from mas_async.api import Env, Limits, RunCache, SandboxResult, check_split, run_python, run_sync
 
 SHOWN_CHARS = 1500  # reasoning, code and output shown in an observation, at most
 TOOL_LIMITS = Limits(timeout_s=10.0, cpu_s=5)
@@ -103,6 +102,7 @@ class MathEnv(_MathBase):
     """A reasoner and a tool-user answer in parallel; see the module docstring."""
 
     possible_agents = ["reasoner", "tool_user"]
+    runs_code = True
 
     def _reset_state(self) -> None:
         self.reasoner_answer: str | None = None

@@ -6,7 +6,7 @@ program, its output and the actions it printed, answers with the action list the
 problems, grids and rules as `envs.plan_path`, `envs.sokoban` and `envs.sudoku`; what differs is the
 agents and their actions:
 
-- "tool": {"code": str}. `astep` runs the program in the sandbox (`envs.sandbox.run_python`, never in
+- "tool": {"code": str}. `astep` runs the program in the sandbox (`mas_async.api.run_python`, never in
   this process) and reads the action list it printed after `**Actions List**:` (else the last line that
   is a list literal). The state does not move: the program and what it printed are recorded for the
   plan agent, and `achieves(actions)` says whether they would solve the problem (applied on a clone).
@@ -37,10 +37,9 @@ import hashlib
 from typing import Any
 
 from envs.plan_path import PlanPathEnv
-from envs.sandbox import Limits, RunCache, run_python, run_sync
 from envs.sokoban import SokobanEnv, move
 from envs.sudoku import BOX, SudokuEnv
-from mas_async.api import Env
+from mas_async.api import Env, Limits, RunCache, run_python, run_sync
 
 AGENTS = ("tool", "plan")
 MARKER = "**Actions List**:"
@@ -112,6 +111,7 @@ class ToolPlanEnv(Env):
     `apply` and `answer`."""
 
     possible_agents = list(AGENTS)
+    runs_code = True
     tool_limits: Limits = TOOL_LIMITS
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:

@@ -498,6 +498,20 @@ class MetricsConfig(_Section):
     None: off, and the wandb package is never imported."""
 
 
+class SandboxConfig(_Section):
+    """Where model-written programs run: bubblewrap isolation, its cgroups, and the plain-words opt-out."""
+
+    unsafe_no_isolation: bool = False
+    """Run model-written programs WITHOUT isolation where bubblewrap cannot isolate them: plain
+    subprocesses with rlimits only, which can read this machine's files (the run's CURVE keys,
+    ~/.ssh), reach the network and the run's own sockets. Off (the default), an env that runs code
+    refuses to start there, saying what to install (docs/sandbox.md)."""
+    cgroup_root: str | None = None
+    """A delegated cgroup v2 directory (memory and pids enabled in its cgroup.subtree_control) to make
+    a cgroup per run in; default: this process's own cgroup when it is such a directory, else none
+    (concurrent runs are then sized by the memory available)."""
+
+
 class Config(_Section):
     """A run: one YAML file (configs/), validated by these models; `section.key=value` overrides on the
     command line."""
@@ -524,6 +538,8 @@ class Config(_Section):
     """Where the processes run, how they talk, and how lost ones are replaced."""
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     """TensorBoard and Weights & Biases beside metrics.jsonl."""
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    """Where model-written programs run (the code, math and tool envs): docs/sandbox.md."""
     resume: str | None = None
     """A run directory to resume from its last complete checkpoint (`resume=RUN_DIR` on the command
     line); the run continues with that directory's resolved config, versions and data position."""

@@ -89,6 +89,10 @@ class Env:
     """
 
     possible_agents: list[str] = []
+    runs_code: bool = False
+    """True for an env that runs model-written programs (`run_python`, `run_tests`): its env workers
+    refuse to start where the sandbox cannot isolate them (`require_isolation`), unless the config says
+    `sandbox.unsafe_no_isolation: true`."""
     terminations: dict[str, bool]
     truncations: dict[str, bool]
     infos: dict[str, dict[str, Any]]

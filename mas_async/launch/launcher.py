@@ -385,6 +385,21 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def check_sandbox(config: Config) -> None:
+    """Refuse, before any process starts, an env that runs model-written code where this machine's
+    sandbox cannot isolate it (each env worker checks again on its own node)."""
+    from mas_async import sandbox
+    from mas_async.api.registry import ENVS, resolve
+
+    if not resolve(config.env.name, ENVS, "env").runs_code:
+        return
+    sandbox.configure(config.sandbox.unsafe_no_isolation, config.sandbox.cgroup_root)
+    try:
+        sandbox.require_isolation()
+    except sandbox.SandboxUnavailable as error:
+        raise ConfigError(f"env {config.env.name} runs model-written code, but {error}") from None
+
+
 def launch(
     config: Config,
     mode: str = "train",
@@ -399,6 +414,7 @@ def launch(
     `roles` is the role map the processes build their actors from (a test passes one that records).
     `again`: see `prepare_run_dir`. SIGUSR1 stops a training run at a checkpoint of its own (`stop_signal`;
     a caller that handles it already passes its `stop`); the status is then STOPPED."""
+    check_sandbox(config)
     stop = stop or StopOnSignal()
     previous = stop.install()
     try:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from mas_async import sandbox
 from mas_async.api.priority import episode_iteration
 from mas_async.api.registry import ENVS, NODES, WORKFLOWS, resolve
 from mas_async.config import Config
@@ -97,6 +98,9 @@ class EnvWorker(Peer):
         )
         self.cfg = config
         self.env_cls = resolve(config.env.name, ENVS, "env")
+        sandbox.configure(config.sandbox.unsafe_no_isolation, config.sandbox.cgroup_root)
+        if self.env_cls.runs_code:
+            sandbox.require_isolation()  # no silent fallback: a sentence saying what to install
         workflow_cls = resolve(config.workflow.name, WORKFLOWS, "workflow")
         nodes = {agent: resolve(spec.node, NODES, "node")(agent) for agent, spec in config.agents.items()}
         self.workflow = workflow_cls(nodes, **config.workflow.options)

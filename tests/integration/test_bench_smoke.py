@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from envs.sandbox import isolation_available
+from mas_async.sandbox import isolation_available
 from tests.support.paths import ROOT
 
 
@@ -165,13 +165,17 @@ def test_shared_base_smoke(tmp_path: Path) -> None:
     assert "role-swap probe" in proc.stdout
 
 
-@pytest.mark.skipif(not isolation_available(), reason="the zygote starts isolated runs only (root and unshare)")
+@pytest.mark.skipif(not isolation_available(), reason="bubblewrap cannot isolate runs here")
 def test_sandbox_start_smoke(tmp_path: Path) -> None:
-    """Both ways of starting an isolated run, on both programs: a CPU cost and a rate each, and the ratios."""
+    """Both ways of starting an isolated run and the bare baseline, on both programs: a CPU cost and a
+    rate each, the ratios and what bubblewrap costs."""
     stdout, figures = _run("sandbox_start.py", tmp_path)
     assert set(figures) == {"trivial", "function tests"} and "zygote ratio, function tests" in stdout
     for ways in figures.values():
         assert all(
-            len(ways[w][f]) == 1 and ways[w][f][0] > 0 for w in ("zygote", "fresh") for f in ("cpu_ms", "runs_per_s")
+            len(ways[w][f]) == 1 and ways[w][f][0] > 0
+            for w in ("zygote", "fresh", "bare")
+            for f in ("cpu_ms", "runs_per_s")
         )
         assert ways["cpu_ratio"] == [ways["fresh"]["cpu_ms"][0] / ways["zygote"]["cpu_ms"][0]]
+        assert ways["bwrap_cpu_ms"] == [ways["fresh"]["cpu_ms"][0] - ways["bare"]["cpu_ms"][0]]

@@ -15,8 +15,7 @@ import pytest
 
 from envs.code import CodeEnv
 from envs.code_data import load_humaneval, load_jsonl, load_own
-from envs.code_exec import run_tests
-from mas_async.api import ParseError
+from mas_async.api import ParseError, run_tests
 from nodes import code as code_nodes  # a test module may not hold a class named "Test*"
 from nodes.code import Coder, CodeWorkflow
 from tests.support.chat_fakes import ScriptedGenerate, make_episode
@@ -47,11 +46,17 @@ def test_datasets_are_disjoint_and_sized() -> None:
         CodeEnv.problems("dev", 1)
 
 
+def _judged(problem: dict) -> dict:
+    return {"entry_point": problem["entry_point"], "prompt": problem["prompt"]}
+
+
 def test_own_reference_solutions_pass_and_stubs_fail() -> None:
     async def main() -> tuple[list[list[bool]], list[list[bool]]]:
         own = load_own()
-        right = await asyncio.gather(*(run_tests(p["solution"], p["tests"]) for p in own))
-        stubs = await asyncio.gather(*(run_tests(p["prompt"] + "    return None\n", p["tests"]) for p in own))
+        right = await asyncio.gather(*(run_tests(p["solution"], p["tests"], **_judged(p)) for p in own))
+        stubs = await asyncio.gather(
+            *(run_tests(p["prompt"] + "    return None\n", p["tests"], **_judged(p)) for p in own)
+        )
         return right, stubs
 
     right, stubs = asyncio.run(main())
@@ -99,8 +104,8 @@ def test_rewards_hand_computed(problem: dict) -> None:
     tester_before = env.clone()
     env.step("tester", code_nodes.Tester().parse(GOOD_TESTS))
     assert env.test_agreement() == 1.0 and env.on_tests == [True, True]
-    # Valid tests that fail the stub (1 of 2 known-wrong programs) but not the coder's wrong program.
-    assert code_nodes.Tester().local_reward(tester_before, None, env) == env.tester_reward() == 0.5
+    # Valid tests, each failing a constant-returning variant (the coder's wrong program passes them).
+    assert code_nodes.Tester().local_reward(tester_before, None, env) == env.tester_reward() == 1.0
     assert not env.done  # the code passes the generated tests, but the hidden tests still fail one
     assert env.team_reward() == 0.75 and not env.success()
     assert "hidden" not in env.observe("coder") and "385" not in env.observe("coder")  # ground truth stays hidden
@@ -123,9 +128,9 @@ def test_parallel_episode_scores_every_candidate_and_joins_the_turn(problem: dic
     rewards = {(s.agent, s.info["index"]): s.reward for s in episode.samples}
     assert rewards[("coder", 0)] == 1.5 and rewards[("coder", 1)] == -1.0 and rewards[("coder", 2)] == 2.0
     assert rewards[("tester", 2)] == 1.0 and rewards[("tester", 1)] == -1.0
-    # No code on the tester's clone (team reward 0): its valid tests fail the stub (1.0), 1 test of 3 is
-    # wrong (-1/3).
-    assert rewards[("tester", 0)] == pytest.approx(2 / 3)
+    # No code on the tester's clone (team reward 0): of its 3 tests one discriminates (f(3) == 14 fails
+    # the constants), one is wrong (the reference fails it) and `assert True` catches nothing: (1 - 1) / 3.
+    assert rewards[("tester", 0)] == 0.0
     assert [s.valid for s in episode.samples] == [True, False, True, True, False, True]
     assert {s.group for s in episode.samples} == {"e0/coder/0", "e0/tester/0"}
     assert [(c.agent, c.index) for c in episode.committed] == [("coder", 2), ("tester", 2)]  # the best of each
@@ -173,9 +178,9 @@ def test_loaders_read_apps_code_contests_and_livecodebench(tmp_path: Path) -> No
         lcb_solution = "class Solution:\n    def add(self, a, b):\n        return a + b\n"
         return await asyncio.gather(
             run_tests(apps_io["solution"], apps_io["tests"]),
-            run_tests(adder, apps_fn["tests"]),
+            run_tests(adder, apps_fn["tests"], entry_point="add"),
             run_tests(contests["solution"], contests["tests"]),
-            run_tests(lcb_solution, lcb["tests"]),
+            run_tests(lcb_solution, lcb["tests"], entry_point="Solution"),
             run_tests("print(0)", contests["tests"]),
         )
 

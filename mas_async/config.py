@@ -202,7 +202,14 @@ class AlgorithmConfig(_Section):
     importance weight current/behaviour truncated at `is_cap`, no clip; "none": PPO clip against the
     behaviour log-probs, no correction. Strict mode ignores it (the weights would all be 1)."""
     is_cap: float = Field(2.0, gt=0)
-    """Truncation of the importance weights of `off_policy` (tokens above it are counted)."""
+    """Bound of the importance weights of `off_policy` (tokens above it are counted); what happens to a
+    token above it is `is_mode`."""
+    is_mode: Literal["truncate", "mask"] = "truncate"
+    """A token whose importance weight exceeds `is_cap`: "truncate" (the default) weights it by `is_cap`, so
+    it still moves the policy, by a bounded amount (truncated IS, as IMPALA and TIS do); "mask" leaves it
+    out of the loss (weight 0), as AReaL's decoupled PPO does. Truncation is the default because the
+    tokens above the cap are those whose probability grew most since they were sampled, and masking drops
+    exactly their signal; mask trades that signal for no bias from them (docs/staleness.md)."""
     kl_coef: float = Field(0.0, ge=0)
     """Weight of the KL(policy || frozen initial weights) penalty (k3 estimator); 0 keeps no reference."""
     entropy_coef: float = Field(0.0, ge=0)

@@ -41,7 +41,7 @@ from mas_async.placement import describe, place_processes, weight_backends
 from mas_async.router.faults import RUN_RESTART_ENV, replaced_alone
 from mas_async.router.lost_peers import LostPeers
 from mas_async.runtime.actor import DIED_AT_ENV
-from mas_async.runtime.curve import prepare_keys
+from mas_async.runtime.curve import SECRET_ENV, issued_secret, prepare_keys
 
 CLEAN_EXIT_GRACE_S = 10.0
 KILLED_WAIT_S = 5.0
@@ -137,9 +137,9 @@ def prepare_deployment(
     its trainer rank 0's."""
     from mas_async.model_source import resolve_model
 
-    keys_dir = prepare_keys(config, run_dir)
     engine = engine or LocalEngine(config)
     specs = process_specs(config, training)
+    keys_dir = prepare_keys(config, run_dir, [spec.name for spec in specs])
     placement = engine.place(specs)
     by_name = {spec.name: spec for spec in specs}
     places = place_processes(
@@ -217,7 +217,8 @@ def process_launches(
 ) -> list[ProcessLaunch]:
     """Every process of the deployment on its node (deployment.json), router first, each as
     `python -m mas_async.launch.process` building its actor from the role map `roles` ("module:ATTR"; a
-    benchmark passes its own) with the keyword `options`, with the extra environment `env`; one log each."""
+    benchmark passes its own) with the keyword `options`, with the extra environment `env` and its own
+    CURVE secret key (made by `prepare_deployment` in this process); one log each."""
     deployment = Deployment.load(run_dir / "deployment.json")
     env = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(config.cluster.torch_threads), **(env or {})}
     extra = ["--roles", roles, "--options", json.dumps(options or {})]
@@ -226,7 +227,9 @@ def process_launches(
         place = deployment.nodes[spec.name]
         command = [sys.executable, "-m", "mas_async.launch.process", spec.role, str(run_dir), *spec.args, *extra]
         log_path = run_dir / "logs" / f"{spec.name.replace('/', '-')}.log"
-        launches.append(ProcessLaunch(spec, Node(place["node"], place["address"]), command, env, log_path))
+        own = {SECRET_ENV: issued_secret(deployment.keys_dir, spec.name)} if deployment.keys_dir else {}
+        node = Node(place["node"], place["address"])
+        launches.append(ProcessLaunch(spec, node, command, {**env, **own}, log_path))
     return launches
 
 

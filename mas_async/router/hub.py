@@ -15,7 +15,11 @@ iteration barrier as the version clock (`VersionClock`) says:
    step v runs, and their training episodes keep the env workers busy (docs/staleness.md).
 
 On the hot path (Generate, GenerateResult, Groups) only the kind byte and the small header frame are
-decoded, through named header views; payload frames are forwarded untouched. A message is taken only
+decoded, through named header views; payload frames are forwarded untouched. With CURVE the sender of a
+message is the process its key was issued to (the connection's User-Id, `runtime/curve.py`), never the
+socket identity it chose: a Hello whose peer id is not its key's is refused, and once a process joined,
+only the connection it joined with speaks for it (each connection's identity is new and random, so
+another one can neither pose as it nor take the router's messages to it over). A message is taken only
 from a peer that joined (said Hello and was welcomed) and only of a kind its role sends (`SENDERS`);
 anything else, and values the run cannot have (a Groups of a policy it lacks, a negative count), is
 dropped and counted (`router/refused_messages`), as an undecodable message is (`router/malformed`):
@@ -117,8 +121,12 @@ def expected_peers(config: Config, training: bool) -> set[str]:
 class Router(Actor):
     role = "router"
 
-    def __init__(self, config: Config, deployment: Deployment, run_dir: Path) -> None:
+    def __init__(self, config: Config, deployment: Deployment, run_dir: Path, curve_secret: str | None = None) -> None:
         super().__init__("router")
+        self.curve_secret = curve_secret
+        """The router's CURVE secret key (None: the one the launcher gave this process)."""
+        self.routes: dict[bytes, bytes] = {}
+        """Peer name -> the socket identity of the connection it joined with (the name itself without CURVE)."""
         self.cfg = config
         self.deployment = deployment
         self.run_dir = run_dir
@@ -188,17 +196,19 @@ class Router(Actor):
         calls woken by the event loop). ROUTER_MANDATORY makes a send to an unknown or vanished
         identity an error (logged) instead of a silent drop; at the high-water mark sends wait in an
         outbox rather than drop. With the deployment's keys it is a CURVE server whose context's ZAP
-        handler accepts only the run's client key (started before the bind, so no handshake goes
-        unchecked); every refused handshake is counted and logged, and the run goes on."""
+        handler admits only the keys of the run's processes, each as its process (started before the bind,
+        so no handshake goes unchecked); every refused handshake is counted and logged, and the run goes on.
+        Without keys a restarted peer reconnects under its predecessor's identity, and ROUTER_HANDOVER lets
+        it take the identity over even if the old connection is not closed yet (a lost node); with keys
+        every connection has an identity of its own, and none takes another's over."""
         assert self.ctx is not None
         sock = make_socket(self.ctx, zmq.ROUTER)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        # A restarted peer reconnects under its predecessor's identity: it takes the identity over even
-        # if the old connection is not closed yet (a lost node; only holders of the run's key connect).
-        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         authenticator = None
-        if self.deployment.keys_dir is not None:
-            secure_server(sock, self.deployment.keys_dir)
+        if self.deployment.keys_dir is None:
+            sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        else:
+            secure_server(sock, self.deployment.keys_dir, self.curve_secret)
             authenticator = RunAuthenticator(self.ctx, self.deployment.keys_dir)
             authenticator.start()
             self.spawn(authenticator.serve(), "zap")
@@ -211,19 +221,25 @@ class Router(Actor):
         log.info("router bound at %s; waiting for %d peers", self.deployment.router_endpoint, len(self.table.expected))
 
     def send_to(self, identity: bytes, msg: Message) -> None:
-        self.io.send([identity, *encode(msg)])
+        self.io.send([self.routes.get(identity, identity), *encode(msg)])
 
     def forward(self, identity: bytes, frames: list) -> None:
-        self.io.send([identity, *frames])
+        self.io.send([self.routes.get(identity, identity), *frames])
 
     def _on_frames(self, frames: list) -> None:
-        identity, body = frames[0].bytes, frames[1:]
+        route, body = frames[0].bytes, frames[1:]
+        identity = route if self.deployment.keys_dir is None else self._key_name(route, body)
+        if identity is None:
+            return
         try:
             cls, header = peek([f.buffer for f in body])
             if cls is not Hello:
                 peer = self.peers.get(identity)
                 if peer is None:
                     self.refuse(identity, cls, "its sender never joined")
+                    return
+                if self.routes.get(identity) != route:
+                    self.refuse(identity, cls, "it came over another connection than the one its sender joined with")
                     return
                 if cls is not Heartbeat and SENDERS.get(cls) != peer.role:
                     self.refuse(identity, cls, f"a {peer.role} does not send it")
@@ -232,6 +248,9 @@ class Router(Actor):
                     self.refuse(identity, cls, "it names a policy its sender does not serve")
                     return
             if cls is Generate:
+                if header.origin.encode() != identity:
+                    self.refuse(identity, cls, "its origin is not its sender")
+                    return
                 self._route_generate(identity, header, body)
             elif cls is GenerateResult:
                 self._route_result(identity, header, body)
@@ -241,12 +260,25 @@ class Router(Actor):
                 # Liveness: every peer sends a Heartbeat each heartbeat_s, busy or not, so the hot path
                 # above need not stamp its messages.
                 self.table.seen(identity)
-                if cls is not Heartbeat:
+                if cls is Hello:
+                    self._on_hello(identity, decode([f.buffer for f in body]), route)  # type: ignore[arg-type]
+                elif cls is not Heartbeat:
                     self._handle(identity, decode([f.buffer for f in body]))
         except CodecError as e:
             self.malformed += 1
             if n := self.warnings.due("malformed"):
                 log.warning("dropped a malformed message from %s (%d so far): %s", printable(identity), n, e)
+
+    def _key_name(self, route: bytes, body: list) -> bytes | None:
+        """The process whose key the connection holds: the User-Id that the ZAP handler gave it, which
+        libzmq attaches to every frame of the connection (None, counted as malformed, if there is none)."""
+        try:
+            return body[0].get("User-Id").encode()
+        except (zmq.ZMQError, IndexError, AttributeError):
+            self.malformed += 1
+            if n := self.warnings.due("no user id"):
+                log.warning("dropped a message from %s without a User-Id (%d so far)", printable(route), n)
+            return None
 
     def refuse(self, identity: bytes, cls: type[Message], why: str) -> None:
         """Drop a well-formed message that the run must not act on; counted, and logged rate-limited (`why`
@@ -304,9 +336,7 @@ class Router(Actor):
     # -- control messages --------------------------------------------------------------------------
 
     def _handle(self, identity: bytes, msg: Message) -> None:
-        if isinstance(msg, Hello):
-            self._on_hello(identity, msg)
-        elif isinstance(msg, EpisodeDone):
+        if isinstance(msg, EpisodeDone):
             self._on_episode_done(msg)
         elif isinstance(msg, UpdateWeights):
             for ident in self.table.of_policy("inference", msg.policy, alive=True):
@@ -330,13 +360,16 @@ class Router(Actor):
         else:
             self.refuse(identity, type(msg), "no peer sends it to the router")
 
-    def _on_hello(self, identity: bytes, msg: Hello) -> None:
+    def _on_hello(self, identity: bytes, msg: Hello, route: bytes | None = None) -> None:
+        """A peer says who it is (`identity`: with CURVE, the process its key was issued to) over the
+        connection `route` (its socket identity; `identity` itself without CURVE)."""
         name = identity.decode("utf-8", "replace")
         if name not in self.table.expected:
             self.refuse(identity, Hello, "its sender is not a peer of this run")
             return
         if msg.peer_id != name or msg.role != peer_role(name):
-            self.refuse(identity, Hello, "its peer_id or role is not its sender's")
+            why = "its peer_id or role is not its sender's"
+            self.refuse(identity, Hello, why if self.deployment.keys_dir is None else f"{why} (its key's)")
             return
         if msg.role in ("inference", "trainer") and msg.policy != name.split("/")[1]:
             self.refuse(identity, Hello, "its policy is not the one its name says")
@@ -354,6 +387,7 @@ class Router(Actor):
         serving = not (replacement and msg.role == "inference" and self.deployment.training)
         served = self.cfg.served_policies(msg.policy, self.deployment.training) if msg.role == "inference" else []
         info = PeerInfo(msg.role, msg.policy, msg.capacity, msg.pid, policies=tuple(served))
+        self.routes[identity] = identity if route is None else route
         self.table.join(identity, info, serving)
         self.send_to(identity, Welcome(PROTOCOL_VERSION))
         log.info("%s joined (pid %d); %d/%d peers", name, msg.pid, len(self.peers), len(self.table.expected))

@@ -35,7 +35,7 @@ from mas_async.launch.engines.base import Child, Engine, Node, ProcessSpec
 from mas_async.launch.engines.local import LocalEngine
 from mas_async.launch.engines.registry import open_engine
 from mas_async.launch.progress import Progress
-from mas_async.launch.restarts import RESTART_THE_RUN, RestartBudget
+from mas_async.launch.restarts import RESTART_THE_RUN, RestartBudget, RunRestarts
 from mas_async.launch.roles import DEFAULT_ROLES
 from mas_async.placement import describe, place_processes, weight_backends
 from mas_async.router.faults import RUN_RESTART_ENV, replaced_alone
@@ -280,6 +280,8 @@ class RunLost(Exception):
         super().__init__(f"{child.name} ({child.where()}) exited with status {status}")
         self.role = child.name.split("/")[0]
         self.died_at = died_at
+        self.log_path = child.log_path
+        self.tail = child.tail()
 
 
 @dataclass
@@ -402,6 +404,7 @@ def launch(config: Config, mode: str = "train", roles: str = DEFAULT_ROLES) -> i
     training = mode == "train"
     engine = open_engine(config)
     budget = RestartBudget(config.cluster.max_restarts, config.cluster.restart_window_s)
+    run_restarts = RunRestarts(run_dir, config.cluster.max_run_restarts)
     env: dict[str, str] = {}
     try:
         while True:
@@ -409,10 +412,21 @@ def launch(config: Config, mode: str = "train", roles: str = DEFAULT_ROLES) -> i
                 return _run(config, run_dir, start_version, training, weights, engine, budget, env, roles)
             except RunLost as lost:
                 start_version = latest_complete(run_dir, list(config.policies)) or 0
+                refusal = run_restarts.refusal(start_version)
+                if refusal is not None:
+                    print(
+                        f"\nmas-async: {lost}; the run is not restarted: {refusal}. Last lines of {lost.log_path}:"
+                        f"\n\n{lost.tail}\n\nAll processes were stopped. Logs: {run_dir / 'logs'}; once the cause is "
+                        f"fixed, resume=RUN_DIR continues from the last complete checkpoint",
+                        file=sys.stderr,
+                    )
+                    return 1
+                run_restarts.record(lost.role, lost.died_at, start_version)
                 env = {RUN_RESTART_ENV: json.dumps({"role": lost.role, "died_at": lost.died_at})}
                 print(
                     f"\nmas-async: {lost}; restarting the run from its checkpoint of version {start_version} "
-                    f"({budget.used(lost.role)} of {budget.max_restarts} restarts of the role in the window)",
+                    f"({budget.used(lost.role)} of {budget.max_restarts} restarts of the role in the window, "
+                    f"{len(run_restarts.records)} of {run_restarts.max_total} whole-run restarts)",
                     file=sys.stderr,
                 )
     finally:

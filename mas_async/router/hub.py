@@ -179,6 +179,8 @@ class Router(Actor):
         """Rate limit of the warnings a flood of bad messages would repeat."""
         self.best = load_best(run_dir) if deployment.training else None
         """{"version", "score"} of the best held-out evaluation so far (its checkpoint is kept)."""
+        self.poisoned_problems: set[str] = set()
+        """Problems whose episode was dropped as poisoned: not dispatched again in this run."""
         self.faults = FaultLog()
         self.faults.carry(replaced)  # faults seen in the iterations run again are still counted, once
         restart = run_restart_from_env()
@@ -431,6 +433,8 @@ class Router(Actor):
         assert book is not None
         if task.worker in self.peers:
             self.peers[task.worker].outstanding -= 1
+            if task.alone:
+                self.peers[task.worker].exclusive = False
         if msg.error:
             log.error("episode %s failed: %s", msg.episode_id, msg.error)
         elif task.worker is not None and (recovered := self.faults.result_from(task.worker)) is not None:
@@ -456,11 +460,17 @@ class Router(Actor):
         for book in sorted(self.books.values(), key=lambda b: b.iteration):
             waiting = []
             for task in book.queued:
-                workers = self.table.free_workers() if self.clock.may_dispatch(book.version, task.msg.mode) else []
-                if not workers:
+                if not self.clock.may_dispatch(book.version, task.msg.mode):
                     waiting.append(task)
                     continue
-                _, worker = min(workers)
+                if task.alone:  # a last attempt: on a worker that runs nothing else
+                    worker = self.table.worker_for_alone()
+                else:
+                    workers = self.table.free_workers()
+                    worker = min(workers)[1] if workers else None
+                if worker is None:
+                    waiting.append(task)
+                    continue
                 task.worker = worker
                 task.deadline = now + self.cfg.rollout.episode_timeout_s
                 self.peers[worker].outstanding += 1
@@ -521,7 +531,17 @@ class Router(Actor):
             log.error("%s (pid %d) is lost (%s); its %d requests were sent again", ident.decode(), info.pid, why,
                       len(requests))  # fmt: skip
             return
-        lost = sum(book.requeue(ident) for book in self.books.values())
+        lost, max_attempts = 0, self.cfg.rollout.max_attempts
+        for book in self.books.values():
+            again, poisoned = book.requeue(ident, max_attempts)
+            lost += again
+            for task in poisoned:
+                self.poisoned_problems.add(task.msg.problem_id)
+                log.error(
+                    "episode %s (problem %s) was running on %d lost env workers: dropped as poisoned (rollout/poisoned); "
+                    "its problem is not dispatched again in this run", task.msg.episode_id, task.msg.problem_id,
+                    task.msg.attempt + 1,
+                )  # fmt: skip
         self.faults.reissued(lost)
         log.error(
             "%s (pid %d) is lost (%s); its %d episodes run again as new attempts", ident.decode(), info.pid, why, lost
@@ -568,6 +588,11 @@ class Router(Actor):
         # version). Without training (eval, rollout benches) every episode runs at the version held.
         target = iteration if self.deployment.training else self.clock.version
         book = EpisodeBook(iteration, target, self._episodes(iteration, target, train, evaluate))
+        for task in [t for t in book.queued if t.msg.problem_id in self.poisoned_problems]:
+            book.queued.remove(task)  # it killed its workers before: counted again, never run again
+            book.poison(task)
+            log.warning("episode %s (problem %s) is not run: the problem was poisoned", task.msg.episode_id,
+                        task.msg.problem_id)  # fmt: skip
         self.books[iteration] = book
         self._next_book = iteration + 1
         self._dispatch()
@@ -642,6 +667,7 @@ class Router(Actor):
         row[Keys.TRAINER_IDLE_S] = wait_s
         row[Keys.INFERENCE_IDLE_S] = self.idle.take(now, busy=any(b.in_flight for b in self.books.values()))
         row.update(self.faults.take())
+        row[Keys.POISONED] = len(book.poisoned)
         del self.books[iteration]
         self.metrics.write(row)
         return row

@@ -5,6 +5,7 @@ old attempts still send is dropped, the restart and the recovery are in the next
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,7 @@ from mas_async.deployment import Deployment
 from mas_async.launch.launcher import Restarts
 from mas_async.launch.restarts import RestartBudget
 from mas_async.metrics import Keys
+from mas_async.router.episodes import EpisodeTask
 from mas_async.router.faults import RUN_RESTART_ENV, FaultLog
 from mas_async.router.hub import Router
 from mas_async.router.lost_peers import LostPeers, record_lost_peer
@@ -173,6 +175,10 @@ class _Dead:
         from mas_async.launch.engines.base import Node
 
         self.name, self.code, self.node, self.pid = name, code, Node("local", "127.0.0.1"), 1
+        self.log_path = Path(f"{name.replace('/', '-')}.log")
+
+    def tail(self) -> str:
+        return f"the last lines of {self.name}"
 
     def poll(self) -> int | None:
         return self.code
@@ -367,3 +373,121 @@ def test_the_re_form_waits_until_every_replica_of_the_policy_is_back(tmp_path):
     router._on_hello(b, Hello("inference", "inference/vertical/1", "vertical", 8, PROTOCOL_VERSION, 99, time.time()))
     orders = [f for f in router.io.frames if decode(f[1:]).__class__ is ReformWeightGroup]
     assert len(orders) == 3 and router.generations["vertical"] == 1  # one re-form, for both
+
+
+# -- whole-run restarts end -------------------------------------------------------------------------
+
+
+def _launch_losing_the_trainer(tmp_path, monkeypatch, checkpoints: list[int], *overrides: str) -> tuple[int, int]:
+    """`launch()` of a run whose every start loses its trainer (the same fault, at the same point, each time);
+    the run's last complete checkpoint after start i is checkpoints[i]. Returns (exit status, starts); at most
+    len(checkpoints) starts, so a launcher that never stops fails the test instead of hanging it."""
+    from mas_async.launch import launcher
+
+    config = load_config(ROOT / "configs" / "plan_path_tiny.yaml", [f"run.output_dir={tmp_path / 'run'}", *overrides])
+    starts = []
+
+    def lose_the_trainer(*args, **kwargs) -> int:
+        if len(starts) == len(checkpoints):
+            raise AssertionError(f"the run was started {len(starts)} times and is being started again")
+        starts.append(args[2])  # the version it starts from
+        raise launcher.RunLost(_Dead("trainer/vertical", -9), -9, time.time())  # type: ignore[arg-type]
+
+    monkeypatch.setattr(launcher, "_run", lose_the_trainer)
+    monkeypatch.setattr(launcher, "open_engine", lambda config: type("E", (), {"close": lambda self: None})())
+    monkeypatch.setattr(launcher, "latest_complete", lambda run_dir, policies: checkpoints[len(starts) - 1])
+    return launcher.launch(config), len(starts)
+
+
+def test_a_fault_that_recurs_before_a_new_checkpoint_stops_the_run(tmp_path, monkeypatch, capsys):
+    """Restarted from v4, the run loses its trainer again before it writes v6: a second restart would repeat
+    the same fault (the data and seeds are the same), so the run stops, says why, and names the log."""
+    code, starts = _launch_losing_the_trainer(tmp_path, monkeypatch, [4, 4, 4, 4])
+    assert (code, starts) == (1, 2)
+    err = capsys.readouterr().err
+    assert "restarting the run from its checkpoint of version 4" in err
+    assert "the run is not restarted: the run was restarted from its checkpoint of version 4 and lost a process" in err
+    assert "Last lines of trainer-vertical.log:\n\nthe last lines of trainer/vertical" in err
+    records = (tmp_path / "run" / "restarts.jsonl").read_text().splitlines()
+    assert len(records) == 1 and '"from_version": 4' in records[0]
+
+
+def test_whole_run_restarts_have_a_total_even_with_progress(tmp_path, monkeypatch, capsys):
+    """Each start makes progress (a newer checkpoint), so the progress rule allows every restart; the total
+    (`cluster.max_run_restarts`) still ends them."""
+    code, starts = _launch_losing_the_trainer(
+        tmp_path, monkeypatch, [2, 4, 6, 8, 10, 12], "cluster.max_run_restarts=3", "cluster.max_restarts=100"
+    )
+    assert (code, starts) == (1, 4)  # the first start and 3 restarts
+    assert "the run has been restarted 3 times, cluster.max_run_restarts=3" in capsys.readouterr().err
+
+
+def test_the_restart_record_outlives_the_launcher(tmp_path):
+    """A launcher that resumes the run (a requeued job) reads the restarts of the launchers before it."""
+    from mas_async.launch.restarts import RunRestarts
+
+    first = RunRestarts(tmp_path, 5)
+    assert first.refusal(0) is None
+    first.record("trainer", 1.0, 0)
+    later = RunRestarts(tmp_path, 5)
+    assert later.records == first.records and "before it wrote a newer one" in (later.refusal(0) or "")
+    assert later.refusal(2) is None
+
+
+# -- poisoned episodes ---------------------------------------------------------------------------------
+
+
+def test_an_episode_that_kills_its_workers_is_dropped_after_its_attempts_and_its_problem_never_runs_again(tmp_path):
+    """One problem kills whichever worker runs it. Attempts 0 and 1 die with a neighbour (both run again);
+    attempt 2, the last of rollout.max_attempts=3, runs alone, on the replacement that just joined, and so
+    does the neighbour's, on the other worker once that one is drained (reserved: it takes no new episode
+    until idle). When the last attempt kills its worker too, only the poisoned episode is dropped and
+    counted, by its problem id; the iteration ends with the other three; the problem is not dispatched
+    again when it comes round."""
+    router = _router(tmp_path, "cluster.env_workers=2", "rollout.batch_size=4", "rollout.episodes_per_worker=2")
+    router.io = _Sent()
+    pids = {b"env_worker/0": 100, b"env_worker/1": 101}
+    for worker, pid in pids.items():
+        _hello(router, worker.decode(), pid)
+    book = router._open_book(0, train=True, evaluate=False)
+    poison = router.io.episodes_to(b"env_worker/0")[0]
+
+    def running(episode_id: str) -> EpisodeTask:
+        return book.in_flight[episode_id]
+
+    def kill(worker: bytes) -> None:
+        pids[worker] += 1000
+        _hello(router, worker.decode(), pids[worker], died_at=time.time())  # the launcher's replacement
+
+    def finish(task: EpisodeTask) -> None:
+        router._on_episode_done(EpisodeDone(task.msg.episode_id, 0, "train", task.msg.attempt, "", {"success": 1}, {}))
+
+    kill(running(poison.episode_id).worker)  # type: ignore[arg-type]
+    assert running(poison.episode_id).msg.attempt == 1 and not running(poison.episode_id).alone
+    neighbour = next(
+        t.msg.episode_id
+        for t in book.in_flight.values()
+        if t.worker == running(poison.episode_id).worker and t.msg.episode_id != poison.episode_id
+    )
+    kill(running(poison.episode_id).worker)  # type: ignore[arg-type]
+    last = running(poison.episode_id)
+    assert last.alone and last.msg.attempt == 2 and router.peers[last.worker].exclusive  # type: ignore[index]
+    assert router.peers[last.worker].outstanding == 1  # type: ignore[index]
+    assert [t.msg.episode_id for t in book.queued] == [neighbour] and book.queued[0].alone
+    other = next(w for w in pids if w != last.worker)
+    assert router.peers[other].reserved and router.peers[other].outstanding == 2  # drained before it runs it
+    for task in [t for t in book.in_flight.values() if t.worker == other]:
+        finish(task)
+    assert running(neighbour).worker == other and router.peers[other].exclusive
+    kill(last.worker)  # type: ignore[arg-type]
+    assert book.poisoned == [poison.problem_id] and book.dropped["train"] == 1
+    assert poison.episode_id not in book.in_flight and not book.queued
+    finish(running(neighbour))
+    assert book.done.is_set() and book.stats["train"].episodes == 3 and not router.peers[other].exclusive
+    assert router.faults.take()[Keys.restarts("env_worker")] == 3
+    # The problem comes round again: counted as poisoned, never dispatched.
+    router.io.frames.clear()
+    router._order = [int(poison.problem_id.removeprefix("train"))] * len(router._order)
+    later = router._open_book(1, train=True, evaluate=False)
+    assert later.poisoned == [poison.problem_id] * 4 and later.done.is_set()
+    assert not [f for f in router.io.frames if type(decode(f[1:])).__name__ == "RunEpisode"]

@@ -39,7 +39,7 @@ from mas_async.launch.restarts import RESTART_THE_RUN, RestartBudget, RunRestart
 from mas_async.launch.roles import DEFAULT_ROLES
 from mas_async.placement import describe, place_processes, weight_backends
 from mas_async.router.faults import RUN_RESTART_ENV, replaced_alone
-from mas_async.router.lost_peers import LostPeers
+from mas_async.router.lost_peers import LostPeers, forget_restarts, record_restart
 from mas_async.runtime.actor import DIED_AT_ENV
 from mas_async.runtime.curve import SECRET_ENV, issued_secret, prepare_keys
 
@@ -342,6 +342,7 @@ def supervise(children: list[Child], run_dir: Path, progress: Progress, restarts
             role, died_at = child.name.split("/")[0], time.time()
             alone = restarts is not None and replaced_alone(restarts.config, restarts.deployment, child.name)
             if restarts is not None and alone and restarts.budget.take(role):
+                record_restart(run_dir, child.name, child.pid or 0, died_at)  # the router learns of the loss now
                 replacement = restarts.launches[child.name].start(restarts.engine, {DIED_AT_ENV: repr(died_at)})
                 children[children.index(child)] = replacement
                 started_at[child.name] = time.time()
@@ -447,6 +448,7 @@ def _run(
     deployment = prepare_deployment(config, run_dir, start_version, training, weights, engine)
     progress = Progress(config, run_dir)
     launches = process_launches(config, run_dir, training, roles=roles, env=env)
+    forget_restarts(run_dir)
     children = [launch.start(engine) for launch in launches]
     write_pids(run_dir, children)
     restarts = Restarts(engine, {launch.spec.name: launch for launch in launches}, budget, training, config, deployment)

@@ -25,9 +25,12 @@ anything else, and values the run cannot have (a Groups of a policy it lacks, a 
 dropped and counted (`router/refused_messages`), as an undecodable message is (`router/malformed`):
 neither reaches a trainer or an env worker, neither stops the run, and their warnings are rate-limited.
 A lost env worker's episodes run again elsewhere; a lost inference replica's requests go to a live replica
-of its policy (or wait for its replacement), and when the replacement says Hello the router orders the
-policy's weight group re-formed (ReformWeightGroup to the trainer and every replica), routing requests to
-the replacement only once it loaded the weights the others hold (docs/faults.md).
+of its policy (or wait for its replacement). The router learns of a loss from the launcher as soon as it
+restarts the process (RUN_DIR/restarted.jsonl, `lost_peers.py`; also for a process that died before its
+first Hello), from the replacement's Hello, or from silence, whichever comes first. A lost replica leaves
+its policy's weight group at once (`membership.py`: the next generation holds the live replicas, and the
+version clock waits only for them); its replacement joins when it says Hello, catches up to the version
+the others hold, and gets requests once it reported it (docs/faults.md).
 Peer liveness lives in `PeerTable`, the metrics row in `report.py`, lost processes in `faults.py`; the
 router writes RUN_DIR/metrics.jsonl.
 """
@@ -53,7 +56,8 @@ from mas_async.router.clock import ClockError, StepTimeout, VersionClock
 from mas_async.router.episodes import EpisodeBook, EpisodeTask, plan_episodes
 from mas_async.router.faults import FaultLog, replaced_alone, run_restart_from_env
 from mas_async.router.idle import IdleTimer
-from mas_async.router.lost_peers import record_lost_peer
+from mas_async.router.lost_peers import RESTARTED_FILE, LostPeers, record_lost_peer
+from mas_async.router.membership import WeightGroups, replica_index
 from mas_async.router.peers import PeerInfo, PeerTable
 from mas_async.router.report import iteration_row
 from mas_async.runtime.actor import Actor, PeerDead, make_socket
@@ -138,11 +142,15 @@ class Router(Actor):
         again to another replica if that one is lost)."""
         self._parked: dict[str, list[tuple[bytes, Any, list]]] = {}
         """policy -> requests waiting for a replica (every replica of the policy is being replaced)."""
-        self.generations = dict.fromkeys(config.policies, 0)
-        """policy -> the generation of its weight group (re-formed each time a replica is replaced)."""
-        self._reform_due: set[str] = set()
-        """Policies whose weight group must be re-formed once its trainer and every replica are alive."""
         training = deployment.training
+        self.groups = WeightGroups(
+            {p: config.policies[config.server_policy(p, training)].replicas for p in config.policies}
+        )
+        """Each policy's weight group: its members and generation, and the orders that change them."""
+        self.replacing: set[str] = set()
+        """Processes that died before they said Hello (the launcher's word): the run need not wait for them."""
+        self.restarted = LostPeers(run_dir, RESTARTED_FILE, from_start=True)
+        """The launcher's records of the processes it restarted (this start of the run's only)."""
         loads = [
             (policy, name)
             for policy in self.policies
@@ -298,7 +306,7 @@ class Router(Actor):
         # The header does not carry n: requests are counted, close enough for balancing.
         chosen = self.table.pick_replica(header.policy)
         if chosen is None:
-            if header.policy in self.generations:  # its replicas are being replaced: the request waits
+            if header.policy in self.clock.ranks:  # its replicas are being replaced: the request waits
                 self._parked.setdefault(header.policy, []).append((origin, header, frames))
                 return
             reply = f"no inference server for policy {header.policy!r}"
@@ -349,16 +357,7 @@ class Router(Actor):
             self.clock.trained(msg.policy, msg.version, msg.metrics, trainer_rank(identity.decode()))
             self._check_step_done()
         elif isinstance(msg, WeightsLoaded):
-            if msg.error:
-                raise RuntimeError(f"{msg.replica} failed to load weights v{msg.version}: {msg.error}")
-            if not (msg.version == self.clock.version and self.generations[msg.policy]):
-                # (else: the version held, sent again after a re-form)
-                self.clock.loaded(msg.policy, msg.replica, msg.version)
-            if self.table.serve(identity, msg.policy):  # a replacement holds the weights the others serve
-                log.info("%s serves %s v%d", msg.replica, msg.policy, msg.version)
-                for origin, header, frames in self._parked.pop(msg.policy, []):
-                    self._route_generate(origin, header, frames)
-            self._check_step_done()
+            self._on_loaded(identity, msg)
         else:
             self.refuse(identity, type(msg), "no peer sends it to the router")
 
@@ -379,12 +378,17 @@ class Router(Actor):
         if msg.protocol != PROTOCOL_VERSION:
             raise RuntimeError(f"{name} speaks protocol {msg.protocol}, the router {PROTOCOL_VERSION}")
         previous = self.peers.get(identity)
-        replacement = previous is not None and (msg.died_at or previous.pid != msg.pid)
-        if replacement:  # of a lost process
-            assert previous is not None
-            if previous.alive:
+        # A replacement of a lost process: another pid, or the launcher says so (died_at) even when the lost
+        # one never joined. (The same process saying Hello again joins again, as it was.)
+        repeated = previous is not None and previous.pid == msg.pid
+        replacement = not repeated and (previous is not None or bool(msg.died_at))
+        if replacement:
+            if previous is not None and previous.alive:
                 self._lose(identity, previous, f"replaced by pid {msg.pid}")
-            self.faults.restarted(msg.role, msg.died_at or time.time(), identity)
+            elif previous is None and name not in self.replacing:  # it died before its Hello
+                self._lost_before_hello(name)
+            self.faults.replacement_joined(identity, msg.died_at or time.time())
+        self.replacing.discard(name)
         # A replacement replica of a training run serves once it loaded the weights the others hold.
         serving = not (replacement and msg.role == "inference" and self.deployment.training)
         served = self.cfg.served_policies(msg.policy, self.deployment.training) if msg.role == "inference" else []
@@ -393,36 +397,76 @@ class Router(Actor):
         self.table.join(identity, info, serving)
         self.send_to(identity, Welcome(PROTOCOL_VERSION))
         log.info("%s joined (pid %d); %d/%d peers", name, msg.pid, len(self.peers), len(self.table.expected))
-        if self.table.all_joined():
-            self.all_joined.set()
+        self._check_all_joined()
         if msg.role == "env_worker":
             self._dispatch()  # a replacement takes queued episodes (its predecessor's among them) at once
-        elif replacement and not serving:
-            self._reform_due.update(info.policies)
+        elif replacement and not serving:  # ready: it joins the weight group, catching up first
+            for policy in info.policies:
+                self._send_order(self.groups.add(policy, replica_index(name)))
         elif replacement:  # (an evaluation's replica: no weight group, it serves the weights it started with)
             for policy in info.policies:
                 for origin, header, frames in self._parked.pop(policy, []):
                     self._route_generate(origin, header, frames)
-        for policy in info.policies:  # (a trainer or replica that was not up yet may complete the group)
-            if policy in self._reform_due:
-                self._reform(policy)
+        elif msg.role in ("inference", "trainer") and self.deployment.training:  # it may have missed an order
+            for policy in info.policies if msg.role == "inference" else [msg.policy]:
+                if (order := self.groups.orders.get(policy)) is not None:
+                    self._send_order(order, only=identity)
 
-    def _reform(self, policy: str) -> None:
-        """Order `policy`'s weight group re-formed under a new generation (a replica was replaced), once its
-        trainer and every replica are alive; the trainer then sends its current version again."""
-        replicas = self.table.of_policy("inference", policy, alive=True)
-        trainer = self.peers.get(trainer_peer(policy, 0).encode())
-        servers = self.cfg.policies[self.cfg.server_policy(policy, self.deployment.training)]
-        if len(replicas) < servers.replicas or trainer is None or not trainer.alive:
-            log.info("the weight group of %s waits for its trainer and every replica to be up", policy)
+    def _check_all_joined(self) -> None:
+        """The run may start once every peer joined, but for those whose first process died before its Hello
+        (their replacements join when they are ready)."""
+        if not set(self.table.missing()) - self.replacing:
+            self.all_joined.set()
+
+    def _send_order(self, order: ReformWeightGroup, only: bytes | None = None) -> None:
+        """Send a weight group's order to its trainer (rank 0) and its members that joined (or to `only`)."""
+        server_policy = self.cfg.server_policy(order.policy, self.deployment.training)
+        names = [trainer_peer(order.policy, 0)] + [f"inference/{server_policy}/{i}" for i in order.members]
+        if only is None:
+            log.info("re-forming the weight group of %s: generation %d, replicas %s%s", order.policy, order.generation,
+                     order.members, f" ({order.fresh} catching up first)" if order.fresh else "")  # fmt: skip
+        for name in names:
+            ident = name.encode()
+            info = self.peers.get(ident)
+            if info is not None and info.alive and (only is None or ident == only):
+                self.send_to(ident, order)
+
+    def _leave_groups(self, name: str, policies: tuple[str, ...] | list[str]) -> None:
+        """A lost replica leaves the weight groups of `policies` now: the clock stops waiting for its loads."""
+        if not self.deployment.training:
             return
-        self._reform_due.discard(policy)
-        self.generations[policy] += 1
-        order = ReformWeightGroup(policy, self.generations[policy])
-        log.info("re-forming the weight group of %s (generation %d)", policy, order.generation)
-        self.send_to(trainer_peer(policy, 0).encode(), order)
-        for ident in replicas:
-            self.send_to(ident, order)
+        for policy in policies:
+            self.clock.drop_load(policy, name)
+            if (order := self.groups.remove(policy, replica_index(name))) is not None:
+                self._send_order(order)
+        self._check_step_done()
+
+    def _lost_before_hello(self, name: str) -> None:
+        """Process `name` died before it said Hello (its replacement is on its way): the run does not wait for
+        it, and a replica leaves the weight groups it was to be in."""
+        self.replacing.add(name)
+        if peer_role(name) == "inference":
+            self._leave_groups(name, self.cfg.served_policies(name.split("/")[1], self.deployment.training))
+        self._check_all_joined()
+
+    def _on_loaded(self, identity: bytes, msg: WeightsLoaded) -> None:
+        """A replica loaded `msg.version` of a policy: a step's new version (the clock counts it), or the
+        version the others hold (a replacement's catch-up: it is routed requests from now on)."""
+        name = identity.decode()
+        if msg.error:
+            raise RuntimeError(f"{name} failed to load weights v{msg.version}: {msg.error}")
+        serving = msg.policy in self.peers[identity].routed
+        if msg.version < self.clock.version and not serving:
+            return  # a catch-up that a step overtook: the step's version reaches it in the new generation
+        if msg.version != self.clock.version:  # (the version held: a catch-up, or sent again after a re-form)
+            self.clock.loaded(msg.policy, name, msg.version)
+        if self.table.serve(identity, msg.policy):  # a replacement holds the weights the others serve
+            log.info("%s serves %s v%d", name, msg.policy, msg.version)
+            self.groups.caught_up(msg.policy, replica_index(name))
+            self.clock.add_load(msg.policy, name)
+            for origin, header, frames in self._parked.pop(msg.policy, []):
+                self._route_generate(origin, header, frames)
+        self._check_step_done()
 
     def _on_episode_done(self, msg: EpisodeDone) -> None:
         book = self.books.get(msg.iteration)
@@ -487,9 +531,11 @@ class Router(Actor):
         )  # fmt: skip
 
     async def _watchdog(self) -> None:
-        """Declare silent peers dead and drop episodes past their deadline."""
+        """Take in the launcher's restarts, declare silent peers dead and drop episodes past their deadline."""
         while True:
             await asyncio.sleep(self.cfg.cluster.heartbeat_s)
+            for record in self.restarted.new():
+                self._on_restarted(record["name"], record["pid"], record["at"])
             now = time.monotonic()
             for ident, info in self.peers.items():
                 if info.alive:
@@ -503,6 +549,22 @@ class Router(Actor):
                     self._on_episode_done(
                         EpisodeDone(msg.episode_id, msg.iteration, msg.mode, msg.attempt, "timed out", {}, {})
                     )
+
+    def _on_restarted(self, name: str, pid: int, died_at: float) -> None:
+        """The launcher found process `name` (pid `pid`) dead at `died_at` and started it again: it is lost
+        from now on, whether it had joined or not, before its replacement is ready to say Hello."""
+        info = self.peers.get(name.encode())
+        if name not in self.table.expected:
+            return
+        self.faults.replaced(name, died_at)
+        log.info("the launcher restarted %s (pid %d was found dead)", name, pid)
+        if name in self.replacing:
+            return
+        if info is None:
+            log.error("%s (pid %d) died before it joined; its replacement joins when it is ready", name, pid)
+            self._lost_before_hello(name)
+        elif info.alive and info.pid == pid:  # (else: about a predecessor, or its replacement joined first)
+            self._lose(name.encode(), info, "found dead by the launcher")
 
     def _peer_died(self, ident: bytes, info: PeerInfo) -> None:
         """A peer silent past `peer_timeout_s`: an env worker's episodes or a replica's requests run again
@@ -522,6 +584,7 @@ class Router(Actor):
         late result of the lost one is refused: the request is no longer its)."""
         self.table.mark_dead(ident)
         if info.role == "inference":
+            self._leave_groups(ident.decode(), info.policies)
             requests = [(key, entry) for key, entry in self._pending.items() if entry[0] == ident]
             for (origin, _), (_, header, frames) in requests:
                 del self._pending[(origin, header.request_id)]

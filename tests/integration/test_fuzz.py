@@ -71,7 +71,7 @@ def _valid(rng: random.Random) -> list[bytes]:
                         {"success": 1.0, "tokens": "many"}, {policy: huge}),
             Trained(policy, huge, rng.choice(["", "boom"]), {"version_mismatch": 1}),
             UpdateWeights(policy, huge, huge),
-            ReformWeightGroup(policy, rng.choice([-1, huge])),
+            ReformWeightGroup(policy, rng.choice([-1, huge]), [huge, -1], [0]),
             WeightsLoaded(policy, huge, f"inference/{policy}/0", rng.choice(["", "boom"])),
             Heartbeat(float(huge)),
             Hello(rng.choice(["env_worker", "trainer", "router"]), rng.choice(["env_worker/0", "trainer/vertical"]),

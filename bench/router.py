@@ -61,6 +61,10 @@ RESULT = bytes([Kind.GENERATE_RESULT])
 PING = b"ping"
 
 
+Keys = tuple[str, dict[str, str]] | None
+"""The run's keys folder and every process's secret key (None: plain sockets)."""
+
+
 def client_name(i: int) -> str:
     return f"env_worker/{i}"
 
@@ -69,15 +73,15 @@ def server_name(i: int) -> str:
     return f"inference/{POLICY}/{i}"
 
 
-def _socket(ctx: zmq.Context, identity: str, endpoint: str, keys_dir: str | None) -> zmq.Socket:
-    """A DEALER connected to the middle; a CURVE client with the run's keys when `keys_dir` is given."""
+def _socket(ctx: zmq.Context, identity: str, endpoint: str, keys: Keys) -> zmq.Socket:
+    """A DEALER connected to the middle; a CURVE client with `identity`'s own key when `keys` are given."""
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.IDENTITY, identity.encode())
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, 100_000)
     sock.setsockopt(zmq.RCVHWM, 100_000)
-    if keys_dir is not None:
-        secure_client(sock, keys_dir)
+    if keys is not None:
+        secure_client(sock, keys[0], keys[1][identity])
     sock.connect(endpoint)
     return sock
 
@@ -94,14 +98,12 @@ def _join(sock: zmq.Socket, role: str, identity: str, capacity: int) -> None:
         raise RuntimeError(f"{identity}: expected Welcome, got {type(reply).__name__}")
 
 
-def echo_server(
-    endpoint: str, keys_dir: str | None, index: int, join: bool, n: int, completion_tokens: int, ready: Any
-) -> None:
+def echo_server(endpoint: str, keys: Keys, index: int, join: bool, n: int, completion_tokens: int, ready: Any) -> None:
     """Answer every Generate at once with n pre-encoded completions."""
     completion = [np.zeros(completion_tokens, np.int32), np.zeros(completion_tokens, np.float32), 0, "length"]
     payload = encode(GenerateResult(0, "", "", [completion] * n))[2]
     ctx = zmq.Context()
-    sock = _socket(ctx, server_name(index), endpoint, keys_dir)
+    sock = _socket(ctx, server_name(index), endpoint, keys)
     if join:
         _join(sock, "inference", server_name(index), 1 << 20)
         ready.put(index)
@@ -117,7 +119,7 @@ def echo_server(
 
 def client(
     endpoint: str,
-    keys_dir: str | None,
+    keys: Keys,
     index: int,
     join: bool,
     window: int,
@@ -133,7 +135,7 @@ def client(
     request = Generate(0, POLICY, name, 0.0, np.arange(prompt_tokens, dtype=np.int32) % 50, n, 32, 1.0, 1.0, False, [0])
     payload = encode(request)[2]
     ctx = zmq.Context()
-    sock = _socket(ctx, name, endpoint, keys_dir)
+    sock = _socket(ctx, name, endpoint, keys)
     if join:
         _join(sock, "env_worker", name, 1)
     if not go.wait(120):
@@ -207,12 +209,13 @@ def raw_sync_forwarder(endpoint: str, pairs: int, ready: Any) -> None:
         sock.send_multipart([route[frames[0].bytes], *frames[1:]], copy=False)
 
 
-def start_router(run_dir: Path, pairs: int, curve: bool) -> tuple[str, str | None, subprocess.Popen]:
+def start_router(run_dir: Path, pairs: int, curve: bool) -> tuple[str, Keys, subprocess.Popen]:
     """The real router as its own process, configured for `pairs` env workers and inference replicas;
-    returns its endpoint, the run's keys folder (`curve`, else None) and the process."""
+    returns its endpoint, the run's keys (`curve`, else None: the folder and every process's secret key)
+    and the process."""
     from mas_async.config import dump_config, load_config
     from mas_async.deployment import Deployment, free_ports
-    from mas_async.runtime.curve import prepare_keys
+    from mas_async.runtime.curve import SECRET_ENV, issued_secret, prepare_keys
 
     overrides = [
         f"run.output_dir={run_dir}",
@@ -230,7 +233,9 @@ def start_router(run_dir: Path, pairs: int, curve: bool) -> tuple[str, str | Non
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     dump_config(config, run_dir / "config.yaml")
     endpoint = f"tcp://127.0.0.1:{free_ports('127.0.0.1', 1)[0]}"
-    keys_dir = prepare_keys(config, run_dir)
+    names = ["router", f"trainer/{POLICY}", *(server_name(i) for i in range(pairs)), *map(client_name, range(pairs))]
+    keys_dir = prepare_keys(config, run_dir, names)
+    keys = None if keys_dir is None else (keys_dir, {name: issued_secret(keys_dir, name) for name in names})
     Deployment(endpoint, {POLICY: 0}, {POLICY: ""}, keys_dir=keys_dir).save(run_dir / "deployment.json")
     with (run_dir / "logs" / "router.log").open("ab") as log:
         proc = subprocess.Popen(
@@ -239,8 +244,9 @@ def start_router(run_dir: Path, pairs: int, curve: bool) -> tuple[str, str | Non
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            env={**os.environ, **({SECRET_ENV: keys[1]["router"]} if keys else {})},
         )
-    return endpoint, keys_dir, proc
+    return endpoint, keys, proc
 
 
 def measure(args: argparse.Namespace, middle: str, run_dir: Path) -> tuple[float, float]:
@@ -254,12 +260,12 @@ def measure(args: argparse.Namespace, middle: str, run_dir: Path) -> tuple[float
     procs: list[Any] = []
     router = None
     join = middle in ("router", "router-curve")
-    keys_dir = None
+    keys: Keys = None
     try:
         if join:
-            endpoint, keys_dir, router = start_router(run_dir, args.pairs, curve=middle == "router-curve")
+            endpoint, keys, router = start_router(run_dir, args.pairs, curve=middle == "router-curve")
             # The router waits for every peer of its deployment, its trainer included.
-            trainer = _socket(zmq.Context.instance(), f"trainer/{POLICY}", endpoint, keys_dir)
+            trainer = _socket(zmq.Context.instance(), f"trainer/{POLICY}", endpoint, keys)
         else:
             endpoint = f"tcp://127.0.0.1:{free_ports('127.0.0.1', 1)[0]}"
             target = raw_forwarder if middle == "raw" else raw_sync_forwarder
@@ -268,7 +274,7 @@ def measure(args: argparse.Namespace, middle: str, run_dir: Path) -> tuple[float
             procs.append(
                 spawn.Process(
                     target=echo_server,
-                    args=(endpoint, keys_dir, i, join, args.n, args.completion_tokens, ready),
+                    args=(endpoint, keys, i, join, args.n, args.completion_tokens, ready),
                     daemon=True,
                 )
             )
@@ -276,7 +282,7 @@ def measure(args: argparse.Namespace, middle: str, run_dir: Path) -> tuple[float
         clients = [
             spawn.Process(
                 target=client,
-                args=(endpoint, keys_dir, i, join, *load),
+                args=(endpoint, keys, i, join, *load),
                 daemon=True,
             )
             for i in range(args.pairs)

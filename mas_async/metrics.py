@@ -31,6 +31,8 @@ class Keys:
     TRAIN_SUCCESS = "team/success_rate"
     TRAIN_EPISODES = "rollout/episodes"
     TRAIN_DROPPED = "rollout/dropped"
+    POISONED = "rollout/poisoned"
+    """Episodes dropped because they were running on `rollout.max_attempts` lost env workers (also in dropped)."""
     TRAIN_TURNS = "rollout/turns"
     EVAL_SUCCESS = "eval/team_success_rate"
     EVAL_EPISODES = "eval/episodes"

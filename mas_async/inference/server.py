@@ -10,9 +10,13 @@ in flight). A backend that runs one batch at a time first waits for the rest of 
 the episodes are sending (`WaveGather`). Every completion carries the `weight_version` of the weights
 that produced it.
 
-A replica that replaces a lost one does not join the weight group's first generation: it waits for the
-router's ReformWeightGroup, as the live replicas do, joins the new generation with them and loads the
-version the trainer sends there before the router gives it a request. An UpdateWeights of another
+The weight group's membership is the router's (router/membership.py): each ReformWeightGroup names the
+replicas of a new generation, this one's rank among them, and the replacements that catch up first. A
+replica that replaces a lost one does not join the first generation: once its model is loaded it says
+Hello, and the router's order has it join a generation of its own with the trainer (`fresh`), where it
+receives the version the others hold, then the new generation with them; the router gives it requests
+once it reported that version. A live replica keeps serving while it joins a new generation (the join
+does not take the update gate), and receives nothing it holds already. An UpdateWeights of another
 generation than the one joined (a send in flight when the group was re-formed) is ignored, and a receive
 abandoned because its generation was retired (or broken by a lost peer) reports nothing: the trainer
 sends again in the new one.
@@ -128,6 +132,8 @@ class InferenceServer(Peer):
         """policy -> the generation of its weight group joined (-1: none yet)."""
         self._ordered = dict.fromkeys(self.served, 0)
         """policy -> the newest generation of its weight group the router ordered."""
+        self._caught_up: dict[tuple[str, int], asyncio.Event] = {}
+        """(policy, catch-up generation) -> set once the version sent there is loaded."""
         self.replacement = bool(os.environ.get(DIED_AT_ENV))
         """This process replaces a lost replica: it joins the generation the router re-forms, not the first."""
 
@@ -135,24 +141,52 @@ class InferenceServer(Peer):
         if not self.deployment.training:  # mas-async eval: fixed weights, no trainer to listen to
             await self._batch_loop()
             return
-        if not self.replacement:
-            await asyncio.gather(*(self._join(policy, 0) for policy in self.served))
+        if not self.replacement:  # (a replacement waits for the order that adds it)
+            first = [self._join(policy, 0, 1 + self.replica, self.weight_groups[policy].world_size, 0)
+                     for policy in self.served]  # fmt: skip
+            await asyncio.gather(*first)
         await self._batch_loop()
 
-    async def _join(self, policy: str, generation: int) -> bool:
-        """Join generation `generation` of `policy`'s weight group, unless a newer one was ordered (False then)."""
+    async def _join(self, policy: str, generation: int, rank: int, world_size: int, order: int) -> bool:
+        """Join generation `generation` of `policy`'s weight group as `rank` of `world_size`, for the order of
+        generation `order`, unless a newer order came (False then)."""
         async with self._updates[policy]:
-            if generation < self._ordered[policy] or generation <= self.generation[policy]:
+            if order < self._ordered[policy] or generation <= self.generation[policy]:
                 return False
-            args = self.weight_groups[policy].join_args(1 + self.replica, generation)
+            args = self.weight_groups[policy].join_args(rank, generation, world_size)
             try:
                 await asyncio.to_thread(self.backend_of(policy).join_weight_group, **args)
             except GroupRetired as e:
                 log.warning("%s", e)
                 return False
             self.generation[policy] = generation
-            log.info("weight group of %s joined as rank %d (generation %d)", policy, 1 + self.replica, generation)
+            log.info("weight group of %s joined as rank %d of %d (generation %d)", policy, rank, world_size, generation)
             return True
+
+    async def _reform(self, order: ReformWeightGroup) -> None:
+        """Carry out the router's order: catch up first if this replica is fresh, then join its generation."""
+        policy, me = order.policy, self.replica
+        if me not in order.members:
+            log.info("not a member of generation %d of %s's weight group", order.generation, policy)
+            return
+        if me in order.fresh:
+            catch_up = order.generation - 1
+            loaded = self._caught_up.setdefault((policy, catch_up), asyncio.Event())
+            if not await self._join(
+                policy, catch_up, 1 + order.fresh.index(me), 1 + len(order.fresh), order.generation
+            ):
+                return
+            timeout_s = self.cfg.trainer.weight_sync_timeout_s
+            try:
+                await asyncio.wait_for(loaded.wait(), timeout_s)
+            except TimeoutError:  # the trainer's send failed: the router orders again (or the run restarts)
+                log.warning("no version came in catch-up generation %d of %s within %gs", catch_up, policy, timeout_s)
+                return
+            finally:
+                self._caught_up.pop((policy, catch_up), None)
+        await self._join(
+            policy, order.generation, 1 + order.members.index(me), 1 + len(order.members), order.generation
+        )
 
     async def on_message(self, msg: Message) -> None:
         if isinstance(msg, Generate):
@@ -169,8 +203,9 @@ class InferenceServer(Peer):
         elif isinstance(msg, UpdateWeights) and msg.policy in self.weight_groups:
             self.spawn(self._update(msg.policy, msg.version, msg.generation), f"update-{msg.policy}-v{msg.version}")
         elif isinstance(msg, ReformWeightGroup) and msg.policy in self.weight_groups:
-            self._ordered[msg.policy] = max(self._ordered[msg.policy], msg.generation)
-            self.spawn(self._join(msg.policy, msg.generation), f"join-{msg.policy}-{msg.generation}")
+            if msg.generation > self._ordered[msg.policy]:
+                self._ordered[msg.policy] = msg.generation
+                self.spawn(self._reform(msg), f"reform-{msg.policy}-{msg.generation}")
         else:
             self.unexpected(msg)
 
@@ -276,6 +311,8 @@ class InferenceServer(Peer):
             took, why = time.monotonic() - t0, f" ({error})" if error else ""
             log.info("weights v%d loaded in %.3fs for %s%s", version, took, policy, why)
             self.send(WeightsLoaded(policy, version, self.peer_id, error))
+            if not error and (caught_up := self._caught_up.get((policy, generation))) is not None:
+                caught_up.set()
 
     async def _expect_reform(self, policy: str, version: int, generation: int, error: str) -> None:
         """A receive broke without its generation being retired (its pair with a lost rank closed): a re-form

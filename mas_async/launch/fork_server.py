@@ -88,6 +88,8 @@ def serve_requests(requests_fd: int, replies_fd: int) -> int:
     def reply(message: dict[str, Any]) -> None:
         os.write(replies_fd, json.dumps(message).encode() + b"\n")
 
+    forked: set[int] = set()
+    """Every child started here (its process group may outlive it: signals still reach the group)."""
     buffer = b""
     while True:
         ready, _, _ = select.select([requests_fd, wake_r], [], [], 1.0)
@@ -103,10 +105,27 @@ def serve_requests(requests_fd: int, replies_fd: int) -> int:
         while b"\n" in buffer:
             line, buffer = buffer.split(b"\n", 1)
             request = json.loads(line)
+            if "signal" in request:
+                _signal(request["pid"], request["signal"], forked)
+                continue
             try:
-                reply({"id": request["id"], "pid": _fork(request, own_fds)})
+                pid = _fork(request, own_fds)
+                forked.add(pid)
+                reply({"id": request["id"], "pid": pid})
             except OSError as e:
                 reply({"id": request["id"], "error": f"{type(e).__name__}: {e}"})
+
+
+def _signal(pid: int, sig: int, forked: set[int]) -> None:
+    """Signal the process group of child `pid`, if this server started it (a request about any other pid is
+    ignored, and said in the log)."""
+    if pid not in forked:
+        print(f"fork server: refused to signal pid {pid}, which it did not start", file=sys.stderr, flush=True)
+        return
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def reap(reply: Any) -> None:
@@ -194,9 +213,19 @@ class ForkServer:
     closes."""
 
     def __init__(
-        self, node: str, log_path: Path, timeout_s: float, pid: int, requests: BinaryIO, replies: BinaryIO
+        self,
+        node: str,
+        log_path: Path,
+        timeout_s: float,
+        pid: int,
+        requests: BinaryIO,
+        replies: BinaryIO,
+        local: bool = True,
     ) -> None:
         self.node = node
+        self.local = local
+        """The server runs on this machine, in its pid namespace (no command prefix): its children are
+        signalled here directly, which works even once the server is gone."""
         self.log_path = log_path
         self.timeout_s = timeout_s
         self.pid = pid
@@ -205,6 +234,8 @@ class ForkServer:
         self._requests = requests
         self._replies_in = replies
         self._lock = threading.Condition()
+        self._writing = threading.Lock()
+        """One request line at a time on the connection (starts and signals may come from two threads)."""
         self._replies: dict[int, dict[str, Any]] = {}
         self._codes: dict[int, int] = {}
         self._gone = False
@@ -224,7 +255,7 @@ class ForkServer:
                 env={**os.environ, **env},
             )
         assert proc.stdin is not None and proc.stdout is not None
-        server = cls(node, log_path, timeout_s, proc.pid, proc.stdin, proc.stdout)
+        server = cls(node, log_path, timeout_s, proc.pid, proc.stdin, proc.stdout, local=not prefix)
         server.proc = proc
         return server
 
@@ -247,11 +278,7 @@ class ForkServer:
             request_id = self._next_id
             self._next_id += 1
         request = {"id": request_id, "argv": argv, "env": env, "cwd": os.getcwd(), "log": str(log_path)}
-        try:
-            self._requests.write(json.dumps(request).encode() + b"\n")
-            self._requests.flush()
-        except (OSError, ValueError):
-            pass  # the server is gone (or closed): said below
+        self._send(request)  # a server that is gone (or closed) is said below
         with self._lock:
             self._lock.wait_for(lambda: request_id in self._replies or self._gone, self.timeout_s)
             reply = self._replies.pop(request_id, None)
@@ -261,6 +288,27 @@ class ForkServer:
         if "error" in reply:
             raise EngineError(f"the fork server of node {self.node} could not start {name}: {reply['error']}")
         return reply["pid"]
+
+    def signal(self, pid: int, sig: int) -> None:
+        """Send `sig` to the process group of child `pid`: here when the server is local, else through the
+        server, on its node (a server that is gone has nothing left to signal: its children stop when their
+        parent goes)."""
+        if self.local:
+            try:
+                os.killpg(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+            return
+        self._send({"signal": int(sig), "pid": pid})
+
+    def _send(self, request: dict[str, Any]) -> None:
+        """Write one request line; nothing happens if the server is gone (or the connection closed)."""
+        with self._writing:
+            try:
+                self._requests.write(json.dumps(request).encode() + b"\n")
+                self._requests.flush()
+            except (OSError, ValueError):
+                pass
 
     def returncode(self, pid: int) -> int | None:
         """The exit status of child `pid`, None while it runs. If the server died first (its children stop

@@ -10,6 +10,12 @@ launcher ended, even by SIGKILL), and its children then stop; it takes the launc
 modules it has not imported come from where the launcher's own server would find them. A template serves
 only launchers with its interpreter that would import the preloaded packages from the same files; any
 other launcher, or one that cannot reach it, starts a server of its own as usual.
+
+Whoever reaches the socket can run any code as the template's user (a launcher names the roles module its
+processes import), so only that user may: the socket is made in a folder of the user's that no one else
+can enter (0700; the template makes it, or refuses one that others can read or write), is itself 0600, and
+every connection's peer credentials (SO_PEERCRED) must carry the template's own uid, else it is closed
+before anything is read. A launcher likewise takes a fork server only from a template of its own uid.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ import json
 import os
 import select
 import socket
+import stat
+import struct
 import sys
 import traceback
 from pathlib import Path
@@ -33,6 +41,30 @@ TEMPLATE_ENV = "MAS_ASYNC_FORK_TEMPLATE"
 HELLO_TIMEOUT_S = 5.0
 """How long either side waits for the other's first line."""
 MAX_LINE_BYTES = 1 << 16
+_UCRED = struct.Struct("3i")
+"""struct ucred: pid, uid, gid (SO_PEERCRED)."""
+
+
+class TemplateError(RuntimeError):
+    """The template cannot serve safely where it was asked to (its socket's folder is not private)."""
+
+
+def peer_uid(conn: socket.socket) -> int:
+    """The uid of the process at the other end of the Unix socket `conn`, as the kernel recorded it."""
+    _pid, uid, _gid = _UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    return uid
+
+
+def private_folder(folder: Path) -> None:
+    """Make `folder` (mode 0700) or check that it is this user's and closed to everyone else."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = folder.stat()
+    if info.st_uid != os.geteuid() or stat.S_IMODE(info.st_mode) & 0o077:
+        raise TemplateError(
+            f"the fork template's socket must be in a folder only its user can enter; {folder} is owned by uid "
+            f"{info.st_uid} with mode {stat.S_IMODE(info.st_mode):o} (want uid {os.geteuid()}, mode 700): choose "
+            "a path in a private folder, e.g. one made by mkdir -m 700"
+        )
 
 
 def identity() -> dict[str, Any]:
@@ -52,19 +84,31 @@ def identity() -> dict[str, Any]:
 
 
 def serve_template(path: str) -> int:
-    """Preload, listen on the Unix socket `path`, fork a fork server per launcher that connects."""
+    """Preload, listen on the Unix socket `path` (in a private folder, mode 0600), fork a fork server per
+    launcher of this user that connects."""
+    private_folder(Path(path).parent)
     preload()
     own = identity()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
+    umask = os.umask(0o177)  # the socket is 0600 from the moment it exists
+    try:
+        listener.bind(path)
+    finally:
+        os.umask(umask)
     listener.listen(64)
     print("ready", flush=True)
+    refused = 0
     while True:
         reap(lambda ended: None)  # the forks' statuses reach no one: their launchers watch their children
         if not select.select([listener], [], [], 1.0)[0]:
             continue
         conn, _ = listener.accept()
         try:
+            if (uid := peer_uid(conn)) != os.geteuid():
+                refused += 1
+                print(f"fork template: refused a connection from uid {uid} ({refused} so far)", file=sys.stderr,
+                      flush=True)  # fmt: skip
+                continue
             conn.settimeout(HELLO_TIMEOUT_S)
             hello = json.loads(_read_line(conn))
             if hello.get("identity") != own:
@@ -141,6 +185,9 @@ def connect(node: str, log_path: Path, timeout_s: float) -> ForkServer | None:
     try:
         conn.settimeout(HELLO_TIMEOUT_S)
         conn.connect(path)
+        if peer_uid(conn) != os.geteuid():  # another user's template would run this launcher's processes
+            conn.close()
+            return None
         hello = {"identity": identity(), "log": str(log_path), "sys_path": sys.path}
         conn.sendall(json.dumps(hello).encode() + b"\n")
         answer: dict[str, Any] = json.loads(_read_line(conn))
@@ -154,5 +201,13 @@ def connect(node: str, log_path: Path, timeout_s: float) -> ForkServer | None:
     return ForkServer(node, log_path, timeout_s, answer["ready"], _Requests(conn), conn.makefile("rb"))  # type: ignore[arg-type]
 
 
+def main(argv: list[str]) -> int:
+    try:
+        return serve_template(argv[0])
+    except TemplateError as e:
+        print(f"fork template: {e}", file=sys.stderr, flush=True)
+        return 2
+
+
 if __name__ == "__main__":
-    sys.exit(serve_template(sys.argv[1]))
+    sys.exit(main(sys.argv[1:]))

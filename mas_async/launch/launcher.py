@@ -35,14 +35,14 @@ from mas_async.launch.engines.base import Child, Engine, Node, ProcessSpec
 from mas_async.launch.engines.local import LocalEngine
 from mas_async.launch.engines.registry import open_engine
 from mas_async.launch.progress import Progress
-from mas_async.launch.restarts import RESTART_THE_RUN, RestartBudget
+from mas_async.launch.restarts import RESTART_THE_RUN, RestartBudget, RunRestarts
 from mas_async.launch.roles import DEFAULT_ROLES
 from mas_async.launch.stop_signal import STOPPED, StopOnSignal
 from mas_async.placement import describe, place_processes, weight_backends
 from mas_async.router.faults import RUN_RESTART_ENV, replaced_alone
-from mas_async.router.lost_peers import LostPeers
+from mas_async.router.lost_peers import LostPeers, forget_restarts, record_restart
 from mas_async.runtime.actor import DIED_AT_ENV
-from mas_async.runtime.curve import prepare_keys
+from mas_async.runtime.curve import SECRET_ENV, issued_secret, prepare_keys
 
 CLEAN_EXIT_GRACE_S = 10.0
 KILLED_WAIT_S = 5.0
@@ -140,9 +140,9 @@ def prepare_deployment(
     its trainer rank 0's."""
     from mas_async.model_source import resolve_model
 
-    keys_dir = prepare_keys(config, run_dir)
     engine = engine or LocalEngine(config)
     specs = process_specs(config, training)
+    keys_dir = prepare_keys(config, run_dir, [spec.name for spec in specs])
     placement = engine.place(specs)
     by_name = {spec.name: spec for spec in specs}
     places = place_processes(
@@ -220,7 +220,8 @@ def process_launches(
 ) -> list[ProcessLaunch]:
     """Every process of the deployment on its node (deployment.json), router first, each as
     `python -m mas_async.launch.process` building its actor from the role map `roles` ("module:ATTR"; a
-    benchmark passes its own) with the keyword `options`, with the extra environment `env`; one log each."""
+    benchmark passes its own) with the keyword `options`, with the extra environment `env` and its own
+    CURVE secret key (made by `prepare_deployment` in this process); one log each."""
     deployment = Deployment.load(run_dir / "deployment.json")
     env = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(config.cluster.torch_threads), **(env or {})}
     extra = ["--roles", roles, "--options", json.dumps(options or {})]
@@ -229,7 +230,9 @@ def process_launches(
         place = deployment.nodes[spec.name]
         command = [sys.executable, "-m", "mas_async.launch.process", spec.role, str(run_dir), *spec.args, *extra]
         log_path = run_dir / "logs" / f"{spec.name.replace('/', '-')}.log"
-        launches.append(ProcessLaunch(spec, Node(place["node"], place["address"]), command, env, log_path))
+        own = {SECRET_ENV: issued_secret(deployment.keys_dir, spec.name)} if deployment.keys_dir else {}
+        node = Node(place["node"], place["address"])
+        launches.append(ProcessLaunch(spec, node, command, {**env, **own}, log_path))
     return launches
 
 
@@ -280,6 +283,8 @@ class RunLost(Exception):
         super().__init__(f"{child.name} ({child.where()}) exited with status {status}")
         self.role = child.name.split("/")[0]
         self.died_at = died_at
+        self.log_path = child.log_path
+        self.tail = child.tail()
 
 
 @dataclass
@@ -341,6 +346,7 @@ def supervise(children: list[Child], run_dir: Path, progress: Progress, restarts
             role, died_at = child.name.split("/")[0], time.time()
             alone = restarts is not None and replaced_alone(restarts.config, restarts.deployment, child.name)
             if restarts is not None and alone and restarts.budget.take(role):
+                record_restart(run_dir, child.name, child.pid or 0, died_at)  # the router learns of the loss now
                 replacement = restarts.launches[child.name].start(restarts.engine, {DIED_AT_ENV: repr(died_at)})
                 children[children.index(child)] = replacement
                 started_at[child.name] = time.time()
@@ -459,6 +465,7 @@ def _restarting(
     """`_run` until the run ends, again from the last complete checkpoint after each `RunLost`."""
     engine = open_engine(config)
     budget = RestartBudget(config.cluster.max_restarts, config.cluster.restart_window_s)
+    run_restarts = RunRestarts(run_dir, config.cluster.max_run_restarts)
     env: dict[str, str] = {}
     try:
         while True:
@@ -466,10 +473,21 @@ def _restarting(
                 return _run(config, run_dir, start_version, training, weights, engine, budget, env, roles)
             except RunLost as lost:
                 start_version = latest_complete(run_dir, list(config.policies)) or 0
+                refusal = run_restarts.refusal(start_version)
+                if refusal is not None:
+                    print(
+                        f"\nmas-async: {lost}; the run is not restarted: {refusal}. Last lines of {lost.log_path}:"
+                        f"\n\n{lost.tail}\n\nAll processes were stopped. Logs: {run_dir / 'logs'}; once the cause is "
+                        f"fixed, resume=RUN_DIR continues from the last complete checkpoint",
+                        file=sys.stderr,
+                    )
+                    return 1
+                run_restarts.record(lost.role, lost.died_at, start_version)
                 env = {RUN_RESTART_ENV: json.dumps({"role": lost.role, "died_at": lost.died_at})}
                 print(
                     f"\nmas-async: {lost}; restarting the run from its checkpoint of version {start_version} "
-                    f"({budget.used(lost.role)} of {budget.max_restarts} restarts of the role in the window)",
+                    f"({budget.used(lost.role)} of {budget.max_restarts} restarts of the role in the window, "
+                    f"{len(run_restarts.records)} of {run_restarts.max_total} whole-run restarts)",
                     file=sys.stderr,
                 )
     finally:
@@ -490,6 +508,7 @@ def _run(
     deployment = prepare_deployment(config, run_dir, start_version, training, weights, engine)
     progress = Progress(config, run_dir)
     launches = process_launches(config, run_dir, training, roles=roles, env=env)
+    forget_restarts(run_dir)
     children = [launch.start(engine) for launch in launches]
     write_pids(run_dir, children)
     restarts = Restarts(engine, {launch.spec.name: launch for launch in launches}, budget, training, config, deployment)

@@ -70,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from mas_async.config import load_config
         from mas_async.deployment import Deployment
+        from mas_async.runtime.curve import SECRET_ENV, own_secret
+
+        if SECRET_ENV in os.environ:  # taken out of the environment before anything can be started
+            own_secret()
 
         roles = load_roles(args.roles)
         if args.role not in roles:

@@ -49,8 +49,10 @@ class VersionClock:
         self.ranks = {p: (ranks or {}).get(p, 1) for p in self.policies}
         """policy -> its trainer ranks; every one of them reports Trained for a step to be complete."""
         self.loads = set(loads)
-        """(policy, inference replica) for every replica of every policy, e.g. ("p", "inference/p/0"): each
-        must load each version (a replica that serves several policies loads each one's weights)."""
+        """(policy, inference replica) for every live replica of every policy, e.g. ("p", "inference/p/0"):
+        each must load each version (a replica that serves several policies loads each one's weights). A
+        lost replica leaves the set and its caught-up replacement comes back into it (`drop_load`,
+        `add_load`): a step waits for the live replicas only."""
         self.version = start_version
         """The weight version every policy and replica holds now (between steps)."""
         self.max_staleness = max_staleness
@@ -121,6 +123,14 @@ class VersionClock:
         if not 0 <= rank < self.ranks[policy]:
             raise ClockError(f"Trained from trainer rank {rank} of {policy!r}, which has {self.ranks[policy]} ranks")
         self._trained[(policy, rank)] = metrics
+
+    def drop_load(self, policy: str, replica: str) -> None:
+        """Replica `replica` is lost: no step waits for its loads of `policy` until it serves again."""
+        self.loads.discard((policy, replica))
+
+    def add_load(self, policy: str, replica: str) -> None:
+        """Replica `replica` serves `policy` (a replacement that caught up): every step waits for its load."""
+        self.loads.add((policy, replica))
 
     def loaded(self, policy: str, replica: str, version: int) -> None:
         """Inference replica `replica` loaded `policy`'s weights `version`."""

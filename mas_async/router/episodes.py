@@ -10,6 +10,11 @@ Baseline episodes ("baseline/<name>": a reference policy of the env plays, `roll
 in the book of the run's first evaluation, but outside its barrier: `done` (what the step waits for)
 is set when the training and evaluation episodes are in, `all_done` when the baseline ones are too
 (the row waits for those, the weight update never does). They generate nothing and send no groups.
+
+Attempts are capped (`rollout.max_attempts`): an episode that was running on that many lost workers is
+poisoned (it kills whatever runs it) and is dropped, counted in `poisoned` by its problem id, instead of
+being dispatched again. Its last attempt is `alone`: the router runs it on a worker that runs nothing else,
+so an episode that merely shared a worker with a poisoned one is not taken for it.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ class EpisodeTask:
     deadline: float = 0.0
     groups: list[tuple[str, int, int, list]] = field(default_factory=list)
     """(policy, samples, tokens, frames) of each Groups message of the current attempt, held until it is done."""
+    alone: bool = False
+    """The episode's last attempt: it runs on a worker that runs no other episode meanwhile."""
 
 
 class EpisodeBook:
@@ -58,6 +65,8 @@ class EpisodeBook:
         self.first_error = ""
         self.late = 0
         """Groups or EpisodeDone messages of an attempt that is not current (dropped)."""
+        self.poisoned: list[str] = []
+        """Problem ids of the episodes dropped as poisoned (also counted in `dropped`)."""
         self.done = asyncio.Event()
         """Every training and evaluation episode is in (or dropped): the step may begin."""
         self.all_done = asyncio.Event()
@@ -117,17 +126,31 @@ class EpisodeBook:
                 self.eval_solved.setdefault(task.msg.problem_id, []).append(bool(msg.summary.get("success")))
         return task
 
-    def requeue(self, worker: bytes) -> int:
-        """Put every episode that `worker` was running back in the queue as a new attempt."""
-        lost = [eid for eid, task in self.in_flight.items() if task.worker == worker]
-        for episode_id in lost:
-            old = self.in_flight.pop(episode_id).msg
+    def requeue(self, worker: bytes, max_attempts: int) -> tuple[int, list[EpisodeTask]]:
+        """Put every episode that `worker` was running back in the queue as a new attempt, unless it has had
+        `max_attempts` (then it is dropped as poisoned). Returns (episodes queued again, episodes poisoned)."""
+        lost = [task for task in self.in_flight.values() if task.worker == worker]
+        poisoned = []
+        for task in lost:
+            del self.in_flight[task.msg.episode_id]
+            old = task.msg
+            if old.attempt + 1 >= max_attempts:
+                self.poison(task)
+                poisoned.append(task)
+                continue
             msg = RunEpisode(
                 old.episode_id, old.iteration, old.mode, old.attempt + 1, old.problem_id, old.problem, old.seed,
                 old.version,
             )  # fmt: skip
-            self.queued.append(EpisodeTask(msg))
-        return len(lost)
+            self.queued.append(EpisodeTask(msg, alone=old.attempt + 2 == max_attempts))
+        self.check_done()
+        return len(lost) - len(poisoned), poisoned
+
+    def poison(self, task: EpisodeTask) -> None:
+        """Drop `task` (no longer queued or in flight) as poisoned: counted as dropped and by its problem id."""
+        self.dropped[task.msg.mode] += 1
+        self.poisoned.append(task.msg.problem_id)
+        self.first_error = self.first_error or f"episode {task.msg.episode_id} poisoned"
 
     def overdue(self, now: float) -> list[EpisodeTask]:
         return [task for task in self.in_flight.values() if now > task.deadline]

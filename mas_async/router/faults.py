@@ -1,10 +1,12 @@
 """The router's record of lost processes and what recovering from them cost, one metrics row at a time.
 
-A lost process shows up at the router in one of two ways: its replacement says Hello (the launcher
-restarted it; the Hello carries when its predecessor was found dead), or a whole run restarted from a
-checkpoint (the launcher tells the new router which role was lost, and when). Recovery is timed from
-that death to the first result of the replacement: an episode done by the restarted env worker, a
-generate result of the restarted replica, or any episode done in the restarted run. Keys:
+A process replaced alone is counted at the first word of its restart: the launcher's record
+(`lost_peers.py`; every restart has one, also of a process that never said Hello or whose replacement is
+still loading) or its replacement's Hello, whichever the router reads first; both carry when the lost
+process was found dead, which makes the restart counted once. Its recovery starts with the Hello. A whole run restarted from a checkpoint is counted by the new router (the launcher tells it
+which role was lost, and when). Recovery is timed from that death to the first result of the
+replacement: an episode done by the restarted env worker, a generate result of the restarted replica,
+or any episode done in the restarted run. Keys:
 `faults/restarts/<role>`, `faults/reissued_episodes`, `faults/reissued_requests`,
 `faults/recovery_s` (the longest recovery completed in the iteration, 0 if none), reported per
 iteration (docs/faults.md). A run restarted from a checkpoint writes the later rows again; the restarts
@@ -68,10 +70,25 @@ class FaultLog:
         self.recovery_s: list[float] = []
         self._recovering: dict[bytes, float] = {}
         """Identity of a replacement (or RUN_RESTART) -> unix time its predecessor was found dead."""
+        self._counted: set[tuple[str, float]] = set()
+        """(process name, when it was found dead) of every restart counted."""
 
     def restarted(self, role: str, died_at: float, identity: bytes = RUN_RESTART) -> None:
-        """A replacement of a lost `role` process joined (or the run restarted after losing one)."""
+        """The whole run restarted after losing a `role` process at `died_at`."""
         self.restarts[role] += 1
+        self._recovering[identity] = died_at
+
+    def replaced(self, name: str, died_at: float) -> None:
+        """The launcher restarted process `name`, found dead at `died_at`: counted once, whether its record or
+        its replacement's Hello says so first."""
+        if (name, died_at) not in self._counted:
+            self._counted.add((name, died_at))
+            self.restarts[name.split("/")[0]] += 1
+
+    def replacement_joined(self, identity: bytes, died_at: float) -> None:
+        """The replacement of a process found dead at `died_at` joined: counted (if its record was not read
+        yet), and its recovery ends at its first result."""
+        self.replaced(identity.decode(), died_at)
         self._recovering[identity] = died_at
 
     def carry(self, rows: list[dict[str, Any]]) -> None:

@@ -16,15 +16,22 @@ iteration barrier as the version clock (`VersionClock`) says:
    step v runs, and their training episodes keep the env workers busy (docs/staleness.md).
 
 On the hot path (Generate, GenerateResult, Groups) only the kind byte and the small header frame are
-decoded, through named header views; payload frames are forwarded untouched. A message is taken only
+decoded, through named header views; payload frames are forwarded untouched. With CURVE the sender of a
+message is the process its key was issued to (the connection's User-Id, `runtime/curve.py`), never the
+socket identity it chose: a Hello whose peer id is not its key's is refused, and once a process joined,
+only the connection it joined with speaks for it (each connection's identity is new and random, so
+another one can neither pose as it nor take the router's messages to it over). A message is taken only
 from a peer that joined (said Hello and was welcomed) and only of a kind its role sends (`SENDERS`);
 anything else, and values the run cannot have (a Groups of a policy it lacks, a negative count), is
 dropped and counted (`router/refused_messages`), as an undecodable message is (`router/malformed`):
 neither reaches a trainer or an env worker, neither stops the run, and their warnings are rate-limited.
 A lost env worker's episodes run again elsewhere; a lost inference replica's requests go to a live replica
-of its policy (or wait for its replacement), and when the replacement says Hello the router orders the
-policy's weight group re-formed (ReformWeightGroup to the trainer and every replica), routing requests to
-the replacement only once it loaded the weights the others hold (docs/faults.md).
+of its policy (or wait for its replacement). The router learns of a loss from the launcher as soon as it
+restarts the process (RUN_DIR/restarted.jsonl, `lost_peers.py`; also for a process that died before its
+first Hello), from the replacement's Hello, or from silence, whichever comes first. A lost replica leaves
+its policy's weight group at once (`membership.py`: the next generation holds the live replicas, and the
+version clock waits only for them); its replacement joins when it says Hello, catches up to the version
+the others hold, and gets requests once it reported it (docs/faults.md).
 Peer liveness lives in `PeerTable`, the metrics row in `report.py`, lost processes in `faults.py`; the
 router writes RUN_DIR/metrics.jsonl.
 """
@@ -51,7 +58,8 @@ from mas_async.router.clock import ClockError, StepTimeout, VersionClock
 from mas_async.router.episodes import EpisodeBook, EpisodeTask, plan_episodes
 from mas_async.router.faults import FaultLog, replaced_alone, run_restart_from_env
 from mas_async.router.idle import IdleTimer
-from mas_async.router.lost_peers import record_lost_peer
+from mas_async.router.lost_peers import RESTARTED_FILE, LostPeers, record_lost_peer
+from mas_async.router.membership import WeightGroups, replica_index
 from mas_async.router.peers import PeerInfo, PeerTable
 from mas_async.router.report import iteration_row
 from mas_async.router.stop_request import STOP_REQUEST, stop_requested
@@ -121,8 +129,12 @@ def expected_peers(config: Config, training: bool) -> set[str]:
 class Router(Actor):
     role = "router"
 
-    def __init__(self, config: Config, deployment: Deployment, run_dir: Path) -> None:
+    def __init__(self, config: Config, deployment: Deployment, run_dir: Path, curve_secret: str | None = None) -> None:
         super().__init__("router")
+        self.curve_secret = curve_secret
+        """The router's CURVE secret key (None: the one the launcher gave this process)."""
+        self.routes: dict[bytes, bytes] = {}
+        """Peer name -> the socket identity of the connection it joined with (the name itself without CURVE)."""
         self.cfg = config
         self.deployment = deployment
         self.run_dir = run_dir
@@ -134,11 +146,15 @@ class Router(Actor):
         again to another replica if that one is lost)."""
         self._parked: dict[str, list[tuple[bytes, Any, list]]] = {}
         """policy -> requests waiting for a replica (every replica of the policy is being replaced)."""
-        self.generations = dict.fromkeys(config.policies, 0)
-        """policy -> the generation of its weight group (re-formed each time a replica is replaced)."""
-        self._reform_due: set[str] = set()
-        """Policies whose weight group must be re-formed once its trainer and every replica are alive."""
         training = deployment.training
+        self.groups = WeightGroups(
+            {p: config.policies[config.server_policy(p, training)].replicas for p in config.policies}
+        )
+        """Each policy's weight group: its members and generation, and the orders that change them."""
+        self.replacing: set[str] = set()
+        """Processes that died before they said Hello (the launcher's word): the run need not wait for them."""
+        self.restarted = LostPeers(run_dir, RESTARTED_FILE, from_start=True)
+        """The launcher's records of the processes it restarted (this start of the run's only)."""
         loads = [
             (policy, name)
             for policy in self.policies
@@ -185,6 +201,8 @@ class Router(Actor):
         """Rate limit of the warnings a flood of bad messages would repeat."""
         self.best = load_best(run_dir) if deployment.training else None
         """{"version", "score"} of the best held-out evaluation so far (its checkpoint is kept)."""
+        self.poisoned_problems: set[str] = set()
+        """Problems whose episode was dropped as poisoned: not dispatched again in this run."""
         self.faults = FaultLog()
         self.faults.carry(replaced)  # faults seen in the iterations run again are still counted, once
         restart = run_restart_from_env()
@@ -202,17 +220,19 @@ class Router(Actor):
         calls woken by the event loop). ROUTER_MANDATORY makes a send to an unknown or vanished
         identity an error (logged) instead of a silent drop; at the high-water mark sends wait in an
         outbox rather than drop. With the deployment's keys it is a CURVE server whose context's ZAP
-        handler accepts only the run's client key (started before the bind, so no handshake goes
-        unchecked); every refused handshake is counted and logged, and the run goes on."""
+        handler admits only the keys of the run's processes, each as its process (started before the bind,
+        so no handshake goes unchecked); every refused handshake is counted and logged, and the run goes on.
+        Without keys a restarted peer reconnects under its predecessor's identity, and ROUTER_HANDOVER lets
+        it take the identity over even if the old connection is not closed yet (a lost node); with keys
+        every connection has an identity of its own, and none takes another's over."""
         assert self.ctx is not None
         sock = make_socket(self.ctx, zmq.ROUTER)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        # A restarted peer reconnects under its predecessor's identity: it takes the identity over even
-        # if the old connection is not closed yet (a lost node; only holders of the run's key connect).
-        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         authenticator = None
-        if self.deployment.keys_dir is not None:
-            secure_server(sock, self.deployment.keys_dir)
+        if self.deployment.keys_dir is None:
+            sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        else:
+            secure_server(sock, self.deployment.keys_dir, self.curve_secret)
             authenticator = RunAuthenticator(self.ctx, self.deployment.keys_dir)
             authenticator.start()
             self.spawn(authenticator.serve(), "zap")
@@ -225,19 +245,25 @@ class Router(Actor):
         log.info("router bound at %s; waiting for %d peers", self.deployment.router_endpoint, len(self.table.expected))
 
     def send_to(self, identity: bytes, msg: Message) -> None:
-        self.io.send([identity, *encode(msg)])
+        self.io.send([self.routes.get(identity, identity), *encode(msg)])
 
     def forward(self, identity: bytes, frames: list) -> None:
-        self.io.send([identity, *frames])
+        self.io.send([self.routes.get(identity, identity), *frames])
 
     def _on_frames(self, frames: list) -> None:
-        identity, body = frames[0].bytes, frames[1:]
+        route, body = frames[0].bytes, frames[1:]
+        identity = route if self.deployment.keys_dir is None else self._key_name(route, body)
+        if identity is None:
+            return
         try:
             cls, header = peek([f.buffer for f in body])
             if cls is not Hello:
                 peer = self.peers.get(identity)
                 if peer is None:
                     self.refuse(identity, cls, "its sender never joined")
+                    return
+                if self.routes.get(identity) != route:
+                    self.refuse(identity, cls, "it came over another connection than the one its sender joined with")
                     return
                 if cls is not Heartbeat and SENDERS.get(cls) != peer.role:
                     self.refuse(identity, cls, f"a {peer.role} does not send it")
@@ -246,6 +272,9 @@ class Router(Actor):
                     self.refuse(identity, cls, "it names a policy its sender does not serve")
                     return
             if cls is Generate:
+                if header.origin.encode() != identity:
+                    self.refuse(identity, cls, "its origin is not its sender")
+                    return
                 self._route_generate(identity, header, body)
             elif cls is GenerateResult:
                 self._route_result(identity, header, body)
@@ -255,12 +284,25 @@ class Router(Actor):
                 # Liveness: every peer sends a Heartbeat each heartbeat_s, busy or not, so the hot path
                 # above need not stamp its messages.
                 self.table.seen(identity)
-                if cls is not Heartbeat:
+                if cls is Hello:
+                    self._on_hello(identity, decode([f.buffer for f in body]), route)  # type: ignore[arg-type]
+                elif cls is not Heartbeat:
                     self._handle(identity, decode([f.buffer for f in body]))
         except CodecError as e:
             self.malformed += 1
             if n := self.warnings.due("malformed"):
                 log.warning("dropped a malformed message from %s (%d so far): %s", printable(identity), n, e)
+
+    def _key_name(self, route: bytes, body: list) -> bytes | None:
+        """The process whose key the connection holds: the User-Id that the ZAP handler gave it, which
+        libzmq attaches to every frame of the connection (None, counted as malformed, if there is none)."""
+        try:
+            return body[0].get("User-Id").encode()
+        except (zmq.ZMQError, IndexError, AttributeError):
+            self.malformed += 1
+            if n := self.warnings.due("no user id"):
+                log.warning("dropped a message from %s without a User-Id (%d so far)", printable(route), n)
+            return None
 
     def refuse(self, identity: bytes, cls: type[Message], why: str) -> None:
         """Drop a well-formed message that the run must not act on; counted, and logged rate-limited (`why`
@@ -278,7 +320,7 @@ class Router(Actor):
         # The header does not carry n: requests are counted, close enough for balancing.
         chosen = self.table.pick_replica(header.policy)
         if chosen is None:
-            if header.policy in self.generations:  # its replicas are being replaced: the request waits
+            if header.policy in self.clock.ranks:  # its replicas are being replaced: the request waits
                 self._parked.setdefault(header.policy, []).append((origin, header, frames))
                 return
             reply = f"no inference server for policy {header.policy!r}"
@@ -322,9 +364,7 @@ class Router(Actor):
     # -- control messages --------------------------------------------------------------------------
 
     def _handle(self, identity: bytes, msg: Message) -> None:
-        if isinstance(msg, Hello):
-            self._on_hello(identity, msg)
-        elif isinstance(msg, EpisodeDone):
+        if isinstance(msg, EpisodeDone):
             self._on_episode_done(msg)
         elif isinstance(msg, UpdateWeights):
             for ident in self.table.of_policy("inference", msg.policy, alive=True):
@@ -335,26 +375,20 @@ class Router(Actor):
             self.clock.trained(msg.policy, msg.version, msg.metrics, trainer_rank(identity.decode()))
             self._check_step_done()
         elif isinstance(msg, WeightsLoaded):
-            if msg.error:
-                raise RuntimeError(f"{msg.replica} failed to load weights v{msg.version}: {msg.error}")
-            if not (msg.version == self.clock.version and self.generations[msg.policy]):
-                # (else: the version held, sent again after a re-form)
-                self.clock.loaded(msg.policy, msg.replica, msg.version)
-            if self.table.serve(identity, msg.policy):  # a replacement holds the weights the others serve
-                log.info("%s serves %s v%d", msg.replica, msg.policy, msg.version)
-                for origin, header, frames in self._parked.pop(msg.policy, []):
-                    self._route_generate(origin, header, frames)
-            self._check_step_done()
+            self._on_loaded(identity, msg)
         else:
             self.refuse(identity, type(msg), "no peer sends it to the router")
 
-    def _on_hello(self, identity: bytes, msg: Hello) -> None:
+    def _on_hello(self, identity: bytes, msg: Hello, route: bytes | None = None) -> None:
+        """A peer says who it is (`identity`: with CURVE, the process its key was issued to) over the
+        connection `route` (its socket identity; `identity` itself without CURVE)."""
         name = identity.decode("utf-8", "replace")
         if name not in self.table.expected:
             self.refuse(identity, Hello, "its sender is not a peer of this run")
             return
         if msg.peer_id != name or msg.role != peer_role(name):
-            self.refuse(identity, Hello, "its peer_id or role is not its sender's")
+            why = "its peer_id or role is not its sender's"
+            self.refuse(identity, Hello, why if self.deployment.keys_dir is None else f"{why} (its key's)")
             return
         if msg.role in ("inference", "trainer") and msg.policy != name.split("/")[1]:
             self.refuse(identity, Hello, "its policy is not the one its name says")
@@ -362,49 +396,95 @@ class Router(Actor):
         if msg.protocol != PROTOCOL_VERSION:
             raise RuntimeError(f"{name} speaks protocol {msg.protocol}, the router {PROTOCOL_VERSION}")
         previous = self.peers.get(identity)
-        replacement = previous is not None and (msg.died_at or previous.pid != msg.pid)
-        if replacement:  # of a lost process
-            assert previous is not None
-            if previous.alive:
+        # A replacement of a lost process: another pid, or the launcher says so (died_at) even when the lost
+        # one never joined. (The same process saying Hello again joins again, as it was.)
+        repeated = previous is not None and previous.pid == msg.pid
+        replacement = not repeated and (previous is not None or bool(msg.died_at))
+        if replacement:
+            if previous is not None and previous.alive:
                 self._lose(identity, previous, f"replaced by pid {msg.pid}")
-            self.faults.restarted(msg.role, msg.died_at or time.time(), identity)
+            elif previous is None and name not in self.replacing:  # it died before its Hello
+                self._lost_before_hello(name)
+            self.faults.replacement_joined(identity, msg.died_at or time.time())
+        self.replacing.discard(name)
         # A replacement replica of a training run serves once it loaded the weights the others hold.
         serving = not (replacement and msg.role == "inference" and self.deployment.training)
         served = self.cfg.served_policies(msg.policy, self.deployment.training) if msg.role == "inference" else []
         info = PeerInfo(msg.role, msg.policy, msg.capacity, msg.pid, policies=tuple(served))
+        self.routes[identity] = identity if route is None else route
         self.table.join(identity, info, serving)
         self.send_to(identity, Welcome(PROTOCOL_VERSION))
         log.info("%s joined (pid %d); %d/%d peers", name, msg.pid, len(self.peers), len(self.table.expected))
-        if self.table.all_joined():
-            self.all_joined.set()
+        self._check_all_joined()
         if msg.role == "env_worker":
             self._dispatch()  # a replacement takes queued episodes (its predecessor's among them) at once
-        elif replacement and not serving:
-            self._reform_due.update(info.policies)
+        elif replacement and not serving:  # ready: it joins the weight group, catching up first
+            for policy in info.policies:
+                self._send_order(self.groups.add(policy, replica_index(name)))
         elif replacement:  # (an evaluation's replica: no weight group, it serves the weights it started with)
             for policy in info.policies:
                 for origin, header, frames in self._parked.pop(policy, []):
                     self._route_generate(origin, header, frames)
-        for policy in info.policies:  # (a trainer or replica that was not up yet may complete the group)
-            if policy in self._reform_due:
-                self._reform(policy)
+        elif msg.role in ("inference", "trainer") and self.deployment.training:  # it may have missed an order
+            for policy in info.policies if msg.role == "inference" else [msg.policy]:
+                if (order := self.groups.orders.get(policy)) is not None:
+                    self._send_order(order, only=identity)
 
-    def _reform(self, policy: str) -> None:
-        """Order `policy`'s weight group re-formed under a new generation (a replica was replaced), once its
-        trainer and every replica are alive; the trainer then sends its current version again."""
-        replicas = self.table.of_policy("inference", policy, alive=True)
-        trainer = self.peers.get(trainer_peer(policy, 0).encode())
-        servers = self.cfg.policies[self.cfg.server_policy(policy, self.deployment.training)]
-        if len(replicas) < servers.replicas or trainer is None or not trainer.alive:
-            log.info("the weight group of %s waits for its trainer and every replica to be up", policy)
+    def _check_all_joined(self) -> None:
+        """The run may start once every peer joined, but for those whose first process died before its Hello
+        (their replacements join when they are ready)."""
+        if not set(self.table.missing()) - self.replacing:
+            self.all_joined.set()
+
+    def _send_order(self, order: ReformWeightGroup, only: bytes | None = None) -> None:
+        """Send a weight group's order to its trainer (rank 0) and its members that joined (or to `only`)."""
+        server_policy = self.cfg.server_policy(order.policy, self.deployment.training)
+        names = [trainer_peer(order.policy, 0)] + [f"inference/{server_policy}/{i}" for i in order.members]
+        if only is None:
+            log.info("re-forming the weight group of %s: generation %d, replicas %s%s", order.policy, order.generation,
+                     order.members, f" ({order.fresh} catching up first)" if order.fresh else "")  # fmt: skip
+        for name in names:
+            ident = name.encode()
+            info = self.peers.get(ident)
+            if info is not None and info.alive and (only is None or ident == only):
+                self.send_to(ident, order)
+
+    def _leave_groups(self, name: str, policies: tuple[str, ...] | list[str]) -> None:
+        """A lost replica leaves the weight groups of `policies` now: the clock stops waiting for its loads."""
+        if not self.deployment.training:
             return
-        self._reform_due.discard(policy)
-        self.generations[policy] += 1
-        order = ReformWeightGroup(policy, self.generations[policy])
-        log.info("re-forming the weight group of %s (generation %d)", policy, order.generation)
-        self.send_to(trainer_peer(policy, 0).encode(), order)
-        for ident in replicas:
-            self.send_to(ident, order)
+        for policy in policies:
+            self.clock.drop_load(policy, name)
+            if (order := self.groups.remove(policy, replica_index(name))) is not None:
+                self._send_order(order)
+        self._check_step_done()
+
+    def _lost_before_hello(self, name: str) -> None:
+        """Process `name` died before it said Hello (its replacement is on its way): the run does not wait for
+        it, and a replica leaves the weight groups it was to be in."""
+        self.replacing.add(name)
+        if peer_role(name) == "inference":
+            self._leave_groups(name, self.cfg.served_policies(name.split("/")[1], self.deployment.training))
+        self._check_all_joined()
+
+    def _on_loaded(self, identity: bytes, msg: WeightsLoaded) -> None:
+        """A replica loaded `msg.version` of a policy: a step's new version (the clock counts it), or the
+        version the others hold (a replacement's catch-up: it is routed requests from now on)."""
+        name = identity.decode()
+        if msg.error:
+            raise RuntimeError(f"{name} failed to load weights v{msg.version}: {msg.error}")
+        serving = msg.policy in self.peers[identity].routed
+        if msg.version < self.clock.version and not serving:
+            return  # a catch-up that a step overtook: the step's version reaches it in the new generation
+        if msg.version != self.clock.version:  # (the version held: a catch-up, or sent again after a re-form)
+            self.clock.loaded(msg.policy, name, msg.version)
+        if self.table.serve(identity, msg.policy):  # a replacement holds the weights the others serve
+            log.info("%s serves %s v%d", name, msg.policy, msg.version)
+            self.groups.caught_up(msg.policy, replica_index(name))
+            self.clock.add_load(msg.policy, name)
+            for origin, header, frames in self._parked.pop(msg.policy, []):
+                self._route_generate(origin, header, frames)
+        self._check_step_done()
 
     def _on_episode_done(self, msg: EpisodeDone) -> None:
         book = self.books.get(msg.iteration)
@@ -415,6 +495,8 @@ class Router(Actor):
         assert book is not None
         if task.worker in self.peers:
             self.peers[task.worker].outstanding -= 1
+            if task.alone:
+                self.peers[task.worker].exclusive = False
         if msg.error:
             log.error("episode %s failed: %s", msg.episode_id, msg.error)
         elif task.worker is not None and (recovered := self.faults.result_from(task.worker)) is not None:
@@ -440,11 +522,17 @@ class Router(Actor):
         for book in sorted(self.books.values(), key=lambda b: b.iteration):
             waiting = []
             for task in book.queued:
-                workers = self.table.free_workers() if self.clock.may_dispatch(book.version, task.msg.mode) else []
-                if not workers:
+                if not self.clock.may_dispatch(book.version, task.msg.mode):
                     waiting.append(task)
                     continue
-                _, worker = min(workers)
+                if task.alone:  # a last attempt: on a worker that runs nothing else
+                    worker = self.table.worker_for_alone()
+                else:
+                    workers = self.table.free_workers()
+                    worker = min(workers)[1] if workers else None
+                if worker is None:
+                    waiting.append(task)
+                    continue
                 task.worker = worker
                 task.deadline = now + self.cfg.rollout.episode_timeout_s
                 self.peers[worker].outstanding += 1
@@ -464,9 +552,11 @@ class Router(Actor):
         )  # fmt: skip
 
     async def _watchdog(self) -> None:
-        """Declare silent peers dead and drop episodes past their deadline."""
+        """Take in the launcher's restarts, declare silent peers dead and drop episodes past their deadline."""
         while True:
             await asyncio.sleep(self.cfg.cluster.heartbeat_s)
+            for record in self.restarted.new():
+                self._on_restarted(record["name"], record["pid"], record["at"])
             now = time.monotonic()
             for ident, info in self.peers.items():
                 if info.alive:
@@ -480,6 +570,22 @@ class Router(Actor):
                     self._on_episode_done(
                         EpisodeDone(msg.episode_id, msg.iteration, msg.mode, msg.attempt, "timed out", {}, {})
                     )
+
+    def _on_restarted(self, name: str, pid: int, died_at: float) -> None:
+        """The launcher found process `name` (pid `pid`) dead at `died_at` and started it again: it is lost
+        from now on, whether it had joined or not, before its replacement is ready to say Hello."""
+        info = self.peers.get(name.encode())
+        if name not in self.table.expected:
+            return
+        self.faults.replaced(name, died_at)
+        log.info("the launcher restarted %s (pid %d was found dead)", name, pid)
+        if name in self.replacing:
+            return
+        if info is None:
+            log.error("%s (pid %d) died before it joined; its replacement joins when it is ready", name, pid)
+            self._lost_before_hello(name)
+        elif info.alive and info.pid == pid:  # (else: about a predecessor, or its replacement joined first)
+            self._lose(name.encode(), info, "found dead by the launcher")
 
     def _peer_died(self, ident: bytes, info: PeerInfo) -> None:
         """A peer silent past `peer_timeout_s`: an env worker's episodes or a replica's requests run again
@@ -499,6 +605,7 @@ class Router(Actor):
         late result of the lost one is refused: the request is no longer its)."""
         self.table.mark_dead(ident)
         if info.role == "inference":
+            self._leave_groups(ident.decode(), info.policies)
             requests = [(key, entry) for key, entry in self._pending.items() if entry[0] == ident]
             for (origin, _), (_, header, frames) in requests:
                 del self._pending[(origin, header.request_id)]
@@ -508,7 +615,17 @@ class Router(Actor):
             log.error("%s (pid %d) is lost (%s); its %d requests were sent again", ident.decode(), info.pid, why,
                       len(requests))  # fmt: skip
             return
-        lost = sum(book.requeue(ident) for book in self.books.values())
+        lost, max_attempts = 0, self.cfg.rollout.max_attempts
+        for book in self.books.values():
+            again, poisoned = book.requeue(ident, max_attempts)
+            lost += again
+            for task in poisoned:
+                self.poisoned_problems.add(task.msg.problem_id)
+                log.error(
+                    "episode %s (problem %s) was running on %d lost env workers: dropped as poisoned (rollout/poisoned); "
+                    "its problem is not dispatched again in this run", task.msg.episode_id, task.msg.problem_id,
+                    task.msg.attempt + 1,
+                )  # fmt: skip
         self.faults.reissued(lost)
         log.error(
             "%s (pid %d) is lost (%s); its %d episodes run again as new attempts", ident.decode(), info.pid, why, lost
@@ -560,6 +677,11 @@ class Router(Actor):
         # version). Without training (eval, rollout benches) every episode runs at the version held.
         target = iteration if self.deployment.training else self.clock.version
         book = EpisodeBook(iteration, target, self._episodes(iteration, target, train, evaluate))
+        for task in [t for t in book.queued if t.msg.problem_id in self.poisoned_problems]:
+            book.queued.remove(task)  # it killed its workers before: counted again, never run again
+            book.poison(task)
+            log.warning("episode %s (problem %s) is not run: the problem was poisoned", task.msg.episode_id,
+                        task.msg.problem_id)  # fmt: skip
         self.books[iteration] = book
         self._next_book = iteration + 1
         self._dispatch()
@@ -641,6 +763,7 @@ class Router(Actor):
         row[Keys.TRAINER_IDLE_S] = wait_s
         row[Keys.INFERENCE_IDLE_S] = self.idle.take(now, busy=any(b.generating() for b in self.books.values()))
         row.update(self.faults.take())
+        row[Keys.POISONED] = len(book.poisoned)
         del self.books[iteration]
         self.metrics.write(row)
         return row

@@ -27,6 +27,10 @@ class PeerInfo:
     routed: set[str] = field(default_factory=set)
     """Inference: the policies whose requests the router sends it (a replacement gets each one only once it
     loaded that policy's current weights)."""
+    exclusive: bool = False
+    """Env worker: it runs an episode's last attempt, alone (no other episode is dispatched to it)."""
+    reserved: bool = False
+    """Env worker: it takes no new episodes until it is idle, then runs a last attempt alone."""
 
     def __post_init__(self) -> None:
         self.policies = self.policies or (self.policy,)
@@ -85,11 +89,28 @@ class PeerTable:
 
     def free_workers(self) -> list[tuple[int, bytes]]:
         """(episodes in flight, identity) of every live env worker with room for another episode."""
-        return [
-            (info.outstanding, ident)
-            for ident, info in self.peers.items()
-            if info.role == "env_worker" and info.alive and info.outstanding < info.capacity
-        ]
+        return [(info.outstanding, ident) for ident, info in self.peers.items() if self._takes_episodes(info)]
+
+    @staticmethod
+    def _takes_episodes(info: PeerInfo) -> bool:
+        """A live env worker with room, not running or waiting to run a last attempt alone."""
+        room = info.outstanding < info.capacity and not (info.exclusive or info.reserved)
+        return info.role == "env_worker" and info.alive and room
+
+    def worker_for_alone(self) -> bytes | None:
+        """A live env worker to run an episode alone on: an idle one (it becomes exclusive), or None while
+        there is none; then the least-loaded one is reserved (it takes no new episodes) until it is idle."""
+        workers = [(info.outstanding, ident) for ident, info in self.peers.items()
+                   if info.role == "env_worker" and info.alive and not info.exclusive]  # fmt: skip
+        idle = [ident for outstanding, ident in workers if outstanding == 0]
+        if idle:
+            for _, ident in workers:  # (a reservation is for the next last attempt to wait: it asks again)
+                self.peers[ident].reserved = False
+            self.peers[idle[0]].exclusive = True
+            return idle[0]
+        if workers and not any(self.peers[ident].reserved for _, ident in workers):
+            self.peers[min(workers)[1]].reserved = True
+        return None
 
     def silent(self, now: float, timeout_s: float) -> list[tuple[bytes, PeerInfo]]:
         return [(i, p) for i, p in self.peers.items() if p.alive and now - p.last_seen > timeout_s]

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import signal
 import time
 from collections.abc import Coroutine
@@ -170,10 +171,14 @@ def make_socket(ctx: zmq.asyncio.Context, kind: int, identity: str | None = None
 class Peer(Actor):
     """An actor connected to the router by one DEALER socket (env worker, inference server, trainer).
 
-    Socket: DEALER, identity = peer_id, connected to the router's ROUTER socket. Messages to the router
-    are never dropped by ZMQ (DEALER blocks at the high-water mark). The ready barrier against slow
-    joiners is the Hello/Welcome exchange: nothing but Hello is sent before Welcome arrives. With
-    `keys_dir` (the deployment's) the socket is a CURVE client holding the run's client key pair.
+    Socket: DEALER connected to the router's ROUTER socket. Messages to the router are never dropped by
+    ZMQ (DEALER blocks at the high-water mark). The ready barrier against slow joiners is the Hello/Welcome
+    exchange: nothing but Hello is sent before Welcome arrives. With `keys_dir` (the deployment's) the
+    socket is a CURVE client holding this process's own key pair (`curve_secret`, else the one the
+    launcher gave the process), which names it at the router; its socket identity is then
+    peer_id#<random>, new for every connection, so no other connection can guess it and take the router's
+    messages to this process over. Without keys the identity is peer_id (ROUTER_HANDOVER lets a
+    replacement take it over).
     """
 
     def __init__(
@@ -187,6 +192,7 @@ class Peer(Actor):
         peer_timeout_s: float = 30.0,
         startup_timeout_s: float = 300.0,
         keys_dir: str | None = None,
+        curve_secret: str | None = None,
     ) -> None:
         super().__init__(peer_id)
         self.router_endpoint = router_endpoint
@@ -196,15 +202,17 @@ class Peer(Actor):
         self.peer_timeout_s = peer_timeout_s
         self.startup_timeout_s = startup_timeout_s
         self.keys_dir = keys_dir
+        self.curve_secret = curve_secret
         self._outbox: asyncio.Queue[list[bytes]] = asyncio.Queue()
         self._router_seen = time.monotonic()
         self.sock: zmq.asyncio.Socket | None = None
 
     async def setup(self) -> None:
         assert self.ctx is not None
-        self.sock = make_socket(self.ctx, zmq.DEALER, self.peer_id)
+        identity = self.peer_id if self.keys_dir is None else f"{self.peer_id}#{secrets.token_hex(8)}"
+        self.sock = make_socket(self.ctx, zmq.DEALER, identity)
         if self.keys_dir is not None:
-            secure_client(self.sock, self.keys_dir)
+            secure_client(self.sock, self.keys_dir, self.curve_secret)
         handshakes = HandshakeWatch(self.sock, self.router_endpoint, self.keys_dir)
         try:
             self.sock.connect(self.router_endpoint)

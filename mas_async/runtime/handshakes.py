@@ -56,7 +56,7 @@ class HandshakeFailed(RuntimeError):
 def describe(event: int, value: int) -> str:
     """A failed handshake's reason, in words."""
     if event == FAILED_AUTH:
-        return f"its CURVE key is not the run's client key (ZAP status {value})"
+        return f"its CURVE key is not one of the run's processes' (ZAP status {value})"
     if event == FAILED_PROTOCOL:
         try:
             name = zmq.Event(value).name
@@ -144,14 +144,14 @@ class HandshakeWatch:
             mine = "no CURVE keys (its deployment.json has keys_dir null: cluster.curve=false)"
             hint = "a router that requires CURVE hangs up like this on a peer without keys"
         else:
-            mine = f"the CURVE keys in {self.keys_dir}"
-            hint = f"a router hangs up like this when {self.keys_dir}/server.key is not its public key"
+            mine = f"its own CURVE key and the router's public key in {self.keys_dir}"
+            hint = f"a router hangs up like this when {self.keys_dir}/public.json does not hold its public key"
         if event == FAILED_NO_DETAIL:
             reason = f"{reason}; {hint}"
         raise HandshakeFailed(
             f"the router at {self.endpoint} refused this process's ZeroMQ handshake: {reason} ({self.failures} "
-            f"failed handshake(s)); this process uses {mine}. Every process of a run must start from the same "
-            "run directory's deployment.json and keys"
+            f"failed handshake(s)); this process uses {mine}. Every process of a run must be started by the run's "
+            "launcher, which gives each its own key, with that start's deployment.json and keys"
         )
 
     def close(self) -> None:

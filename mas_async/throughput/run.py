@@ -87,7 +87,7 @@ def load_record(run_dir: Path) -> dict[str, Any]:
     out = run_dir / BENCH_DIR
     requests: list[list[Any]] = []
     for path in sorted(out.glob("requests-*.msgpack")):
-        requests += unpack(path.read_bytes())
+        requests += unpack(path.read_bytes(), max_objects=1 << 26)  # its own file: as large as the run made it
     episodes: list[list[Any]] = []
     for path in sorted(out.glob("episodes-*.json")):
         episodes += json.loads(path.read_text())

@@ -32,7 +32,7 @@ def micro_batch_loss(
         )  # fmt: skip
     else:
         loss, clip = off_policy_loss(
-            algo.off_policy, new, old, behaviour, advantages, mask, is_cap=algo.is_cap,
+            algo.off_policy, new, old, behaviour, advantages, mask, is_cap=algo.is_cap, is_mode=algo.is_mode,
             clip_low=algo.clip_low, clip_high=algo.clip_high, loss_agg=algo.loss_agg, normalizer=normalizer,
         )  # fmt: skip
         parts.update({k: clip[k] for k in ("is_weight_mean", "is_weight_max", "is_truncated_tokens")})

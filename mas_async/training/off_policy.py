@@ -5,13 +5,17 @@ server that sampled it, under weights v-s), the proximal one (`proximal`, recomp
 with the weights v it holds when the step starts) and the current one (`logprobs`, with gradients).
 `algorithm.off_policy` names the objective (docs/staleness.md):
 
-- "decoupled" (decoupled PPO, Hilton et al. 2021, as AReaL trains): the clip is taken against the
+- "decoupled" (decoupled PPO, Hilton et al. 2021, the objective AReaL uses): the clip is taken against the
   proximal policy, ratio = exp(logprobs - proximal), and each token's loss is multiplied by the
-  importance weight w = exp(proximal - behaviour), truncated at `is_cap`;
+  importance weight w = exp(proximal - behaviour), bounded by `is_cap`;
 - "tis" (truncated importance sampling): no clip and no proximal policy; each token's gradient is the
   policy gradient A * grad(logprobs) times w = exp(logprobs - behaviour) (not differentiated),
-  truncated at `is_cap`;
+  bounded by `is_cap`;
 - "none": PPO clip against the behaviour log-probs, as if the samples were on-policy.
+
+`algorithm.is_mode` says what a weight above `is_cap` becomes: `is_cap` ("truncate", the default) or 0
+("mask": the token leaves the loss, as AReaL filters it; it still counts in the token mean's denominator,
+so the other tokens' weights do not grow when some are masked).
 
 For fresh samples (s = 0) proximal equals behaviour up to float noise, so w = 1 and decoupled is the
 strict mode's PPO-clip loss.
@@ -24,11 +28,17 @@ import torch
 from mas_async.training.loss import aggregate, ppo_clip_loss
 
 OFF_POLICY = ("decoupled", "tis", "none")
+IS_MODES = ("truncate", "mask")
 
 
-def truncated_weights(log_ratio: torch.Tensor, mask: torch.Tensor, cap: float) -> tuple[torch.Tensor, dict[str, float]]:
-    """w = min(exp(log_ratio), cap) per token (no gradient), and its statistics over the valid tokens:
-    mean and max before truncation, and the fraction of tokens truncated."""
+def truncated_weights(
+    log_ratio: torch.Tensor, mask: torch.Tensor, cap: float, mode: str = "truncate"
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """w = exp(log_ratio) per token (no gradient), bounded by `cap`: min(w, cap) ("truncate") or 0 where
+    w > cap ("mask"); and its statistics over the valid tokens: mean and max before the bound, and the
+    number of tokens above it."""
+    if mode not in IS_MODES:
+        raise ValueError(f"unknown algorithm.is_mode {mode!r}; known: {list(IS_MODES)}")
     raw = torch.exp(log_ratio.detach())
     valid = mask.bool()
     values = raw[valid]
@@ -37,6 +47,8 @@ def truncated_weights(log_ratio: torch.Tensor, mask: torch.Tensor, cap: float) -
         "is_weight_max": float(values.max()) if values.numel() else 1.0,
         "is_truncated_tokens": float((values > cap).sum()),
     }
+    if mode == "mask":
+        return torch.where(raw > cap, torch.zeros_like(raw), raw), stats
     return torch.clamp(raw, max=cap), stats
 
 
@@ -49,6 +61,7 @@ def off_policy_loss(
     mask: torch.Tensor,
     *,
     is_cap: float,
+    is_mode: str = "truncate",
     clip_low: float,
     clip_high: float,
     loss_agg: str,
@@ -66,12 +79,12 @@ def off_policy_loss(
         )  # fmt: skip
         return loss, {**metrics, "is_weight_mean": 1.0, "is_weight_max": 1.0, "is_truncated_tokens": 0.0}
     if mode == "decoupled":
-        weights, stats = truncated_weights(proximal - behaviour, mask, is_cap)
+        weights, stats = truncated_weights(proximal - behaviour, mask, is_cap, is_mode)
         loss, metrics = ppo_clip_loss(
             logprobs, proximal, advantages, mask, clip_low, clip_high, loss_agg, normalizer, weights=weights
         )  # fmt: skip
         return loss, {**metrics, **stats}
-    weights, stats = truncated_weights(logprobs - behaviour, mask, is_cap)
+    weights, stats = truncated_weights(logprobs - behaviour, mask, is_cap, is_mode)
     adv = advantages.detach().to(logprobs.dtype)[:, None]
     loss = aggregate(-weights * adv * logprobs, mask, loss_agg, normalizer)
     return loss, {"clip_fraction": 0.0, "ratio_mean": stats["is_weight_mean"], **stats}

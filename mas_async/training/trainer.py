@@ -12,8 +12,8 @@ log-probs recomputed and compared with the rollout's, the loss), UpdateWeights(v
 weights to the policy's inference servers (`mas_async.weights.sync`: a torch.distributed broadcast, or
 CUDA IPC when they share the trainer's GPU). Compute and the send run in threads; the event loop keeps
 its heartbeats. The send goes through `WeightPublisher` (training/publisher.py), which also re-forms the
-weight group when the router replaces a lost replica (ReformWeightGroup) and sends the current version
-again there.
+weight group when the router orders it (ReformWeightGroup: a replica lost, or a replacement ready, which
+it catches up to the current version first).
 
 With `policies.<p>.trainer_ranks` N >= 2 the policy has N trainer processes, each a peer of the router
 (trainer/P is rank 0, trainer/P/R the others) in one data-parallel group (training/data_parallel.py). The
@@ -122,7 +122,7 @@ class Trainer(Peer):
             return
         spec = WeightGroupSpec.of(self.cfg, self.deployment, self.policy)
         self.publisher = WeightPublisher(spec, int(self.cfg.trainer.bucket_mb * (1 << 20)), lambda m: self.send(m))
-        await self.publisher.open(self.version)
+        await self.publisher.open(self.version, lambda: (self.version, self.learner.named_tensors()))
         self._group_ready.set()
         log.info("weight sync of %s is up (%s)%s", self.policy, spec.backend, self._group_places())
         await self.stopping.wait()
@@ -150,7 +150,7 @@ class Trainer(Peer):
         elif isinstance(msg, TrainStep):
             self.spawn(self._step(msg), f"step-{msg.iteration}")
         elif isinstance(msg, ReformWeightGroup) and self.rank == 0 and self.publisher is not None:
-            if self.publisher.reform(msg.generation):  # join the new generation, send the current version again
+            if self.publisher.reform(msg):  # catch replacements up, join the new generation, send if need be
                 self.spawn(self._publish(), f"reform-{msg.generation}")
         else:
             self.unexpected(msg)

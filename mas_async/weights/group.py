@@ -307,7 +307,8 @@ class WeightGroupSpec:
     host: str
     port: int
     world_size: int
-    """1 trainer rank + the inference replicas that serve the policy (its base's, on a shared base)."""
+    """1 trainer rank + the inference replicas that serve the policy (its base's, on a shared base): the first
+    generation's; a re-formed one has its members' (`ReformWeightGroup`)."""
     timeout_s: float = 300.0
     """Bound of joining and of every wait of a send or receive (`trainer.weight_sync_timeout_s`)."""
 
@@ -322,12 +323,13 @@ class WeightGroupSpec:
             timeout_s=config.trainer.weight_sync_timeout_s,
         )
 
-    def join_args(self, rank: int, generation: int = 0) -> dict[str, Any]:
+    def join_args(self, rank: int, generation: int = 0, world_size: int | None = None) -> dict[str, Any]:
         """Keyword arguments of `open_weight_group` (and of a backend's `join_weight_group`) for `rank`, in
-        generation `generation` of the group."""
+        generation `generation` of the group, of `world_size` ranks (a re-formed generation's; default: the
+        first generation's, every replica of the deployment)."""
         return {
-            "policy": self.policy, "backend": self.backend, "host": self.host, "port": self.port,
-            "rank": rank, "world_size": self.world_size, "timeout_s": self.timeout_s, "generation": generation,
+            "policy": self.policy, "backend": self.backend, "host": self.host, "port": self.port, "rank": rank,
+            "world_size": world_size or self.world_size, "timeout_s": self.timeout_s, "generation": generation,
         }  # fmt: skip
 
     def open(self, rank: int) -> WeightGroup:

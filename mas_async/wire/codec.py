@@ -5,6 +5,15 @@ numpy arrays travel as msgpack ext type 1 (a dtype code byte followed by the raw
 never as lists of Python numbers. Decoding is bounded: a frame larger than `MAX_FRAME_BYTES`, or one whose
 strings, arrays or maps exceed the limits below, raises `CodecError`, as does any malformed input; the
 caller counts it and drops it (or replies with an error), it never crashes a process. Never pickle.
+
+A frame's size does not bound what decoding it costs: an empty array is one byte on the wire and a
+64-byte Python list in memory, so a frame of nested empty arrays (or maps) would grow ~64 times as it
+decodes. So each frame also has an object budget (`MAX_OBJECTS`): every array and map counts one, plus
+one per element (two per map entry), and decoding stops with `CodecError` once the budget is spent. The
+longest single array is bounded by the budget too (msgpack allocates an array's list before its elements
+arrive), so a frame at most decodes to a few dozen MB whatever its size. Token ids and log-probs travel
+as packed ext values, one object each, so real messages use a small part of it (a Groups message of 160
+samples, ~3,000).
 """
 
 from __future__ import annotations
@@ -19,6 +28,8 @@ MAX_FRAME_BYTES = 512 << 20
 """Largest frame accepted by `unpack` (and by the sockets' ZMQ_MAXMSGSIZE)."""
 MAX_HEADER_BYTES = 64 << 10
 """Headers are small routing records; anything larger is malformed."""
+MAX_OBJECTS = 1 << 18
+"""Objects one frame may decode to (arrays, maps and their elements): ~30 MB of Python objects at most."""
 
 # dtype code byte <-> numpy dtype (little-endian). Codes are only ever appended.
 _DTYPES: dict[int, np.dtype] = {
@@ -61,21 +72,47 @@ def pack(obj: Any) -> bytes:
     return msgpack.packb(obj, default=_default, use_bin_type=True)
 
 
-def unpack(frame: bytes | memoryview, max_bytes: int = MAX_FRAME_BYTES) -> Any:
-    """Decode one frame with bounded sizes; raises CodecError on anything malformed or too large."""
+class _Budget:
+    """The objects a frame may still decode to; msgpack's hooks spend it as each array and map completes."""
+
+    __slots__ = ("left", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.left = self.limit = limit
+
+    def spend(self, count: int) -> None:
+        self.left -= count
+        if self.left < 0:
+            raise CodecError(f"the frame decodes to more than {self.limit} objects (arrays, maps and their elements)")
+
+    def array(self, items: list) -> list:
+        self.spend(1 + len(items))
+        return items
+
+    def map(self, pairs: list[tuple[Any, Any]]) -> dict:
+        self.spend(1 + 2 * len(pairs))
+        return dict(pairs)
+
+
+def unpack(frame: bytes | memoryview, max_bytes: int = MAX_FRAME_BYTES, max_objects: int = MAX_OBJECTS) -> Any:
+    """Decode one frame with bounded sizes and at most `max_objects` objects (see the module's docstring);
+    raises CodecError on anything malformed or too large."""
     size = len(frame)
     if size > max_bytes:
         raise CodecError(f"frame of {size} bytes exceeds the limit of {max_bytes}")
+    budget = _Budget(max_objects)
     try:
         return msgpack.unpackb(
             frame,
             ext_hook=_ext_hook,
+            list_hook=budget.array,
+            object_pairs_hook=budget.map,
             raw=False,
             strict_map_key=False,
             max_str_len=min(size, 64 << 20),
             max_bin_len=size,
-            max_array_len=min(size, 16 << 20),
-            max_map_len=min(size, 1 << 20),
+            max_array_len=min(size, max_objects),
+            max_map_len=min(size, max_objects // 2),
             max_ext_len=size,
         )
     except CodecError:

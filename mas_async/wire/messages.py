@@ -235,13 +235,19 @@ class WeightsLoaded(Message):
 
 @dataclass(slots=True)
 class ReformWeightGroup(Message):
-    """router -> the trainer (rank 0) and every inference server of `policy`: a replica was replaced; join
-    generation `generation` of the weight group, after which the trainer sends its current version again."""
+    """router -> the trainer (rank 0) and every inference server of `policy`: the policy's replicas changed
+    (one was lost, or a replacement is ready); form generation `generation` of the weight group with the
+    replicas `members`, replica i being rank 1 + members.index(i). When `fresh` is not empty, generation
+    `generation - 1` is first formed by the trainer and the replicas `fresh` alone (rank 1 + fresh.index(i)),
+    and the trainer sends them its current version there: a replacement receives only the version the
+    others hold, and they receive nothing (docs/faults.md)."""
 
     KIND = Kind.REFORM_WEIGHT_GROUP
     HEADER = 2
     policy: str
     generation: int
+    members: list  # [replica index, ...] in rank order
+    fresh: list  # [replica index, ...]: members that catch up first
 
 
 MESSAGES: dict[int, type[Message]] = {

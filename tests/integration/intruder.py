@@ -1,4 +1,4 @@
-"""A client without the run's key: `python -m tests.integration.intruder ENDPOINT SERVER_KEY SECONDS`.
+"""A client without a key of the run: `python -m tests.integration.intruder ENDPOINT KEYS_DIR SECONDS`.
 
 It sends a Hello to the run's router twice, once over a plain socket and once over CURVE with the router's
 public key (which an attacker may know) but a key pair of its own, then listens for SECONDS. It prints
@@ -7,23 +7,20 @@ how many replies it got ("replies=N"), which must be 0."""
 from __future__ import annotations
 
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import zmq
-from zmq.auth import create_certificates, load_certificate
 
+from mas_async.runtime.curve import public_keys
 from mas_async.wire.messages import PROTOCOL_VERSION, Hello, encode
 
 
-def main(endpoint: str, server_key: str, seconds: float) -> int:
-    server_public, _ = load_certificate(server_key)
+def main(endpoint: str, keys_dir: str, seconds: float) -> int:
+    server_public = public_keys(keys_dir)["router"].encode()
     ctx = zmq.Context()
     ctx.linger = 0
     socks = []
-    with tempfile.TemporaryDirectory() as tmp:
-        public, secret = load_certificate(create_certificates(Path(tmp), "intruder")[1])
+    public, secret = zmq.curve_keypair()
     for curve in (False, True):
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.IDENTITY, f"env_worker/intruder-{int(curve)}".encode())

@@ -20,13 +20,16 @@ __all__ = ["FAST", "ROOT", "alive", "child_pids", "cleanup", "kill_when", "run_t
 FAST = ["rollout.batch_size=4", "eval.every=1", "eval.size=4", "algorithm.k=4"]
 
 
-def start_train(config: str, run_dir: Path, *overrides: str) -> subprocess.Popen:
+def start_train(
+    config: str, run_dir: Path, *overrides: str, runner: str = "mas_async train", env: dict[str, str] | None = None
+) -> subprocess.Popen:
+    """`mas-async train` in the background (`runner`: another module that takes the same arguments), with
+    the extra environment `env` (every process of the run inherits it)."""
     return subprocess.Popen(
         [
             sys.executable,
             "-m",
-            "mas_async",
-            "train",
+            *runner.split(),
             str(ROOT / config),
             f"run.output_dir={run_dir}",
             *overrides,
@@ -36,6 +39,7 @@ def start_train(config: str, run_dir: Path, *overrides: str) -> subprocess.Popen
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        env={**os.environ, **(env or {})},
     )
 
 

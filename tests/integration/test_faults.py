@@ -15,11 +15,14 @@ from pathlib import Path
 
 from mas_async.metrics import Keys
 from tests.integration.launch import alive, child_pids, cleanup, kill_when, start_train, wait_for_rows
+from tests.support.slow_backend import FIRST_ENV, REPLACEMENT_ENV
 
 CONFIG = "configs/plan_path_tiny.yaml"
 POLICIES = ("vertical", "horizontal")
 KILLS = 8
 """Most kills of the chaos test."""
+SLOW_HF = "tests.support.slow_backend:SlowHF"
+POISON_ENV = "tests.support.poison_env:PoisonPlanPath"
 
 
 def _rows(run_dir: Path) -> list[dict]:
@@ -56,21 +59,31 @@ def _stepping(run_dir: Path) -> int:
     return log.read_text(errors="replace").count(": stepping from v") if log.exists() else 0
 
 
+def _replaced(run_dir: Path, name: str, pid: int, deadline: float) -> int:
+    """The pid of the process the launcher started in place of `name`'s `pid`."""
+    while (new := json.loads((run_dir / "pids.json").read_text())[name]) == pid:
+        assert time.monotonic() < deadline, f"{name} (pid {pid}) was never replaced"
+        time.sleep(0.01)
+    return new
+
+
 def test_env_workers_and_replicas_killed_at_random_lose_and_repeat_nothing(tmp_path):
     """Chaos, seeded and bounded: once per new row of metrics (0.1-0.6 s after it, so the run has moved on
     between kills on any machine's speed), SIGKILL a random env worker or (one time in three) inference
     replica that the router has seen join, at most `KILLS` of them; the first replica kill lands as a step
-    begins, before its weight update, and the first env worker is hung (SIGSTOP) rather than killed: the
-    router finds it silent and the launcher kills it. Each is replaced alone; the run never restarts."""
+    begins, before its weight update, and its replacement is killed too while its model loads, before its
+    Hello (replacements of vertical's replicas take 1 s to load); the first env worker is hung (SIGSTOP)
+    rather than killed: the router finds it silent and the launcher kills it. Each is replaced alone; the
+    run never restarts."""
     run_dir, iterations, batch = tmp_path / "run", 20, 4
     args = [f"run.iterations={iterations}", f"rollout.batch_size={batch}", "algorithm.k=4", "eval.every=5",
             "eval.size=4", "cluster.env_workers=2", "policies.vertical.replicas=2", "policies.horizontal.replicas=2",
             "trainer.checkpoint_every=2", "trainer.keep_checkpoints=1", "cluster.max_restarts=30",
-            "cluster.peer_timeout_s=6"]  # fmt: skip
+            "cluster.peer_timeout_s=6", f"policies.vertical.backend={SLOW_HF}"]  # fmt: skip
     workers = ["env_worker/0", "env_worker/1"]
     replicas = [f"inference/{p}/{r}" for p in POLICIES for r in (0, 1)]
-    proc = start_train(CONFIG, run_dir, *args)
-    rng, kills, in_step, hung = random.Random(7), [], False, False
+    proc = start_train(CONFIG, run_dir, *args, env={REPLACEMENT_ENV: "1"})
+    rng, kills, in_step, hung, loading = random.Random(7), [], False, False, 0
     try:
         child_pids(run_dir)
         wait_for_rows(run_dir, 2, timeout=120)
@@ -93,6 +106,12 @@ def test_env_workers_and_replicas_killed_at_random_lose_and_repeat_nothing(tmp_p
                 hang = name in workers and not hung  # the first env worker "kill" is a hang: SIGSTOP
                 os.kill(pid, signal.SIGSTOP if hang else signal.SIGKILL)
                 kills.append(name.split("/")[0])
+                if name == "inference/vertical/0" and not loading:  # its replacement dies while it loads
+                    new = _replaced(run_dir, name, pid, deadline)
+                    assert not _joined(run_dir, name, new), "the replacement said Hello within 1 s of its start"
+                    os.kill(new, signal.SIGKILL)
+                    kills.append("inference")
+                    loading += 1
                 while hang and json.loads((run_dir / "pids.json").read_text())[name] == pid:
                     assert time.monotonic() < deadline, f"{name} hung (SIGSTOP) was never replaced"
                     time.sleep(0.1)  # the router finds it silent, the launcher kills it and starts it again
@@ -101,7 +120,8 @@ def test_env_workers_and_replicas_killed_at_random_lose_and_repeat_nothing(tmp_p
     finally:
         cleanup(proc, run_dir)
     assert proc.returncode == 0, out[-3000:]
-    assert len(kills) >= 5 and kills.count("inference") >= 1 and kills.count("env_worker") >= 3, kills
+    assert len(kills) >= 5 and kills.count("inference") >= 2 and kills.count("env_worker") >= 3, kills
+    assert loading == 1
     rows = _rows(run_dir)
     _check_every_iteration_once(rows, iterations, batch)
     for role in ("env_worker", "inference"):  # every kill, counted once (rows run again carry theirs over)
@@ -110,7 +130,10 @@ def test_env_workers_and_replicas_killed_at_random_lose_and_repeat_nothing(tmp_p
     assert sum(r[Keys.REISSUED_EPISODES] for r in rows) >= 1
     router_log = (run_dir / "logs" / "router.log").read_text(errors="replace")
     resent = [int(n) for n in re.findall(r"its (\d+) requests were sent again", router_log)]
-    assert len(resent) == kills.count("inference") and sum(r[Keys.REISSUED_REQUESTS] for r in rows) == sum(resent)
+    assert len(resent) == kills.count("inference") - loading  # (the one killed loading had no request)
+    assert sum(r[Keys.REISSUED_REQUESTS] for r in rows) == sum(resent)
+    replica_log = (run_dir / "logs" / "inference-vertical-0.log").read_text(errors="replace")
+    assert "loading slowly: 1s" in replica_log  # (the one killed while it loaded may not have said so yet)
     recoveries = [r[Keys.RECOVERY_S] for r in rows if r[Keys.RECOVERY_S] > 0]
     assert recoveries and max(recoveries) < 30
     assert out.count("started it again as pid") == len(kills)
@@ -141,15 +164,20 @@ def test_a_lone_replica_killed_during_a_weight_update_is_replaced_alone_and_join
     assert sum(r[Keys.restarts("inference")] for r in rows) == 1
     assert sum(r[Keys.restarts(role)] for r in rows for role in ("trainer", "router", "env_worker")) == 0
     log = (run_dir / "logs" / "inference-vertical-0.log").read_text(errors="replace")
-    assert "joined as rank 1 (generation 1)" in log and "(generation 0)" in log
+    assert "joined as rank 1 of 2 (generation 0)" in log
     assert killed not in json.loads((run_dir / "pids.json").read_text()).values()
-    # The replacement's first load is v3, sent in generation 1: the step's own broadcast never reached it.
-    after = log[log.index("(generation 1)") :]
+    # The loss took the replica out at once (generation 1: no replica, the step completed without it); the
+    # replacement caught up alone with the trainer (generation 2) to v3, then joined generation 3: the step's
+    # own broadcast never reached it.
+    after = log[log.index("(generation 2)") :]
+    assert "joined as rank 1 of 2 (generation 3)" in after
     loads = re.findall(r"weights v(\d+) loaded", after)
     assert loads and loads[0] == "3", loads
-    assert re.findall(r"weights v(\d+) loaded", log[: log.index("(generation 1)")]) == ["1", "2"]
+    assert re.findall(r"weights v(\d+) loaded", log[: log.index("(generation 2)")]) == ["1", "2"]
+    router_log = (run_dir / "logs" / "router.log").read_text(errors="replace")
+    assert "re-forming the weight group of vertical: generation 1, replicas []" in router_log
     trainer_log = (run_dir / "logs" / "trainer-vertical.log").read_text(errors="replace")
-    assert "weight group of vertical re-formed (generation 1)" in trainer_log
+    assert "replicas [0] of vertical caught up to v3 (generation 2)" in trainer_log
 
 
 def _run_restarted_after(tmp_path: Path, name: str, watched: str, pattern: str, delay_s: float = 0.0) -> None:
@@ -181,3 +209,109 @@ def test_the_router_killed_mid_iteration_restarts_the_run_from_its_checkpoint(tm
     # v3 loaded by the vertical replica: iteration 3's episodes start (an iteration can take under 0.3 s, so
     # the kill follows the load closely rather than waiting out a guess of the step's length)
     _run_restarted_after(tmp_path, "router", "inference/vertical/0", r"weights v3 loaded in", delay_s=0.05)
+
+
+def test_a_replica_lost_while_it_loads_and_a_slower_replacement_leave_the_run_stepping(tmp_path):
+    """inference/vertical/0 takes 3 s to load at its first start and is SIGKILLed meanwhile, before its Hello:
+    the launcher tells the router, which takes it out of the first generation of vertical's weight group
+    (replica 1 alone) and starts the run without it. Its replacement takes 8 s to load, longer than
+    trainer.weight_sync_timeout_s (5 s): the run keeps stepping with replica 1 meanwhile, then the
+    replacement joins, catches up alone to the version the others hold, and serves. No whole-run restart."""
+    run_dir, iterations, batch, name = tmp_path / "run", 40, 4, "inference/vertical/0"
+    args = [f"run.iterations={iterations}", f"rollout.batch_size={batch}", "algorithm.k=4", "eval.every=0",
+            "policies.vertical.replicas=2", f"policies.vertical.backend={SLOW_HF}",
+            "trainer.weight_sync_timeout_s=5"]  # fmt: skip
+    proc = start_train(CONFIG, run_dir, *args, env={FIRST_ENV: json.dumps({"0": 3}), REPLACEMENT_ENV: "8"})
+    try:
+        pid = child_pids(run_dir)[name]
+        deadline = time.monotonic() + 120
+        time.sleep(0.5)
+        assert not _joined(run_dir, name, pid)
+        os.kill(pid, signal.SIGKILL)
+        new = _replaced(run_dir, name, pid, deadline)
+        while not _joined(run_dir, name, new):  # the replacement loads for 8 s: the run steps meanwhile
+            assert time.monotonic() < deadline and proc.poll() is None, "the replacement never joined"
+            time.sleep(0.05)
+        stepped_meanwhile = len(_rows(run_dir))
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        cleanup(proc, run_dir)
+    assert proc.returncode == 0, out[-3000:]
+    assert "restarting the run" not in out and _started(run_dir) == 1
+    assert stepped_meanwhile >= 3, stepped_meanwhile
+    rows = _rows(run_dir)
+    _check_every_iteration_once(rows, iterations, batch)
+    assert sum(r[Keys.restarts("inference")] for r in rows) == 1
+    router_log = (run_dir / "logs" / "router.log").read_text(errors="replace")
+    assert f"{name} (pid {pid}) died before it joined" in router_log
+    assert "re-forming the weight group of vertical: generation 1, replicas [1]" in router_log
+    served = re.findall(rf"{name} serves vertical v(\d+)", router_log)
+    assert len(served) == 1 and int(served[0]) >= stepped_meanwhile - 1, served
+    log = (run_dir / "logs" / "inference-vertical-0.log").read_text(errors="replace")
+    after = log[log.index("loading slowly: 8s") :]
+    assert "(generation 0)" not in after  # the replacement never joined the first generation
+    assert re.findall(r"weights v(\d+) loaded", after)[0] == served[0]  # its catch-up: the version held
+    trainer_log = (run_dir / "logs" / "trainer-vertical.log").read_text(errors="replace")
+    assert f"replicas [0] of vertical caught up to v{served[0]}" in trainer_log
+
+
+def test_an_episode_that_kills_its_env_worker_is_dropped_after_its_attempts_and_the_run_goes_on(tmp_path):
+    """Problem train3 SIGKILLs whichever env worker resets an env on it. Its episode runs rollout.max_attempts
+    (3) times, the last one alone on a worker, each time killing its worker (3 restarts), then it is dropped
+    and counted as poisoned with its problem id; the iteration goes on with the other episodes, and when the
+    problem comes round again (the next epoch) it is counted without being run. No whole-run restart."""
+    run_dir, iterations, batch = tmp_path / "run", 4, 4
+    args = [f"run.iterations={iterations}", f"rollout.batch_size={batch}", "algorithm.k=4", "eval.every=0",
+            f"env.name={POISON_ENV}", "env.train_size=8", "cluster.env_workers=2", "rollout.max_attempts=3",
+            "cluster.max_restarts=5"]  # fmt: skip
+    proc = start_train(CONFIG, run_dir, *args)
+    try:
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        cleanup(proc, run_dir)
+    assert proc.returncode == 0, out[-3000:]
+    assert "restarting the run" not in out
+    rows = _rows(run_dir)
+    assert [r[Keys.ITERATION] for r in rows] == list(range(iterations + 1))
+    for row in rows[:iterations]:  # two epochs of 8 problems: train3 once in each
+        assert row[Keys.TRAIN_EPISODES] + row[Keys.TRAIN_DROPPED] == batch
+        assert row[Keys.TRAIN_DROPPED] == row[Keys.POISONED]  # nothing else dropped: its neighbours ran
+    assert [r[Keys.POISONED] for r in rows[:2]].count(1) == 1 and [r[Keys.POISONED] for r in rows[2:4]].count(1) == 1
+    assert sum(r[Keys.restarts("env_worker")] for r in rows) == 3
+    router_log = (run_dir / "logs" / "router.log").read_text(errors="replace")
+    assert router_log.count("dropped as poisoned") == 1
+    assert re.search(r"episode train\d-\d \(problem train3\) was running on 3 lost env workers: dropped as poisoned",
+                     router_log)  # fmt: skip
+    assert re.search(r"episode train\d-\d \(problem train3\) is not run: the problem was poisoned", router_log)
+
+
+def test_a_replica_killed_while_samples_of_two_versions_are_in_flight_with_bounded_staleness(tmp_path):
+    """rollout.max_staleness=1: while the step from v3 runs, iteration 4's episodes sample at v3, then at v4
+    once it is loaded. inference/vertical/0 is SIGKILLed as that step begins: its requests go to replica 1,
+    it leaves the weight group, its replacement catches up and serves. No sample outside the window, none
+    refused, every sample's log-probs match the trainer's recompute under the version that made it."""
+    run_dir, iterations, batch = tmp_path / "run", 8, 4
+    args = [f"run.iterations={iterations}", f"rollout.batch_size={batch}", "algorithm.k=4", "eval.every=0",
+            "rollout.max_staleness=1", "policies.vertical.replicas=2"]  # fmt: skip
+    proc = start_train(CONFIG, run_dir, *args)
+    try:
+        child_pids(run_dir)
+        kill_when(run_dir, "inference/vertical/0", "trainer/vertical", r"iteration 3: stepping from v3")
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        cleanup(proc, run_dir)
+    assert proc.returncode == 0, out[-3000:]
+    assert "restarting the run" not in out and "started it again as pid" in out
+    rows = _rows(run_dir)
+    _check_every_iteration_once(rows, iterations, batch)
+    assert sum(r[Keys.restarts("inference")] for r in rows) == 1
+    stale = 0
+    for row in rows[:iterations]:
+        for policy in POLICIES:
+            key = f"policy/{policy}/"
+            assert row[key + "stale_dropped"] == 0 and row[key + "staleness_max"] <= 1
+            assert row[key + "stale_unchecked_samples"] == 0
+            stale += row[key + "stale_samples"]
+    assert stale > 0, "no sample of the version before was trained on: the versions never overlapped"
+    router_log = (run_dir / "logs" / "router.log").read_text(errors="replace")
+    assert re.search(r"inference/vertical/0 serves vertical v\d+", router_log)

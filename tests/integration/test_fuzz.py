@@ -1,10 +1,11 @@
 """A live run under a flood of malformed frames: 10,000 of them, seeded, sent over loopback to the router
-as a CURVE client holding the run's keys (what a buggy or hostile process of the run could send), from
-identities that are not the run's peers; and random bytes to the torch TCPStore ports of each policy.
+as a CURVE client holding env worker 1's own key (leaked by a test role: what a buggy or hostile process of
+the run could send), from other connections than the one that worker joined with, some of them frames
+built to grow as they decode; and random bytes to the torch TCPStore ports of each policy.
 
 The run must finish with status 0, no process may die on the way, every frame the router received must be
 counted (`router/malformed` for what does not decode, `router/refused_messages` for well-formed messages
-from a sender that never joined), every row must keep its shape, and the router's log must stay short and
+that do not come from a joined peer's own connection), every row must keep its shape, and the router's log must stay short and
 printable (rate-limited warnings with counts)."""
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 import zmq
 
 from mas_async.runtime.curve import secure_client
-from mas_async.wire.codec import MAX_HEADER_BYTES, pack
+from mas_async.wire.codec import MAX_HEADER_BYTES, MAX_OBJECTS, pack
 from mas_async.wire.messages import (
     MESSAGES,
     PROTOCOL_VERSION,
@@ -43,6 +44,7 @@ from mas_async.wire.messages import (
     encode,
 )
 from tests.integration.launch import FAST, alive, child_pids, cleanup, start_train
+from tests.support.leaky_roles import LEAKED
 
 FRAMES = 10_000
 SEND_S = 30.0
@@ -69,7 +71,7 @@ def _valid(rng: random.Random) -> list[bytes]:
                         {"success": 1.0, "tokens": "many"}, {policy: huge}),
             Trained(policy, huge, rng.choice(["", "boom"]), {"version_mismatch": 1}),
             UpdateWeights(policy, huge, huge),
-            ReformWeightGroup(policy, rng.choice([-1, huge])),
+            ReformWeightGroup(policy, rng.choice([-1, huge]), [huge, -1], [0]),
             WeightsLoaded(policy, huge, f"inference/{policy}/0", rng.choice(["", "boom"])),
             Heartbeat(float(huge)),
             Hello(rng.choice(["env_worker", "trainer", "router"]), rng.choice(["env_worker/0", "trainer/vertical"]),
@@ -86,7 +88,7 @@ def _valid(rng: random.Random) -> list[bytes]:
 def _malformed(rng: random.Random) -> list[bytes]:
     """A message that does not decode, of one of several shapes."""
     frames = _valid(rng)
-    kind = rng.randrange(8)
+    kind = rng.randrange(9)
     if kind == 0:  # truncated: the header or the payload cut short
         i = rng.randrange(1, 3)
         frames[i] = frames[i][: rng.randrange(len(frames[i]))]
@@ -107,6 +109,11 @@ def _malformed(rng: random.Random) -> list[bytes]:
                             bytes([Kind.HELLO]), bytes([Kind.TRAINED])]), pack(header), frames[2]]  # fmt: skip
     if kind == 6:  # wrong types in the payload
         return [frames[0], frames[1], rng.choice([pack("payload"), pack([None] * 9), pack({"samples": []}), b""])]
+    if kind == 7:  # a payload that would grow ~64 times as it decodes: a Hello's, which the router decodes
+        count = rng.randrange(MAX_OBJECTS, 2 * MAX_OBJECTS)
+        body = rng.choice([b"\x90", b"\x80", b"\x91\x90"]) * count
+        return [bytes([Kind.HELLO]), encode(Hello("env_worker", "env_worker/0", "", 1, 1, 1))[1],
+                b"\xdd" + count.to_bytes(4, "big") + body]  # fmt: skip
     return [frames[0], frames[1], b"\xc1" * rng.randrange(1, 1 << 20)]  # an oversized payload of garbage
 
 
@@ -114,8 +121,9 @@ def _message(rng: random.Random) -> list[bytes]:
     return _valid(rng) if rng.random() < 0.4 else _malformed(rng)
 
 
-def _flood(endpoint: str, keys_dir: str, seed: int, report: dict) -> None:
-    """Send FRAMES messages (or as many as SEND_S allows) from 40 named and 10 unnamed CURVE DEALERs."""
+def _flood(endpoint: str, keys_dir: str, secret: str, seed: int, report: dict) -> None:
+    """Send FRAMES messages (or as many as SEND_S allows) from 40 named and 10 unnamed CURVE DEALERs, each
+    holding the key `secret`."""
     rng = random.Random(seed)
     ctx = zmq.Context()
     socks = []
@@ -126,7 +134,7 @@ def _flood(endpoint: str, keys_dir: str, seed: int, report: dict) -> None:
             sock.setsockopt(zmq.IDENTITY, rng.choice([ident, b"fuzz/" + ident]))
         sock.setsockopt(zmq.SNDTIMEO, 1000)
         sock.setsockopt(zmq.LINGER, 20_000)  # every message sent is delivered before the context closes
-        secure_client(sock, keys_dir)
+        secure_client(sock, keys_dir, secret)
         sock.connect(endpoint)
         socks.append(sock)
     sent, deadline = 0, time.monotonic() + SEND_S
@@ -168,7 +176,8 @@ def _wait_for(path: Path, pattern: str, timeout: float) -> None:
 
 def test_a_live_run_survives_a_flood_of_malformed_frames(tmp_path):
     run_dir = tmp_path / "run"
-    proc = start_train("configs/plan_path_tiny.yaml", run_dir, f"run.iterations={ITERATIONS}", *FAST)
+    proc = start_train("configs/plan_path_tiny.yaml", run_dir, f"run.iterations={ITERATIONS}", *FAST,
+                       runner="tests.support.leaky_roles")  # fmt: skip
     try:
         pids = child_pids(run_dir)
         router_log = run_dir / "logs" / "router.log"
@@ -178,7 +187,9 @@ def test_a_live_run_survives_a_flood_of_malformed_frames(tmp_path):
         ports = [*deployment["weight_ports"].values(), *deployment["trainer_ports"].values()]
         threads = [
             threading.Thread(
-                target=_flood, args=(deployment["router_endpoint"], deployment["keys_dir"], 0, report), daemon=True
+                target=_flood,
+                args=(deployment["router_endpoint"], deployment["keys_dir"], (run_dir / LEAKED).read_text(), 0, report),
+                daemon=True,
             ),
             threading.Thread(target=_garbage_tcp, args=(ports, 1, report), daemon=True),
         ]

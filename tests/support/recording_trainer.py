@@ -20,7 +20,7 @@ def recorded_path(run_dir: Path, policy: str, rank: int, version: int) -> Path:
 
 
 def load_recorded(run_dir: Path, policy: str, rank: int, version: int) -> list[Sample]:
-    values = unpack(recorded_path(run_dir, policy, rank, version).read_bytes(), max_bytes=1 << 30)
+    values = unpack(recorded_path(run_dir, policy, rank, version).read_bytes(), max_bytes=1 << 30, max_objects=1 << 26)
     return [sample_from_wire(v) for v in values]
 
 

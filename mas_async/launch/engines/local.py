@@ -59,7 +59,8 @@ class LocalChild(Child):
 
 
 class ForkedChild(Child):
-    """A child forked by its node's fork server, which tells its exit status."""
+    """A child forked by its node's fork server, which tells its exit status and, on a node reached by a
+    command prefix, delivers its signals there (its pid means nothing on this machine)."""
 
     def __init__(self, name: str, node: Node, log_path: Path, server: ForkServer, pid: int) -> None:
         super().__init__(name, node, log_path)
@@ -75,10 +76,10 @@ class ForkedChild(Child):
 
     def terminate(self) -> None:
         if self.poll() is None:
-            _signal_group(self._pid, signal.SIGTERM)
+            self.server.signal(self._pid, signal.SIGTERM)
 
     def kill(self) -> None:
-        _signal_group(self._pid, signal.SIGKILL)
+        self.server.signal(self._pid, signal.SIGKILL)
 
     def wait(self, timeout: float) -> int | None:
         return self.server.wait(self._pid, timeout)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import random
+import tracemalloc
+
 import msgpack
 import numpy as np
 import pytest
 
-from mas_async.wire.codec import CodecError, pack, unpack
+from mas_async.wire.codec import MAX_OBJECTS, CodecError, pack, unpack
 from mas_async.wire.messages import (
     HEADERS,
     MESSAGES,
@@ -156,3 +159,50 @@ def test_pickle_style_objects_cannot_be_sent():
 def test_result_with_error_round_trips():
     back = decode(encode(GenerateResult(3, "env_worker/1", "deadline passed", [])))
     assert back.error == "deadline passed" and back.completions == []
+
+
+def _amplifying_frame(rng: random.Random, size: int) -> bytes:
+    """A hostile frame of about `size` bytes whose elements are what costs most per byte once decoded:
+    empty arrays, empty maps, short strings, maps of arrays, nested a random number of levels deep."""
+    atoms = [b"\x90", b"\x80", b"\xa2ab", b"\x81\xa1k\x90", b"\x91\x90", b"\xc0"]
+    body, count = b"", 0
+    while len(body) < size:
+        run = rng.randrange(1, 5000)
+        body += rng.choice(atoms) * run
+        count += run
+    frame = b"\xdd" + count.to_bytes(4, "big") + body
+    for _ in range(rng.randrange(0, 4)):  # wrapped in a few one-element arrays
+        frame = b"\x91" + frame
+    return frame
+
+
+def test_decoding_is_bounded_in_objects_not_only_in_bytes():
+    """Fuzz (seeded): 40 frames of up to 4 MB built to grow as they decode (an empty array is 1 byte on the
+    wire, a 64-byte list in memory) each raise CodecError naming the object budget, and decoding any of them
+    never holds more than 64 MB (unbounded, one 4 MB frame of empty arrays decodes to ~260 MB)."""
+    rng = random.Random(38)
+    peaks = []
+    for _ in range(40):
+        frame = _amplifying_frame(rng, rng.randrange(MAX_OBJECTS, 4 << 20))
+        tracemalloc.start()
+        try:
+            with pytest.raises(CodecError, match=f"more than {MAX_OBJECTS} objects|exceeds max_array_len"):
+                unpack(frame)
+            peaks.append(tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
+    assert max(peaks) < 64 << 20, max(peaks)
+
+
+def test_real_messages_stay_far_below_the_object_budget():
+    """A Groups payload of 160 samples (an episode of 2 agents, 10 turns, K = 8) decodes, and a caller that
+    reads its own large files may raise the budget."""
+    ids, logprobs = np.arange(50, dtype=np.int32), np.zeros(50, np.float32)
+    sample = Sample("e/a/0", "e", "p", "a", "vertical", 0, np.arange(200, dtype=np.int32), ids, logprobs, 0, 0.5,
+                    info={"parsed": True, "reward/local": 0.1})  # fmt: skip
+    groups = Groups("vertical", 0, "train0-0", 0, 160, 40_000, [sample_to_wire(sample)] * 160)
+    assert len(decode(encode(groups)).samples) == 160
+    many = pack([[1, 2]] * MAX_OBJECTS)
+    with pytest.raises(CodecError, match="objects"):
+        unpack(many)
+    assert len(unpack(many, max_objects=8 * MAX_OBJECTS)) == MAX_OBJECTS

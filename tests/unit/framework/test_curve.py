@@ -1,17 +1,20 @@
 """CURVE on the run's sockets, with real sockets on 127.0.0.1 and no processes: the real `Router.setup`
 (CURVE server, ZAP handler, refusal monitor) against real `Peer`s and raw DEALER sockets.
 
-The run's keys are private (folder 0700, files 0600) and reused by a resumed run; a peer with the run's
-keys joins and talks to the router; a plain client and one with a foreign key pair get nothing accepted,
-each refusal is counted and logged (with the address when ZAP knows it) while the router keeps serving
-the good peer; a peer the router refuses fails at once with `HandshakeFailed`, not at its timeout."""
+Every process has a key pair of its own, made at each start of the run; only public keys are written (a
+private folder, 0600). A peer with its own key joins and talks to the router; a plain client and one with a
+foreign key pair get nothing accepted, each refusal is counted and logged (with the address when ZAP knows
+it) while the router keeps serving the good peer; a peer the router refuses fails at once with
+`HandshakeFailed`, not at its timeout. A key is one process: with env_worker/0's key, a Hello as
+trainer/vertical is refused and counted, a socket named after the trainer neither speaks for it nor takes
+its messages, and a second connection of a joined peer's key is not heard."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
-import shutil
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -24,14 +27,16 @@ import zmq.asyncio
 from mas_async.config import load_config
 from mas_async.deployment import Deployment, free_ports
 from mas_async.router.hub import Router
+from mas_async.runtime import curve
 from mas_async.runtime.actor import Peer
-from mas_async.runtime.curve import generate_keys, prepare_keys, secure_client
+from mas_async.runtime.curve import SECRET_ENV, generate_keys, issued_secret, own_secret, prepare_keys, secure_client
 from mas_async.runtime.handshakes import HandshakeFailed
-from mas_async.wire.messages import PROTOCOL_VERSION, Hello, Message, Shutdown, encode
+from mas_async.wire.messages import PROTOCOL_VERSION, Hello, Message, Shutdown, Trained, encode
 from tests.support.paths import ROOT
 
 WAIT_S = 5.0
 """Bound of every wait in these tests; each normally takes milliseconds."""
+NAMES = ["router", "trainer/vertical", "trainer/horizontal", "env_worker/0", "env_worker/1"]
 
 
 def _config(*overrides: str):
@@ -41,6 +46,13 @@ def _config(*overrides: str):
     )
 
 
+def _keys(run_dir: Path) -> tuple[str, dict[str, str]]:
+    """The keys of a start of the run: its folder and every process's secret key."""
+    keys_dir = prepare_keys(_config(), run_dir, NAMES)
+    assert keys_dir is not None
+    return keys_dir, {name: issued_secret(keys_dir, name) for name in NAMES}
+
+
 class _Worker(Peer):
     role = "env_worker"
 
@@ -48,15 +60,28 @@ class _Worker(Peer):
         pass
 
 
+class _Trainer(Peer):
+    role = "trainer"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.got: list[Message] = []
+
+    async def on_message(self, msg: Message) -> None:
+        self.got.append(msg)
+
+
 @contextlib.asynccontextmanager
-async def _deployment(run_dir: Path, keys_dir: str | None) -> AsyncIterator[tuple[Router, list[Peer]]]:
+async def _deployment(
+    run_dir: Path, keys_dir: str | None, router_secret: str | None = None
+) -> AsyncIterator[tuple[Router, list[Peer]]]:
     """The real router's socket setup, bound on a free port of 127.0.0.1, and a list for the test's peers;
     all are torn down at the end whatever happened (a live context would hang the interpreter's exit).
     The router's tasks must not have failed."""
     endpoint = f"tcp://127.0.0.1:{free_ports('127.0.0.1', 1)[0]}"
     models = {"vertical": "", "horizontal": ""}
     deployment = Deployment(endpoint, {"vertical": 1, "horizontal": 2}, models, keys_dir=keys_dir)
-    router = Router(_config(), deployment, run_dir)
+    router = Router(_config(), deployment, run_dir, curve_secret=router_secret)
     router.ctx = zmq.asyncio.Context()
     peers: list[Peer] = []
     try:
@@ -84,36 +109,36 @@ async def _until(condition, what: str) -> None:
         await asyncio.sleep(0.01)
 
 
-def _foreign_keys(tmp_path: Path, run_keys: Path, *, keep: str) -> Path:
-    """A keys folder of its own whose `keep` pair ("server" or "client") is copied from the run's."""
-    keys = generate_keys(tmp_path / f"foreign-{keep}")
-    for suffix in (".key", ".key_secret"):
-        shutil.copy(run_keys / f"{keep}{suffix}", keys / f"{keep}{suffix}")
-    return keys
-
-
-def test_run_keys_are_private_and_a_resumed_run_reuses_them(tmp_path: Path) -> None:
+def test_each_process_has_its_own_key_and_no_secret_is_written(tmp_path: Path, monkeypatch) -> None:
     run_dir = tmp_path / "run"
-    keys_dir = Path(prepare_keys(_config(), run_dir) or "")
-    assert keys_dir == run_dir / "keys"
-    modes = {p.name: p.stat().st_mode & 0o777 for p in keys_dir.iterdir()}
-    assert keys_dir.stat().st_mode & 0o777 == 0o700
-    assert modes == {n: 0o600 for n in ("server.key", "server.key_secret", "client.key", "client.key_secret")}
-    before = {p.name: p.read_bytes() for p in keys_dir.iterdir()}
-    keys_dir.chmod(0o755)  # a resumed run's folder is made private again, its keys kept
-    prepare_keys(_config(), run_dir)
-    assert {p.name: p.read_bytes() for p in keys_dir.iterdir()} == before
-    assert keys_dir.stat().st_mode & 0o777 == 0o700
-    assert prepare_keys(_config("cluster.curve=false"), tmp_path / "plain") is None
+    keys_dir, secrets = _keys(run_dir)
+    assert Path(keys_dir) == run_dir / "keys" and Path(keys_dir).stat().st_mode & 0o777 == 0o700
+    assert [p.name for p in Path(keys_dir).iterdir()] == ["public.json"]
+    assert (Path(keys_dir) / "public.json").stat().st_mode & 0o777 == 0o600
+    public = json.loads((Path(keys_dir) / "public.json").read_text())
+    assert sorted(public["peers"]) == sorted(NAMES[1:])  # the router's is apart: it is no client
+    assert len({*secrets.values()}) == len(NAMES)
+    for name, secret in secrets.items():  # each public key is its secret's, and no secret is on disk
+        key = public["router"] if name == "router" else public["peers"][name]
+        assert zmq.curve_public(secret.encode()).decode() == key
+        assert secret not in (Path(keys_dir) / "public.json").read_text()
+    Path(keys_dir).chmod(0o755)  # a new start of the run: the folder made private again, new keys
+    _, again = _keys(run_dir)
+    assert Path(keys_dir).stat().st_mode & 0o777 == 0o700 and not set(again.values()) & set(secrets.values())
+    assert prepare_keys(_config("cluster.curve=false"), tmp_path / "plain", NAMES) is None
     assert not (tmp_path / "plain").exists()
+    # A process takes its own key from its environment once, and leaves none there for what it starts.
+    monkeypatch.setattr(curve, "_own", None)
+    monkeypatch.setenv(SECRET_ENV, secrets["env_worker/0"])
+    assert own_secret() == secrets["env_worker/0"] and SECRET_ENV not in __import__("os").environ
+    assert own_secret() == secrets["env_worker/0"]
 
 
 def test_router_serves_the_runs_peer_and_counts_and_logs_the_refused_ones(tmp_path, caplog) -> None:
     caplog.set_level(logging.WARNING, logger="mas_async.handshakes")
     run_dir = tmp_path / "run"
-    keys_dir = prepare_keys(_config(), run_dir)
-    assert keys_dir is not None
-    foreign = _foreign_keys(tmp_path, Path(keys_dir), keep="server")  # knows the router's public key only
+    keys_dir, secrets = _keys(run_dir)
+    foreign = zmq.curve_keypair()[1].decode()  # a key pair of its own: the router's public key is no secret
 
     async def main() -> None:
         ctx = zmq.asyncio.Context()
@@ -124,18 +149,19 @@ def test_router_serves_the_runs_peer_and_counts_and_logs_the_refused_ones(tmp_pa
             ctx.destroy(linger=0)
 
     async def _serve_and_refuse(ctx: zmq.asyncio.Context) -> None:
-        async with _deployment(run_dir, keys_dir) as (router, peers):
-            good = _Worker("env_worker/0", router.deployment.router_endpoint, keys_dir=keys_dir)
+        async with _deployment(run_dir, keys_dir, secrets["router"]) as (router, peers):
+            endpoint = router.deployment.router_endpoint
+            good = _Worker("env_worker/0", endpoint, keys_dir=keys_dir, curve_secret=secrets["env_worker/0"])
             peers.append(good)
             await _join(good)  # Hello decoded by the router, Welcome back
             assert b"env_worker/0" in router.peers
             intruders = []
-            for keys in (None, foreign):
+            for key in (None, foreign):
                 sock = ctx.socket(zmq.DEALER)
                 sock.setsockopt(zmq.IDENTITY, b"env_worker/1")
-                if keys is not None:
-                    secure_client(sock, keys)
-                sock.connect(router.deployment.router_endpoint)
+                if key is not None:
+                    secure_client(sock, keys_dir, key)
+                sock.connect(endpoint)
                 await sock.send_multipart(encode(Hello("env_worker", "env_worker/1", "", 1, PROTOCOL_VERSION, 1)))
                 intruders.append(sock)
             await _until(lambda: router.refusals.count >= 2, "both intruders refused")
@@ -147,25 +173,84 @@ def test_router_serves_the_runs_peer_and_counts_and_logs_the_refused_ones(tmp_pa
 
     uvloop.run(main())
     lines = [r.getMessage() for r in caplog.records if r.name == "mas_async.handshakes"]
-    assert any("from 127.0.0.1" in line and "not the run's client key" in line for line in lines), lines
+    assert any("from 127.0.0.1" in line and "not one of the run's processes'" in line for line in lines), lines
     plain = ("do not both use CURVE", "closed during the handshake")  # whichever end hangs up first
     assert any(any(reason in line for reason in plain) for line in lines), lines
+
+
+def test_a_key_speaks_only_for_the_process_it_was_issued_to(tmp_path, caplog) -> None:
+    """A process holding env_worker/0's key (an env worker's node, a program that escaped its sandbox): its
+    Hello as trainer/vertical is refused and counted; a socket it names "trainer/vertical" cannot speak for
+    the trainer once the trainer joined, nor take the router's messages to it; and a second connection with
+    the joined env worker's own key is not heard either. The real peers are served throughout."""
+    caplog.set_level(logging.WARNING, logger="mas_async.router")
+    run_dir = tmp_path / "run"
+    keys_dir, secrets = _keys(run_dir)
+
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        ctx.linger = 0
+        try:
+            async with _deployment(run_dir, keys_dir, secrets["router"]) as (router, peers):
+                await _impersonate(ctx, router, peers)
+        finally:
+            ctx.destroy(linger=0)
+
+    async def _impersonate(ctx: zmq.asyncio.Context, router: Router, peers: list[Peer]) -> None:
+        endpoint = router.deployment.router_endpoint
+        stolen = secrets["env_worker/0"]
+
+        async def rogue(identity: bytes) -> zmq.asyncio.Socket:
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.IDENTITY, identity)
+            secure_client(sock, keys_dir, stolen)
+            sock.connect(endpoint)
+            return sock
+
+        first = await rogue(b"trainer/vertical")
+        await first.send_multipart(encode(Hello("trainer", "trainer/vertical", "vertical", 0, PROTOCOL_VERSION, 7)))
+        await _until(lambda: router.refused == 1, "the Hello as the trainer refused")
+        assert not router.peers and await first.poll(200) == 0  # no Welcome
+        trainer = _Trainer("trainer/vertical", endpoint, policy="vertical", keys_dir=keys_dir,
+                           curve_secret=secrets["trainer/vertical"])  # fmt: skip
+        worker = _Worker("env_worker/0", endpoint, keys_dir=keys_dir, curve_secret=stolen)
+        peers += [trainer, worker]
+        await _join(trainer)
+        await _join(worker)
+        assert {b"trainer/vertical", b"env_worker/0"} <= set(router.peers)
+        # The rogue socket named after the trainer speaks as env_worker/0 (its key), over a connection that
+        # env_worker/0 did not join with; and a second one with the worker's own name is not heard either.
+        second = await rogue(b"env_worker/0")
+        for sock in (first, second):
+            await sock.send_multipart(encode(Trained("vertical", 1, "", {})))
+        await _until(lambda: router.refused == 3, "both rogue messages refused")
+        router.send_to(b"trainer/vertical", Shutdown("only the trainer may read this", False))
+        await asyncio.wait_for(trainer.stopping.wait(), WAIT_S)
+        assert [await s.poll(200) for s in (first, second)] == [0, 0]
+
+    uvloop.run(main())
+    lines = [r.getMessage() for r in caplog.records if r.name == "mas_async.router"]
+    assert any("dropped a Hello from env_worker/0: its peer_id or role is not its sender's (its key's)" in line
+               for line in lines), lines  # fmt: skip
+    assert any("another connection than the one its sender joined with" in line for line in lines), lines
 
 
 @pytest.mark.parametrize("case", ["plain", "foreign client key", "foreign router key"])
 def test_a_refused_peer_fails_with_a_named_error_at_once(tmp_path: Path, case: str) -> None:
     run_dir = tmp_path / "run"
-    keys_dir = prepare_keys(_config(), run_dir)
-    assert keys_dir is not None
-    peer_keys = {
-        "plain": None,
-        "foreign client key": str(_foreign_keys(tmp_path, Path(keys_dir), keep="server")),
-        "foreign router key": str(_foreign_keys(tmp_path, Path(keys_dir), keep="client")),
+    keys_dir, secrets = _keys(run_dir)
+    other_run = tmp_path / "other" / "keys"
+    other = generate_keys(other_run, NAMES)  # another run's keys: its router's public key is not this one's
+    peer_keys, secret = {
+        "plain": (None, None),
+        "foreign client key": (keys_dir, other["env_worker/0"]),
+        "foreign router key": (str(other_run), secrets["env_worker/0"]),
     }[case]
 
     async def main() -> float:
-        async with _deployment(run_dir, keys_dir) as (router, peers):
-            peer = _Worker("env_worker/0", router.deployment.router_endpoint, keys_dir=peer_keys, startup_timeout_s=60)
+        async with _deployment(run_dir, keys_dir, secrets["router"]) as (router, peers):
+            peer = _Worker("env_worker/0", router.deployment.router_endpoint, keys_dir=peer_keys, curve_secret=secret,
+                           startup_timeout_s=60)  # fmt: skip
             peers.append(peer)
             start = time.monotonic()
             with pytest.raises(HandshakeFailed, match="refused this process's ZeroMQ handshake"):

@@ -5,6 +5,7 @@ old attempts still send is dropped, the restart and the recovery are in the next
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -13,10 +14,11 @@ from mas_async.deployment import Deployment
 from mas_async.launch.launcher import Restarts
 from mas_async.launch.restarts import RestartBudget
 from mas_async.metrics import Keys
+from mas_async.router.episodes import EpisodeTask
 from mas_async.router.faults import RUN_RESTART_ENV, FaultLog
 from mas_async.router.hub import Router
 from mas_async.router.lost_peers import LostPeers, record_lost_peer
-from mas_async.wire.messages import PROTOCOL_VERSION, EpisodeDone, Hello, RunEpisode, decode
+from mas_async.wire.messages import PROTOCOL_VERSION, EpisodeDone, Hello, RunEpisode, Trained, decode
 from tests.support.paths import ROOT
 
 
@@ -88,7 +90,9 @@ def test_a_replaced_env_worker_s_episodes_run_again_as_new_attempts(tmp_path):
     assert len(first) == 2 and all(m.attempt == 0 for m in first)
     router.io.frames.clear()
 
-    _hello(router, "env_worker/0", 200, died_at=time.time() - 1.0)  # the launcher restarted worker 0
+    died = time.time() - 1.0
+    _hello(router, "env_worker/0", 200, died_at=died)  # the launcher restarted worker 0
+    router._on_restarted("env_worker/0", 100, died)  # its record, read after the replacement's Hello: counted once
     again = router.io.episodes_to(a)  # the replacement has room: the two episodes run again there
     assert sorted(m.episode_id for m in again) == sorted(m.episode_id for m in first)
     assert all(m.attempt == 1 for m in again)
@@ -173,6 +177,10 @@ class _Dead:
         from mas_async.launch.engines.base import Node
 
         self.name, self.code, self.node, self.pid = name, code, Node("local", "127.0.0.1"), 1
+        self.log_path = Path(f"{name.replace('/', '-')}.log")
+
+    def tail(self) -> str:
+        return f"the last lines of {self.name}"
 
     def poll(self) -> int | None:
         return self.code
@@ -303,8 +311,24 @@ def _replica_run(tmp_path, replicas: int) -> Router:
     return router
 
 
-def test_a_lost_replica_s_requests_go_to_a_live_one_and_its_replacement_serves_after_the_re_form(tmp_path):
-    from mas_async.wire.messages import ReformWeightGroup, WeightsLoaded
+def _orders(sent: _Sent) -> dict[bytes, list[tuple[int, list[int], list[int]]]]:
+    """(generation, members, fresh) of every ReformWeightGroup sent, by recipient."""
+    from mas_async.wire.messages import ReformWeightGroup
+
+    orders: dict[bytes, list[tuple[int, list[int], list[int]]]] = {}
+    for frames in sent.frames:
+        msg = decode(frames[1:])
+        if isinstance(msg, ReformWeightGroup):
+            orders.setdefault(frames[0], []).append((msg.generation, msg.members, msg.fresh))
+    return orders
+
+
+def test_a_lost_replica_leaves_the_group_at_once_and_its_replacement_catches_up_before_it_serves(tmp_path):
+    """The launcher's word that replica 0 died: its requests go to replica 1, the weight group's next
+    generation is replica 1 alone (the trainer and replica 1 are told; a step waits for replica 1 only). When
+    the replacement is ready (Hello), generation 3 holds both, replica 0 catching up first (in generation 2);
+    it gets requests once it reported the version the others hold, and the clock waits for it again."""
+    from mas_async.wire.messages import WeightsLoaded
 
     router = _replica_run(tmp_path, replicas=2)
     a, b, trainer = b"inference/vertical/0", b"inference/vertical/1", b"trainer/vertical"
@@ -314,26 +338,61 @@ def test_a_lost_replica_s_requests_go_to_a_live_one_and_its_replacement_serves_a
     assert len(on_a) == 2 and len(_to(router.io, b)) == 2
     router.io.frames.clear()
 
-    hello = Hello("inference", "inference/vertical/0", "vertical", 8, PROTOCOL_VERSION, 99, time.time() - 1.0)
-    router._on_hello(a, hello)  # the launcher restarted replica 0
+    died = time.time() - 1.0
+    router._on_restarted("inference/vertical/0", 10, died)  # the launcher's word, long before its replacement loads
     assert sorted(m.request_id for m in _to(router.io, b)) == sorted(on_a)
-    orders = [m for m in router.io.frames if decode(m[1:]).__class__ is ReformWeightGroup]
-    assert sorted(f[0] for f in orders) == sorted([trainer, a, b])  # the trainer and every replica
-    assert {decode(f[1:]).generation for f in orders} == {1}
+    assert _orders(router.io) == {trainer: [(1, [1], [])], b: [(1, [1], [])]}
     router.io.frames.clear()
+    router.clock.begin_step()  # a step now waits for the live replica only
+    router._handle(trainer, Trained("vertical", 1, "", {}))
+    router._handle(b"trainer/horizontal", Trained("horizontal", 1, "", {}))
+    router._handle(b, WeightsLoaded("vertical", 1, "inference/vertical/1", ""))
+    router.clock.loaded("horizontal", "inference/horizontal/0", 1)
+    assert router.clock.step_complete()
+    router.clock.advance()
 
+    hello = Hello("inference", "inference/vertical/0", "vertical", 8, PROTOCOL_VERSION, 99, died)
+    router._on_hello(a, hello)  # the replacement is ready (the same restart: counted once)
+    assert _orders(router.io) == {trainer: [(3, [0, 1], [0])], a: [(3, [0, 1], [0])], b: [(3, [0, 1], [0])]}
+    router.io.frames.clear()
     _result(router, a, on_a[0])  # a late result of the lost replica: not its request any more
     assert router.refused == 1 and not _to(router.io, b"env_worker/0")
-    _request(router, 10)  # the replacement has not loaded the weights: it gets no request
+    _request(router, 10)  # the replacement has not caught up: it gets no request
     assert [m.request_id for m in _to(router.io, b)] == [10] and not _to(router.io, a)
-
-    router._handle(a, WeightsLoaded("vertical", 0, "inference/vertical/0", ""))  # v0 again, sent in generation 1
+    router._handle(a, WeightsLoaded("vertical", 1, "inference/vertical/0", ""))  # v1, sent in generation 2
     _request(router, 11)
     assert [m.request_id for m in _to(router.io, a)] == [11]  # it serves now (the least loaded)
+    assert ("vertical", "inference/vertical/0") in router.clock.loads
     _result(router, a, 11)
     row = router.faults.take()
     assert row[Keys.restarts("inference")] == 1 and row[Keys.REISSUED_REQUESTS] == 2
     assert 1.0 <= row[Keys.RECOVERY_S] < 30  # from the death to the replacement's first result
+
+
+def test_a_replica_that_dies_before_its_hello_is_replaced_and_the_run_starts_without_waiting_for_it(tmp_path):
+    """Replica 0 dies while its model loads (it never said Hello): the launcher's record takes it out of the
+    first generation (the trainer and replica 1, waiting in it, are told) and the run starts without it;
+    its replacement's Hello is a restart (counted), and it joins, catching up first."""
+    router = _router(tmp_path, "policies.vertical.replicas=2")
+    router.io = _Sent()
+    peers = ["trainer/vertical", "trainer/horizontal", "inference/vertical/1", "inference/horizontal/0",
+             "env_worker/0", "env_worker/1"]  # fmt: skip
+    for i, name in enumerate(peers):
+        role = name.split("/")[0]
+        policy = name.split("/")[1] if role != "env_worker" else ""
+        router._on_hello(name.encode(), Hello(role, name, policy, 4, PROTOCOL_VERSION, 10 + i))
+    assert not router.all_joined.is_set()
+    died = time.time() - 2.0
+    router._on_restarted("inference/vertical/0", 77, died)
+    assert router.all_joined.is_set()
+    orders = _orders(router.io)
+    assert orders[b"trainer/vertical"] == orders[b"inference/vertical/1"] == [(1, [1], [])]
+    assert ("vertical", "inference/vertical/0") not in router.clock.loads
+    router.io.frames.clear()
+    hello = Hello("inference", "inference/vertical/0", "vertical", 8, PROTOCOL_VERSION, 99, died)
+    router._on_hello(b"inference/vertical/0", hello)
+    assert _orders(router.io)[b"inference/vertical/0"] == [(3, [0, 1], [0])]
+    assert router.faults.take()[Keys.restarts("inference")] == 1
 
 
 def test_a_lone_replica_s_requests_wait_at_the_router_for_its_replacement(tmp_path):
@@ -354,16 +413,137 @@ def test_a_lone_replica_s_requests_wait_at_the_router_for_its_replacement(tmp_pa
     assert router.faults.take()[Keys.REISSUED_REQUESTS] == 1
 
 
-def test_the_re_form_waits_until_every_replica_of_the_policy_is_back(tmp_path):
-    from mas_async.wire.messages import ReformWeightGroup
-
+def test_each_replacement_joins_when_it_is_ready_without_waiting_for_the_others(tmp_path):
+    """Both replicas lost: the group has no replica left (generation 2), requests wait at the router. Each
+    replacement joins as soon as it says Hello; one that has not caught up yet when the next order comes
+    catches up in that one too."""
     router = _replica_run(tmp_path, replicas=2)
-    a, b = b"inference/vertical/0", b"inference/vertical/1"
+    a, b, trainer = b"inference/vertical/0", b"inference/vertical/1", b"trainer/vertical"
     router._peer_died(a, router.peers[a])
     router._peer_died(b, router.peers[b])
+    assert _orders(router.io)[trainer] == [(1, [1], []), (2, [], [])]
     router.io.frames.clear()
     router._on_hello(a, Hello("inference", "inference/vertical/0", "vertical", 8, PROTOCOL_VERSION, 98, time.time()))
-    assert not [f for f in router.io.frames if decode(f[1:]).__class__ is ReformWeightGroup]  # b is still down
+    assert _orders(router.io)[trainer] == [(4, [0], [0])]  # b is still down: a does not wait for it
     router._on_hello(b, Hello("inference", "inference/vertical/1", "vertical", 8, PROTOCOL_VERSION, 99, time.time()))
-    orders = [f for f in router.io.frames if decode(f[1:]).__class__ is ReformWeightGroup]
-    assert len(orders) == 3 and router.generations["vertical"] == 1  # one re-form, for both
+    assert _orders(router.io)[trainer][-1] == (6, [0, 1], [0, 1])  # a had not reported its catch-up yet
+
+
+# -- whole-run restarts end -------------------------------------------------------------------------
+
+
+def _launch_losing_the_trainer(tmp_path, monkeypatch, checkpoints: list[int], *overrides: str) -> tuple[int, int]:
+    """`launch()` of a run whose every start loses its trainer (the same fault, at the same point, each time);
+    the run's last complete checkpoint after start i is checkpoints[i]. Returns (exit status, starts); at most
+    len(checkpoints) starts, so a launcher that never stops fails the test instead of hanging it."""
+    from mas_async.launch import launcher
+
+    config = load_config(ROOT / "configs" / "plan_path_tiny.yaml", [f"run.output_dir={tmp_path / 'run'}", *overrides])
+    starts = []
+
+    def lose_the_trainer(*args, **kwargs) -> int:
+        if len(starts) == len(checkpoints):
+            raise AssertionError(f"the run was started {len(starts)} times and is being started again")
+        starts.append(args[2])  # the version it starts from
+        raise launcher.RunLost(_Dead("trainer/vertical", -9), -9, time.time())  # type: ignore[arg-type]
+
+    monkeypatch.setattr(launcher, "_run", lose_the_trainer)
+    monkeypatch.setattr(launcher, "open_engine", lambda config: type("E", (), {"close": lambda self: None})())
+    monkeypatch.setattr(launcher, "latest_complete", lambda run_dir, policies: checkpoints[len(starts) - 1])
+    return launcher.launch(config), len(starts)
+
+
+def test_a_fault_that_recurs_before_a_new_checkpoint_stops_the_run(tmp_path, monkeypatch, capsys):
+    """Restarted from v4, the run loses its trainer again before it writes v6: a second restart would repeat
+    the same fault (the data and seeds are the same), so the run stops, says why, and names the log."""
+    code, starts = _launch_losing_the_trainer(tmp_path, monkeypatch, [4, 4, 4, 4])
+    assert (code, starts) == (1, 2)
+    err = capsys.readouterr().err
+    assert "restarting the run from its checkpoint of version 4" in err
+    assert "the run is not restarted: the run was restarted from its checkpoint of version 4 and lost a process" in err
+    assert "Last lines of trainer-vertical.log:\n\nthe last lines of trainer/vertical" in err
+    records = (tmp_path / "run" / "restarts.jsonl").read_text().splitlines()
+    assert len(records) == 1 and '"from_version": 4' in records[0]
+
+
+def test_whole_run_restarts_have_a_total_even_with_progress(tmp_path, monkeypatch, capsys):
+    """Each start makes progress (a newer checkpoint), so the progress rule allows every restart; the total
+    (`cluster.max_run_restarts`) still ends them."""
+    code, starts = _launch_losing_the_trainer(
+        tmp_path, monkeypatch, [2, 4, 6, 8, 10, 12], "cluster.max_run_restarts=3", "cluster.max_restarts=100"
+    )
+    assert (code, starts) == (1, 4)  # the first start and 3 restarts
+    assert "the run has been restarted 3 times, cluster.max_run_restarts=3" in capsys.readouterr().err
+
+
+def test_the_restart_record_outlives_the_launcher(tmp_path):
+    """A launcher that resumes the run (a requeued job) reads the restarts of the launchers before it."""
+    from mas_async.launch.restarts import RunRestarts
+
+    first = RunRestarts(tmp_path, 5)
+    assert first.refusal(0) is None
+    first.record("trainer", 1.0, 0)
+    later = RunRestarts(tmp_path, 5)
+    assert later.records == first.records and "before it wrote a newer one" in (later.refusal(0) or "")
+    assert later.refusal(2) is None
+
+
+# -- poisoned episodes ---------------------------------------------------------------------------------
+
+
+def test_an_episode_that_kills_its_workers_is_dropped_after_its_attempts_and_its_problem_never_runs_again(tmp_path):
+    """One problem kills whichever worker runs it. Attempts 0 and 1 die with a neighbour (both run again);
+    attempt 2, the last of rollout.max_attempts=3, runs alone, on the replacement that just joined, and so
+    does the neighbour's, on the other worker once that one is drained (reserved: it takes no new episode
+    until idle). When the last attempt kills its worker too, only the poisoned episode is dropped and
+    counted, by its problem id; the iteration ends with the other three; the problem is not dispatched
+    again when it comes round."""
+    router = _router(tmp_path, "cluster.env_workers=2", "rollout.batch_size=4", "rollout.episodes_per_worker=2")
+    router.io = _Sent()
+    pids = {b"env_worker/0": 100, b"env_worker/1": 101}
+    for worker, pid in pids.items():
+        _hello(router, worker.decode(), pid)
+    book = router._open_book(0, train=True, evaluate=False)
+    poison = router.io.episodes_to(b"env_worker/0")[0]
+
+    def running(episode_id: str) -> EpisodeTask:
+        return book.in_flight[episode_id]
+
+    def kill(worker: bytes) -> None:
+        died = time.time()
+        router._on_restarted(worker.decode(), pids[worker], died)  # the launcher's word, then the replacement's Hello
+        pids[worker] += 1000
+        _hello(router, worker.decode(), pids[worker], died_at=died)
+
+    def finish(task: EpisodeTask) -> None:
+        router._on_episode_done(EpisodeDone(task.msg.episode_id, 0, "train", task.msg.attempt, "", {"success": 1}, {}))
+
+    kill(running(poison.episode_id).worker)  # type: ignore[arg-type]
+    assert running(poison.episode_id).msg.attempt == 1 and not running(poison.episode_id).alone
+    neighbour = next(
+        t.msg.episode_id
+        for t in book.in_flight.values()
+        if t.worker == running(poison.episode_id).worker and t.msg.episode_id != poison.episode_id
+    )
+    kill(running(poison.episode_id).worker)  # type: ignore[arg-type]
+    last = running(poison.episode_id)
+    assert last.alone and last.msg.attempt == 2 and router.peers[last.worker].exclusive  # type: ignore[index]
+    assert router.peers[last.worker].outstanding == 1  # type: ignore[index]
+    assert [t.msg.episode_id for t in book.queued] == [neighbour] and book.queued[0].alone
+    other = next(w for w in pids if w != last.worker)
+    assert router.peers[other].reserved and router.peers[other].outstanding == 2  # drained before it runs it
+    for task in [t for t in book.in_flight.values() if t.worker == other]:
+        finish(task)
+    assert running(neighbour).worker == other and router.peers[other].exclusive
+    kill(last.worker)  # type: ignore[arg-type]
+    assert book.poisoned == [poison.problem_id] and book.dropped["train"] == 1
+    assert poison.episode_id not in book.in_flight and not book.queued
+    finish(running(neighbour))
+    assert book.done.is_set() and book.stats["train"].episodes == 3 and not router.peers[other].exclusive
+    assert router.faults.take()[Keys.restarts("env_worker")] == 3
+    # The problem comes round again: counted as poisoned, never dispatched.
+    router.io.frames.clear()
+    router._order = [int(poison.problem_id.removeprefix("train"))] * len(router._order)
+    later = router._open_book(1, train=True, evaluate=False)
+    assert later.poisoned == [poison.problem_id] * 4 and later.done.is_set()
+    assert not [f for f in router.io.frames if type(decode(f[1:])).__name__ == "RunEpisode"]

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -190,3 +192,90 @@ def _gone_within(pid: int, timeout_s: float) -> None:
     while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
         assert time.monotonic() < deadline, f"process {pid} still runs"
         time.sleep(0.1)
+
+
+# -- who may reach a template and whom a server signals -----------------------------------------------
+
+
+def test_signals_to_a_child_on_a_prefixed_node_go_through_its_server(run_dir, monkeypatch):
+    """A node reached by a command prefix has pids of its own: stopping a forked child there must not
+    `killpg` that pid on the launcher's machine. The server, on the node, signals the child's group; it
+    refuses a pid it did not start."""
+    from mas_async.launch.engines.base import Node
+    from mas_async.launch.engines.local import ForkedChild
+
+    server = ForkServer.spawn("far", ["env"], {}, run_dir / "logs" / "fork-server-far.log", TIMEOUT_S)
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        assert not server.local
+        pid, log = start(server, run_dir, "sleeper")
+        child = ForkedChild("sleeper", Node("far", "127.0.0.1"), log, server, pid)
+        here: list[tuple[int, int]] = []
+        monkeypatch.setattr(os, "killpg", lambda p, s: here.append((p, s)))  # nothing may be signalled here
+        child.terminate()
+        assert child.wait(TIMEOUT_S) == -signal.SIGTERM
+        server.signal(stranger.pid, signal.SIGKILL)  # not one of its children: refused
+        monkeypatch.undo()
+        assert here == []
+        time.sleep(0.5)
+        assert stranger.poll() is None
+        deadline = time.monotonic() + TIMEOUT_S
+        log_text = ""
+        while "refused to signal pid" not in log_text and time.monotonic() < deadline:
+            log_text = server.log_path.read_text()
+            time.sleep(0.05)
+        assert f"refused to signal pid {stranger.pid}" in log_text
+    finally:
+        stranger.kill()
+        stranger.wait(10)
+        server.close()
+
+
+def test_a_template_listens_in_a_private_folder_and_only_to_its_own_user(tmp_path):
+    """The socket is 0600 in a 0700 folder; a template asked to listen in a folder others can enter refuses
+    with a sentence; a process of another uid that reaches the socket anyway (here: the folder opened up by
+    hand) is closed on before it can send a hello, and counted in the template's log."""
+    open_folder = tmp_path / "open"
+    open_folder.mkdir(mode=0o755)
+    open_folder.chmod(0o755)
+    out = subprocess.run(
+        [sys.executable, "-m", "mas_async.launch.fork_template", str(open_folder / "t.sock")],
+        cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S,
+    )  # fmt: skip
+    assert out.returncode == 2 and "a folder only its user can enter" in out.stderr and "mode 755" in out.stderr
+    if os.geteuid() != 0:
+        pytest.skip("the uid check needs a process of another uid (root makes one)")
+    reachable = Path(tempfile.mkdtemp(prefix="mas-async-template-"))  # (pytest's own folders are root's, 0700)
+    folder = reachable / "private"
+    path = folder / "t.sock"
+    log = tmp_path / "template.log"
+    with log.open("ab") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mas_async.launch.fork_template", str(path)], cwd=ROOT, stderr=log_file
+        )
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while not path.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        assert folder.stat().st_mode & 0o777 == 0o700 and path.stat().st_mode & 0o777 == 0o600
+        for opened in (reachable, folder):
+            opened.chmod(0o755)
+        path.chmod(0o666)
+        code = (
+            "import os, socket, sys; os.setgid(65534); os.setuid(65534); "
+            "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
+            "try: s.sendall(b'{}\\n'); print(repr(s.recv(100)))\n"  # closed before or after the send
+            "except (ConnectionResetError, BrokenPipeError): print('reset')"
+        )
+        other = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60)
+        assert other.returncode == 0 and other.stdout.strip() in ("b''", "reset"), other  # closed, no answer
+        deadline = time.monotonic() + TIMEOUT_S
+        while "refused a connection from uid 65534 (1 so far)" not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        assert "a launcher's hello failed" not in log.read_text()  # never read
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+        shutil.rmtree(reachable, ignore_errors=True)

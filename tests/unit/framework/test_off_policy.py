@@ -76,3 +76,42 @@ def test_an_unknown_mode_is_named():
     logprobs, proximal, advantages, mask = _inputs()
     with pytest.raises(ValueError, match="unknown algorithm.off_policy 'vtrace'"):
         off_policy_loss("vtrace", logprobs, proximal, proximal, advantages, mask, is_cap=2.0, **CLIP)
+
+
+def test_mask_mode_leaves_the_tokens_above_the_cap_out_of_the_loss():
+    """is_mode=mask (AReaL's filter): the token whose weight e^2 exceeds the cap contributes no loss and no
+    gradient, the other one is weighted as under truncation, and the denominator still counts both tokens."""
+    logprobs = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    proximal = torch.tensor([[-1.0, -1.0]])
+    behaviour = torch.tensor([[-1.5, -3.0]])  # w = e^0.5 (kept), e^2 (above the cap of 2: masked)
+    advantages, mask = torch.tensor([2.0]), torch.ones(1, 2)
+    loss, metrics = off_policy_loss(
+        "decoupled", logprobs, proximal, behaviour, advantages, mask, is_cap=2.0, is_mode="mask", **CLIP
+    )
+    assert float(loss.detach()) == pytest.approx(-(math.exp(0.5) * 2.0) / 2, rel=1e-6)
+    (grad,) = torch.autograd.grad(loss, logprobs)
+    assert grad.tolist()[0] == pytest.approx([-math.exp(0.5) * 2.0 / 2, 0.0], abs=1e-7)
+    assert metrics["is_truncated_tokens"] == 1 and metrics["is_weight_max"] == pytest.approx(math.exp(2.0))
+    tis = torch.tensor([[-1.2, -3.5]])  # w = e^0.2 (kept), e^1.5 (masked)
+    loss, _ = off_policy_loss("tis", logprobs, proximal, tis, torch.tensor([-1.0]), mask, is_cap=2.0,
+                              is_mode="mask", **CLIP)  # fmt: skip
+    (grad,) = torch.autograd.grad(loss, logprobs)
+    assert grad.tolist()[0] == pytest.approx([math.exp(0.2) / 2, 0.0], abs=1e-7)
+    with pytest.raises(ValueError, match="is_mode"):
+        off_policy_loss("tis", logprobs, proximal, tis, advantages, mask, is_cap=2.0, is_mode="drop", **CLIP)
+
+
+def test_the_learner_objective_takes_is_mode_from_the_config():
+    from mas_async.config import AlgorithmConfig
+    from mas_async.training.objective import micro_batch_loss
+
+    logprobs = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    proximal, behaviour = torch.tensor([[-1.0, -1.0]]), torch.tensor([[-1.5, -3.0]])
+    advantages, mask = torch.tensor([2.0]), torch.ones(1, 2)
+    losses = {}
+    for mode in ("truncate", "mask"):
+        loss, _ = micro_batch_loss(AlgorithmConfig(is_mode=mode), logprobs, proximal, advantages, mask, 2.0,
+                                   behaviour=behaviour)  # fmt: skip
+        losses[mode] = loss.item()
+    assert losses["mask"] == pytest.approx(-math.exp(0.5) * 2.0 / 2, rel=1e-6)
+    assert losses["truncate"] < losses["mask"]  # the second token, weighted by the cap, adds to the objective

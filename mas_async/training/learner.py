@@ -192,20 +192,7 @@ class PolicyLearner:
             compute_advantages(samples, algo.grouping, algo.eps, algo.normalize_std, algo.std_scope)
             if samples else np.zeros(0)
         )  # fmt: skip
-        # Without KL or entropy terms, a sample with zero advantage adds exactly zero loss and gradient
-        # (the normaliser still counts its tokens), so it skips the forward/backward pass.
-        needs_all = algo.kl_coef > 0 or algo.entropy_coef > 0
-        trained = [needs_all or a != 0.0 for a in advantages]
-        # With one optimiser step the old log-probs are the training pass's own, detached: the no-grad
-        # recompute covers only the samples that pass skips (`reuses_training_logprobs`).
-        reuse = self.reuses_training_logprobs()
-        old: list[torch.Tensor | None] = [None] * len(samples)
-        with torch.no_grad(), self._without_dropout():
-            recompute = [i for i in range(len(samples)) if not (reuse and trained[i])]
-            for i, logprobs in zip(recompute, self._logprobs(self.model, [samples[i] for i in recompute]), strict=True):
-                old[i] = logprobs
-            ref = self._logprobs(self.reference, samples) if self.reference is not None else None
-        rollout = [torch.from_numpy(np.array(s.logprobs, dtype=np.float32)) for s in samples]
+        trained, old, ref, rollout = self._pass_inputs(samples, advantages)
         extra: dict[str, float] = {}
         checked: list[torch.Tensor] = []
         if stale:
@@ -221,11 +208,7 @@ class PolicyLearner:
         recomputed = old
         if algo.old_logprobs == "rollout":
             old = rollout
-        stats: dict[str, float] = {
-            "loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_tokens": 0.0, "grad_norm": 0.0, "micro_batches": 0,
-        }  # fmt: skip
-        if stale:
-            stats.update({"is_weight_sum": 0.0, "is_weight_max": 0.0, "is_truncated_tokens": 0.0})
+        stats = self._new_stats()
         behaviour = rollout if stale else None
         computed_tokens, steps, active_total = 0, 0, 0
         for _ in range(algo.ppo_epochs):
@@ -249,14 +232,62 @@ class PolicyLearner:
                     self.optimizer.step()
                 self.scheduler.step()
                 steps += 1
-        # The proof of on-policy data: rollout log-probs against the recompute under the same weights
-        # (each sample's training pass filled in the ones the no-grad pass left to it).
-        fresh = [
+        fresh = self._fresh_diffs(samples, recomputed, rollout, version)
+        diffs = torch.cat(fresh + checked) if fresh or checked else torch.zeros(0)
+        return {
+            **self._step_metrics(samples, advantages, stats, steps, active_total, computed_tokens, diffs),
+            **extra,
+            **self._importance_metrics(stats, computed_tokens, stale),
+        }
+
+    def _new_stats(self) -> dict[str, float]:
+        """The sums a step's micro-batches add to (`_micro_step`)."""
+        stats: dict[str, float] = {
+            "loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_tokens": 0.0, "grad_norm": 0.0, "micro_batches": 0,
+        }  # fmt: skip
+        if self.max_staleness > 0:
+            stats.update({"is_weight_sum": 0.0, "is_weight_max": 0.0, "is_truncated_tokens": 0.0})
+        return stats
+
+    def _pass_inputs(
+        self, samples: list[Sample], advantages: np.ndarray
+    ) -> tuple[list[bool], list[torch.Tensor | None], list[torch.Tensor] | None, list[torch.Tensor]]:
+        """What a training pass over `samples` needs besides them: which samples it runs (trained), their old
+        log-probs (None where the training pass gives them), the reference's log-probs (KL) and the rollout's."""
+        algo = self.algo
+        # Without KL or entropy terms, a sample with zero advantage adds exactly zero loss and gradient
+        # (the normaliser still counts its tokens), so it skips the forward/backward pass.
+        needs_all = algo.kl_coef > 0 or algo.entropy_coef > 0
+        trained = [needs_all or a != 0.0 for a in advantages]
+        # With one optimiser step the old log-probs are the training pass's own, detached: the no-grad
+        # recompute covers only the samples that pass skips (`reuses_training_logprobs`).
+        reuse = self.reuses_training_logprobs()
+        old: list[torch.Tensor | None] = [None] * len(samples)
+        with torch.no_grad(), self._without_dropout():
+            recompute = [i for i in range(len(samples)) if not (reuse and trained[i])]
+            for i, logprobs in zip(recompute, self._logprobs(self.model, [samples[i] for i in recompute]), strict=True):
+                old[i] = logprobs
+            ref = self._logprobs(self.reference, samples) if self.reference is not None else None
+        rollout = [torch.from_numpy(np.array(s.logprobs, dtype=np.float32)) for s in samples]
+        return trained, old, ref, rollout
+
+    @staticmethod
+    def _fresh_diffs(samples: list[Sample], recomputed: list, rollout: list, version: int) -> list[torch.Tensor]:
+        """The proof of on-policy data: |rollout - recompute| per token of the samples of `version`, under the
+        same weights (each sample's training pass filled in the ones the no-grad pass left to it)."""
+        return [
             (o.float().cpu() - r).abs()
             for o, r, s in zip(recomputed, rollout, samples, strict=True)
             if s.version == version and o is not None
         ]
-        diffs = torch.cat(fresh + checked) if fresh or checked else torch.zeros(0)
+
+    def _step_metrics(
+        self, samples: list[Sample], advantages: np.ndarray, stats: dict[str, float], steps: int, active_total: int,
+        computed_tokens: int, diffs: torch.Tensor,
+    ) -> dict[str, Any]:  # fmt: skip
+        """The metrics of a step over `samples` (strict mode's; stale mode adds its own), from its `stats`
+        (loss terms already over the step's normaliser, summed over `steps` optimiser steps)."""
+        algo = self.algo
         rewards = np.array([s.reward for s in samples] or [0.0], dtype=np.float64)
         return {
             "samples": len(samples),
@@ -275,8 +306,6 @@ class PolicyLearner:
             "reward_mean": float(rewards.mean()),
             "advantage_abs_mean": float(np.abs(advantages).mean()) if len(advantages) else 0.0,
             "optimizer_state_bytes": self.optimizer_state_bytes(),
-            **extra,
-            **self._importance_metrics(stats, computed_tokens, stale),
         }
 
     def reuses_training_logprobs(self) -> bool:
@@ -336,18 +365,19 @@ class PolicyLearner:
             "is_truncated_fraction": stats["is_truncated_tokens"] / max(1, tokens),
         }
 
-    def _accumulate(self, samples, chosen, advantages, old, ref, normalizer, stats, behaviour=None) -> int:
+    def _accumulate(self, samples, chosen, advantages, old, ref, normalizer, stats, behaviour=None, sync=True) -> int:
         """Forward/backward of the `chosen` samples of one mini-batch in micro-batches; returns tokens.
-        With `behaviour` (stale mode) the loss is `off_policy_loss` with `old` as the proximal log-probs."""
+        With `behaviour` (stale mode) the loss is `off_policy_loss` with `old` as the proximal log-probs.
+        `sync` False: every backward accumulates locally (a streamed step all-reduces once, at its end)."""
         algo, tokens = self.algo, 0
         runs = self._micro_batches([samples[i] for i in chosen])
-        if not runs and self.dp is not None:
+        if not runs and self.dp is not None and sync:
             self._zero_backward()
         for n_run, run in enumerate(runs):
             idx = [chosen[j] for j in run]
             stats["micro_batches"] += 1
             entropies: list[torch.Tensor] | None = [] if algo.entropy_coef > 0 else None
-            with self._sync_gradients(last=n_run == len(runs) - 1):
+            with self._sync_gradients(last=sync and n_run == len(runs) - 1):
                 tokens += self._micro_step(samples, idx, advantages, old, ref, normalizer, stats, behaviour, entropies)
         return tokens
 

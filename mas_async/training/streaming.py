@@ -135,6 +135,9 @@ class StreamingStep:
             start = time.monotonic()
             self._compute(chunk)
             self.busy.append((start, time.monotonic()))
+            log.debug(
+                "step from v%d: a pass over %d samples in %.2fs", self.version, len(chunk), self.busy[-1][1] - start
+            )
 
     def _compute(self, chunk: list[Sample]) -> None:
         """Forward and backward of complete problems' samples; the gradients (of sums) accumulate locally."""

@@ -125,6 +125,7 @@ class PolicyLearner:
             self.ddp = DistributedDataParallel(
                 self.model, device_ids=[self.device] if on_gpu else None, broadcast_buffers=False
             )
+            self._settle_buckets()
         self.optimizer = make_optimizer(
             [p for _, p in self.trained],
             lr=spec.lr,
@@ -347,6 +348,16 @@ class PolicyLearner:
         if self.dp is None or last:
             return contextlib.nullcontext()
         return self.ddp.no_sync()
+
+    def _settle_buckets(self) -> None:
+        """DDP rebuilds its gradient buckets once, with a broadcast, in the first forward after its first
+        backward. Both happen here, on every rank at once (zero losses), so that no later forward holds a
+        collective: a streamed step's passes run forwards as their samples arrive, at other moments on
+        each rank, and a rank without samples runs its first forward only at the step's end."""
+        with self._without_dropout():
+            for _ in range(2):
+                self._zero_backward()
+        self.model.zero_grad(set_to_none=True)
 
     def _zero_backward(self) -> None:
         """A rank with no sample in this mini-batch: a forward and a zero-loss backward through DDP, so

@@ -20,9 +20,10 @@ candidates, exactly `--turns` turns) whose candidates are the scripted programs 
    sleep of the `time/step_s` (step + weight sync) that the k=0 run measured for the same iteration.
 
 Figures per side: rollout tokens per second and iterations per minute over the measured window, the
-trainer's idle fraction (seconds it waited for a rollout, `time/trainer_idle_s`, over the window) and
-the servers' idle fraction (seconds with no episode in flight, `time/inference_idle_s`; on the lockstep
-side the rollout keeps episodes in flight and the costed step does not). Every side plays the same
+trainer's idle fraction (seconds it waited for a rollout, `time/trainer_idle_s`, less what a streamed
+step computed meanwhile, over the window) and the servers' idle fraction (seconds with no episode in
+flight, `time/inference_idle_s`; on the lockstep side the rollout keeps episodes in flight and the
+costed step does not). Every side plays the same
 scripted answers (a pure function of the prompt), so the token counts match and the ratios of tokens/s
 and of iterations/min against lockstep agree. With k >= 1 the next iterations' rollouts run during the
 step, so the trainer stops waiting for whole rollouts; what is left is bounded by how the machine's
@@ -154,7 +155,12 @@ def training_figures(run_dir: Path, warmup: int, iterations: int) -> dict[str, A
         "tokens": round(tokens),
         "tokens_per_s": tokens / seconds,
         "iterations_per_min": 60 * iterations / seconds,
-        "trainer_idle_fraction": sum(r["time/trainer_idle_s"] for r in measured) / seconds,
+        # Waiting for the rollout, less what a streamed step computed meanwhile (the share before the last group).
+        "trainer_idle_fraction": sum(
+            r["time/trainer_idle_s"] - r[f"trainer/{POLICY}/compute_s"] * r[f"trainer/{POLICY}/overlap"]
+            for r in measured
+        )
+        / seconds,
         "inference_idle_fraction": sum(r["time/inference_idle_s"] for r in measured) / seconds,
         "step_s": [rows[i]["time/step_s"] for i in range(warmup + iterations)],  # every iteration, for lockstep
         # Strict runs (k=0) write no staleness keys: every sample is of the version it trains.

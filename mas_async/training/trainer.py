@@ -21,6 +21,12 @@ router sends each rank its own share of the groups and its own TrainStep (that r
 every rank steps (DDP), saves its part of a checkpoint (rank 0 writes it, with every rank's RNG state)
 and reports Trained; rank 0 alone sends the weights to the inference servers, and its Trained carries
 the metrics merged over the ranks (the router waits for every rank, and records rank 0's).
+
+Streaming (`trainer.streaming`, strict mode with one optimiser step; training/streaming.py): the samples
+the step will admit go to its `StreamingStep` as each Groups message arrives, which computes every
+complete problem's forward and backward in a thread while the other episodes run; TrainStep then only
+finishes it (what is left, one all-reduce, the optimiser step). Each step reports how it overlapped the
+rollout: `trainer/<p>/compute_s`, `overlap` and `tail_s` (`streaming.overlap_metrics`).
 """
 
 from __future__ import annotations
@@ -242,8 +248,10 @@ class Trainer(Peer):
                 )  # fmt: skip
             await self._group_ready.wait()
             stream = self._stream_of(version) if self.streams else None  # (every rank, samples or not)
+            t0 = time.monotonic()
             if stream is not None:
                 await stream.drain()  # (the save below reads the weights; the passes only add to gradients)
+            drain_s = time.monotonic() - t0
             # Every rank takes the same save decisions (a save is collective: rank 0 writes only after
             # every rank has joined, so each one's look at the folder comes before it exists).
             if msg.checkpoint_first and not (policy_checkpoint(self.run_dir, self.policy, version) / STATE).exists():
@@ -263,7 +271,7 @@ class Trainer(Peer):
                     metrics = await asyncio.to_thread(self.learner.step, batch, version)
                     metrics.update({"time/compute_s": time.monotonic() - t0, "time/early_compute_s": 0.0})
                 self.version = version + 1
-            train_s = time.monotonic() - t0
+            train_s = drain_s + time.monotonic() - t0  # from TrainStep to the new weights, less a checkpoint
             self.learner.keep_weights(self.version)
             metrics.update(
                 {

@@ -323,6 +323,12 @@ class TrainerConfig(_Section):
     stale_check_samples: int = Field(4, ge=0)
     """Bounded-staleness mode: samples per older version whose rollout log-probs are checked each step
     against the trainer's recompute under the weights that generated them (kept for the last k versions)."""
+    streaming: bool | None = None
+    """Strict mode with one optimiser step (`algorithm.ppo_epochs` and `mini_batches` 1): compute each
+    problem's forward and backward as soon as its episodes' groups arrive, while other episodes still run,
+    and step once the iteration's last group is in; the update equals the batch update (docs/trainer.md,
+    training/streaming.py). None (the default): on wherever it applies; true: required (a config where it
+    cannot apply is refused); false: the step waits for the whole batch."""
 
 
 class NodeConfig(_Section):
@@ -600,6 +606,7 @@ class Config(_Section):
                 "algorithm.old_logprobs=rollout applies to strict mode only; with rollout.max_staleness >= 1 the "
                 "loss's correction is algorithm.off_policy (decoupled recomputes the proximal log-probs)"
             )
+        self._streaming_can_apply()
         if self.eval.k > 1 and self.eval.greedy:
             raise ValueError("eval.k > 1 repeats identical greedy episodes; set eval.greedy=false")
         if 0 < self.cluster.max_restarts < self.rollout.max_attempts:
@@ -698,6 +705,31 @@ class Config(_Section):
                 "algorithm.std_scope=agent chooses which std divides the advantages, but "
                 "algorithm.normalize_std=false divides by none; drop one of the two"
             )
+
+    def _streaming_can_apply(self) -> None:
+        """Refuse `trainer.streaming: true` where the step is not one optimiser step at fixed weights."""
+        if self.trainer.streaming is not True:
+            return
+        algo = self.algorithm
+        if algo.ppo_epochs > 1 or algo.mini_batches > 1:
+            raise ValueError(
+                f"trainer.streaming=true computes the step's gradient while rollouts run, which is exact for one "
+                f"optimiser step only, but algorithm.ppo_epochs={algo.ppo_epochs} and algorithm.mini_batches="
+                f"{algo.mini_batches} take {algo.ppo_epochs * algo.mini_batches} steps over the whole batch; set "
+                "both to 1, or trainer.streaming=false"
+            )
+        if self.rollout.max_staleness > 0:
+            raise ValueError(
+                f"trainer.streaming=true is strict mode's (the weights stay fixed while the iteration's episodes "
+                f"run); with rollout.max_staleness={self.rollout.max_staleness} the rollouts already run during "
+                "the step and samples of several versions meet in one step; drop one of the two"
+            )
+
+    def streams(self) -> bool:
+        """Whether the trainers compute the step while the rollouts run (`trainer.streaming`, resolved)."""
+        algo = self.algorithm
+        one_step = algo.ppo_epochs == 1 and algo.mini_batches == 1 and self.rollout.max_staleness == 0
+        return self.trainer.streaming is not False and one_step
 
     def trainer_device(self, policy: str, rank: int = 0) -> str:
         """Where trainer rank `rank` of `policy` runs ("cpu", "cuda:N" as that process sees its GPUs)."""

@@ -109,6 +109,13 @@ class Keys:
         """A trainer's metric in the row: policy/<policy>/<key>."""
         return f"policy/{policy}/{key}"
 
+    @staticmethod
+    def trainer(policy: str, key: str) -> str:
+        """How a policy's step overlapped its rollout: trainer/<policy>/compute_s (seconds of the step's
+        compute), trainer/<policy>/overlap (the share of them done before the iteration's last group came
+        in), trainer/<policy>/tail_s (from that group to the weights sent); training/streaming.py."""
+        return f"trainer/{policy}/{key}"
+
 
 TENSORBOARD_DIR = "tensorboard"
 """Folder of the TensorBoard event files, beside metrics.jsonl."""

@@ -167,7 +167,8 @@ class EnvWorker(Peer):
             for policy, samples in by_policy.items():
                 wire = [sample_to_wire(s) for s in samples]
                 tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
-                self.send(Groups(policy, msg.iteration, msg.episode_id, msg.attempt, len(samples), tokens, wire))
+                episode = (msg.iteration, msg.episode_id, msg.attempt)
+                self.send(Groups(policy, *episode, len(samples), tokens, wire, msg.problem_episodes))
                 counts[policy] = len(samples)
         except Exception as e:  # a failed episode is reported and counted, never a dead worker
             error = f"{type(e).__name__}: {e}"

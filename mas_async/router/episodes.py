@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -140,7 +141,7 @@ class EpisodeBook:
                 continue
             msg = RunEpisode(
                 old.episode_id, old.iteration, old.mode, old.attempt + 1, old.problem_id, old.problem, old.seed,
-                old.version,
+                old.version, old.problem_episodes,
             )  # fmt: skip
             self.queued.append(EpisodeTask(msg, alone=old.attempt + 2 == max_attempts))
         self.check_done()
@@ -199,6 +200,11 @@ def plan_episodes(
                     train_problems[position], seed, version,
                 )  # fmt: skip
                 tasks.append(EpisodeTask(msg))
+        # A problem drawn twice in one iteration (more problems per batch than the dataset holds) shares its
+        # advantages' statistics over both draws' episodes: the trainers learn how many episodes to wait for.
+        drawn = Counter(task.msg.problem_id for task in tasks)
+        for task in tasks:
+            task.msg.problem_episodes = drawn[task.msg.problem_id]
     if evaluate:
         copies = episodes_per_problem(config, "eval")
         players = [("eval", "eval")] + [(f"baseline/{name}", f"baseline-{name}-") for name in baselines]

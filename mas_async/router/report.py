@@ -74,7 +74,9 @@ def iteration_row(
         for policy, metrics in trained.items():
             row[Keys.policy(policy, "version")] = version
             for key, value in metrics.items():
-                if not key.startswith("time/"):
+                if key.startswith("trainer/"):  # the step's overlap with the rollout (training/streaming.py)
+                    row[Keys.trainer(policy, key.removeprefix("trainer/"))] = value
+                elif not key.startswith("time/"):
                     row[Keys.policy(policy, key)] = value
     row[Keys.LATE_GROUPS] = book.late
     row[Keys.MALFORMED] = malformed

@@ -21,6 +21,12 @@ router sends each rank its own share of the groups and its own TrainStep (that r
 every rank steps (DDP), saves its part of a checkpoint (rank 0 writes it, with every rank's RNG state)
 and reports Trained; rank 0 alone sends the weights to the inference servers, and its Trained carries
 the metrics merged over the ranks (the router waits for every rank, and records rank 0's).
+
+Streaming (`trainer.streaming`, strict mode with one optimiser step; training/streaming.py): the samples
+the step will admit go to its `StreamingStep` as each Groups message arrives, which computes every
+complete problem's forward and backward in a thread while the other episodes run; TrainStep then only
+finishes it (what is left, one all-reduce, the optimiser step). Each step reports how it overlapped the
+rollout: `trainer/<p>/compute_s`, `overlap` and `tail_s` (`streaming.overlap_metrics`).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from mas_async.runtime.actor import Peer
 from mas_async.training.data_parallel import DataParallel, merge_metrics
 from mas_async.training.learner import PolicyLearner
 from mas_async.training.publisher import WeightPublisher
+from mas_async.training.streaming import StreamingStep, overlap_metrics
 from mas_async.weights.cuda_ipc import CudaIpcSender
 from mas_async.weights.group import WeightGroupSpec
 from mas_async.weights.sender import WeightSender
@@ -110,6 +117,14 @@ class Trainer(Peer):
         self.publisher: WeightPublisher | None = None
         """Rank 0's sender of the weights to the policy's replicas (set up by main())."""
         self._group_ready = asyncio.Event()
+        self.streams = config.streams()
+        """Compute each iteration's step while its episodes run (`trainer.streaming`, training/streaming.py)."""
+        self.stream: StreamingStep | None = None
+        """The step from the version held, under way (streaming mode)."""
+        self.held: dict[int, list[Sample]] = defaultdict(list)
+        """Streaming: admitted samples of an iteration that came while another version was held."""
+        self.last_group_at: dict[int, float] = {}
+        """iteration -> time.time() of its last samples' arrival (`trainer/<p>/tail_s` runs from it)."""
 
     @property
     def sender(self) -> WeightSender | CudaIpcSender | None:
@@ -144,9 +159,10 @@ class Trainer(Peer):
 
     async def on_message(self, msg: Message) -> None:
         if isinstance(msg, Groups):
-            self.receive([sample_from_wire(s) for s in msg.samples], msg.iteration)
             if msg.iteration > self.stepped:  # each episode's groups of this policy come in one message
                 self.episodes[msg.iteration][msg.episode_id] += 1
+            samples = [sample_from_wire(s) for s in msg.samples]
+            self.receive(samples, msg.iteration, msg.episode_id, msg.problem_episodes)
         elif isinstance(msg, TrainStep):
             self.spawn(self._step(msg), f"step-{msg.iteration}")
         elif isinstance(msg, ReformWeightGroup) and self.rank == 0 and self.publisher is not None:
@@ -158,21 +174,38 @@ class Trainer(Peer):
     def _stepping(self) -> asyncio.Lock | contextlib.nullcontext:
         return self.publisher.lock if self.publisher is not None else contextlib.nullcontext()
 
-    def receive(self, samples: list[Sample], iteration: int) -> None:
-        """Buffer the samples of `iteration` until the step that trains them; samples of an iteration
-        already stepped are counted (a `version_mismatch` of the next step), never kept."""
+    def receive(self, samples: list[Sample], iteration: int, episode_id: str = "", problem_episodes: int = 1) -> None:
+        """Buffer the samples of `iteration` (one episode's, `episode_id`) until the step that trains them;
+        samples of an iteration already stepped are counted (a `version_mismatch` of the next step), never
+        kept. Streaming: those the step will admit go to its compute passes at once (strict mode: iteration v
+        trains the weights v, which the trainer holds while v's episodes run)."""
         if iteration <= self.stepped:
             self.late += len(samples)
             log.error("%d samples of iteration %d arrived after its step", len(samples), iteration)
             return
         self.buffers[iteration].extend(samples)
+        self.last_group_at[iteration] = time.time()
+        if self.streams:
+            admitted = [s for s in samples if self._admits(s, iteration)]
+            if iteration == self.version:
+                self._stream_of(iteration).add(admitted, episode_id, problem_episodes)
+            else:  # (not in strict mode's order of events; computed when its step comes)
+                self.held[iteration] += admitted
+
+    def _stream_of(self, version: int) -> StreamingStep:
+        if self.stream is None or self.stream.version != version:
+            self.stream = StreamingStep(self.learner, version)
+        return self.stream
+
+    def _admits(self, sample: Sample, version: int) -> bool:
+        return sample.policy == self.policy and self.clock.accepts(sample.version, version)
 
     def admit(self, batch: list[Sample], version: int) -> tuple[list[Sample], int, int]:
         """The samples the clock's rule lets the step from `version` train on, and the counts of the
         refused ones: (accepted, version_mismatch, stale_dropped)."""
         accepted, mismatch, stale = [], 0, 0
         for sample in batch:
-            if sample.policy == self.policy and self.clock.accepts(sample.version, version):
+            if self._admits(sample, version):
                 accepted.append(sample)
             elif sample.policy == self.policy and sample.version < version and self.clock.max_staleness > 0:
                 stale += 1
@@ -193,6 +226,7 @@ class Trainer(Peer):
                 raise RuntimeError(f"TrainStep for version {version}, but the trainer holds {self.version}")
             received = self.buffers.pop(msg.iteration, [])
             episodes = self.episodes.pop(msg.iteration, Counter())
+            last_group_at = self.last_group_at.pop(msg.iteration, None)
             if len(received) != msg.expected_samples:
                 raise RuntimeError(
                     f"received {len(received)} samples of iteration {msg.iteration}, "
@@ -213,15 +247,31 @@ class Trainer(Peer):
                     "they are (%d such steps so far)", msg.iteration, self.policy, self.empty_steps,
                 )  # fmt: skip
             await self._group_ready.wait()
+            stream = self._stream_of(version) if self.streams else None  # (every rank, samples or not)
+            t0 = time.monotonic()
+            if stream is not None:
+                await stream.drain()  # (the save below reads the weights; the passes only add to gradients)
+            drain_s = time.monotonic() - t0
             # Every rank takes the same save decisions (a save is collective: rank 0 writes only after
             # every rank has joined, so each one's look at the folder comes before it exists).
             if msg.checkpoint_first and not (policy_checkpoint(self.run_dir, self.policy, version) / STATE).exists():
                 await asyncio.to_thread(save_policy, self.run_dir, self.policy, version, self.learner)
             t0 = time.monotonic()
             async with self._stepping():  # no send reads the weights while they change
-                metrics = await asyncio.to_thread(self.learner.step, batch, version)
+                if stream is not None:
+                    held = self.held.pop(msg.iteration, [])
+                    if stream.given + len(held) != len(batch):
+                        raise RuntimeError(
+                            f"the streamed step from v{version} was given {stream.given + len(held)} samples, but "
+                            f"the step admits {len(batch)}"
+                        )
+                    metrics = await stream.finish(held)
+                    self.stream = None
+                else:
+                    metrics = await asyncio.to_thread(self.learner.step, batch, version)
+                    metrics.update({"time/compute_s": time.monotonic() - t0, "time/early_compute_s": 0.0})
                 self.version = version + 1
-            train_s = time.monotonic() - t0
+            train_s = drain_s + time.monotonic() - t0  # from TrainStep to the new weights, less a checkpoint
             self.learner.keep_weights(self.version)
             metrics.update(
                 {
@@ -232,13 +282,16 @@ class Trainer(Peer):
                     "episodes": len(episodes),
                     "repeated_episodes": sum(count - 1 for count in episodes.values()),
                     "time/train_s": train_s,
+                    **({"last_group_at": last_group_at} if last_group_at is not None else {}),
                 }
             )
-            if self.dp is not None:
-                metrics = merge_metrics(await asyncio.to_thread(self.dp.gather, metrics))
+            per_rank = [metrics] if self.dp is None else await asyncio.to_thread(self.dp.gather, metrics)
+            metrics = merge_metrics(per_rank) if self.dp is not None else dict(metrics)
             sync = {"seconds": 0.0, "bytes": 0}
             if self.rank == 0:
                 sync = await self._publish()
+            metrics.update(overlap_metrics(per_rank, time.time()))
+            metrics.pop("last_group_at", None)
             if checkpoint_due(self.cfg, self.version) or msg.checkpoint_after:
                 await asyncio.to_thread(save_policy, self.run_dir, self.policy, self.version, self.learner)
                 metrics["checkpoint_version"] = self.version

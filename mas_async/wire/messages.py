@@ -115,6 +115,8 @@ class RunEpisode(Message):
     problem: dict
     seed: int
     version: int
+    problem_episodes: int = 1  # episodes of this iteration that run `problem_id` (the trainer's streamed step
+    # computes a problem's samples once all of them are in: its advantages are relative to them all)
 
 
 @dataclass(slots=True)
@@ -147,6 +149,7 @@ class Groups(Message):
     n_samples: int
     n_tokens: int  # prompt + completion tokens of the samples: the router balances trainer ranks by it
     samples: list  # [sample_to_wire(s), ...]
+    problem_episodes: int = 1  # the RunEpisode's: episodes of the iteration that run this episode's problem
 
 
 @dataclass(slots=True)

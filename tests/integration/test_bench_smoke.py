@@ -81,19 +81,25 @@ def test_gpu_check_smoke(tmp_path: Path) -> None:
 
 
 def test_staleness_smoke(tmp_path: Path) -> None:
-    """Training deployments with k = 0 and 1 against the lockstep pattern on the same code episodes: the
-    figures are there and sane (no timing targets), the stale run stays within its window."""
+    """Training deployments with k = 0 (the batch step and the streamed one) and 1 against the lockstep
+    pattern on the same code episodes: the figures are there and sane (no timing targets), the stale run
+    stays within its window, the streamed one has its phase times."""
     stdout, figures = _run("staleness.py", tmp_path)
-    assert "ratios (tokens/s against lockstep)" in stdout
+    assert "ratios (tokens/s against lockstep)" in stdout and "a trainer on its own device" in stdout
     sides = figures["sides"]
-    assert set(sides) == {"lockstep", "k=0", "k=1"} and set(figures["ratios"]) == {"k=0", "k=1"}
+    assert set(sides) == {"lockstep", "k=0", "k=0 streaming", "k=1"}
+    assert set(figures["ratios"]) == {"k=0", "k=0 streaming", "k=1"}
     assert figures["same_episodes"]
     for name, side in sides.items():
         assert side["iterations"] == 1 and side["episodes"] == 2 and side["dropped"] == 0, name
         assert side["tokens"] == sides["lockstep"]["tokens"] > 0, name  # the same scripted answers
         assert side["seconds"] > 0 and side["tokens_per_s"] > 0 and side["iterations_per_min"] > 0, name
         assert 0.0 <= side["trainer_idle_fraction"] <= 1.01 and 0.0 <= side["inference_idle_fraction"] <= 1.01, name
-    assert sides["k=0"]["staleness_max"] == 0
+    assert sides["k=0"]["staleness_max"] == 0 and sides["k=0 streaming"]["staleness_max"] == 0
+    assert sides["k=0"]["overlap"] == 0.0  # the batch step computes nothing before its last group
+    streamed = sides["k=0 streaming"]
+    assert 0.0 <= streamed["overlap"] <= 1.0 and streamed["compute_s"] > 0 and streamed["tail_s"] > 0
+    assert figures["own_device_estimate"]["ratio"] > 0
     assert sides["k=1"]["staleness_max"] <= 1 and sides["k=1"]["stale_dropped"] == 0
     assert all(ratio > 0 for ratio in figures["ratios"].values())
 

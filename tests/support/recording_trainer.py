@@ -29,15 +29,17 @@ def recording_trainer(config: Config, deployment: Deployment, run_dir: Path, *, 
     from mas_async.training.trainer import Trainer
 
     trainer = Trainer(config, deployment, policy, run_dir, rank=index)
-    step = trainer.learner.step
+    admit = trainer.admit
 
-    def recorded(batch: list[Sample], version: int) -> dict[str, Any]:
+    def recorded(received: list[Sample], version: int) -> tuple[list[Sample], int, int]:
+        # What the step trains on, streamed or not: the samples the version rule admits.
+        batch, *refused = admit(received, version)
         path = recorded_path(run_dir, policy, index, version)
         path.parent.mkdir(exist_ok=True)
         path.write_bytes(pack([sample_to_wire(s) for s in batch]))
-        return step(batch, version)
+        return batch, *refused
 
-    trainer.learner.step = recorded  # type: ignore[method-assign]
+    trainer.admit = recorded  # type: ignore[method-assign]
     return trainer
 
 

@@ -32,6 +32,28 @@ def test_parallel_sampling_runs_k_episodes_per_problem(tmp_path):
     assert len(tasks) == 20
     assert set(Counter(t.msg.problem_id for t in tasks).values()) == {4}
     assert len({t.msg.episode_id for t in tasks}) == 20 and len({t.msg.seed for t in tasks}) == 20
+    assert {t.msg.problem_episodes for t in tasks} == {4}  # what a streamed step waits for per problem
+
+
+def test_episodes_say_how_many_episodes_of_the_iteration_run_their_problem(tmp_path):
+    """With more problems per batch than the dataset holds a problem is drawn twice: its advantages pool
+    both draws' episodes, so each carries the count (a streamed step waits for them all); a re-dispatched
+    attempt keeps it."""
+    router = _router(tmp_path, "env.train_size=3", "rollout.batch_size=5")
+    tasks = router._episodes(0, 0, train=True, evaluate=False)
+    drawn = Counter(t.msg.problem_id for t in tasks)
+    assert sorted(drawn.values()) == [1, 2, 2]
+    assert all(t.msg.problem_episodes == drawn[t.msg.problem_id] for t in tasks)
+    assert {t.msg.problem_episodes for t in router._episodes(0, 0, train=False, evaluate=True)} == {1}
+    from mas_async.router.episodes import EpisodeBook
+
+    book = EpisodeBook(0, 0, tasks)
+    twice = next(t for t in tasks if t.msg.problem_episodes == 2)
+    twice.worker = b"env_worker/0"
+    book.queued.remove(twice)
+    book.in_flight[twice.msg.episode_id] = twice
+    assert book.requeue(b"env_worker/0", max_attempts=3) == (1, [])
+    assert book.queued[-1].msg.attempt == 1 and book.queued[-1].msg.problem_episodes == 2
 
 
 def test_eval_k_episodes_per_test_problem(tmp_path):

@@ -1,0 +1,267 @@
+"""The streamed strict step (`trainer.streaming`, training/streaming.py) makes the batch step's update.
+
+A fixed set of samples (two agents of one policy, several turns, problems of one or several episodes) is
+delivered episode by episode in several random orders, with compute passes cut at random points, and the
+step is finished: the gradient equals the batch step's (`PolicyLearner.step` on the same samples) within
+float rounding and the parameters after the step within 1e-6 relative (fp32), for grouping agent_turn
+with std_scope group and agent, agent and trajectory, and with LoRA. Computing each delivery's
+advantages on its own (the per-agent scale or a trajectory's mean taken per chunk) gives another update:
+the deliveries do split what a problem's advantages need.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+
+from mas_async.config import ConfigError, load_config
+from mas_async.deployment import Deployment
+from mas_async.tiny_model import materialise
+from mas_async.training.learner import PolicyLearner
+from mas_async.training.logprobs import completion_logprobs
+from mas_async.training.streaming import StreamingStep, overlap_metrics
+from mas_async.wire.messages import Groups, TrainStep, sample_to_wire
+from mas_async.wire.samples import Sample
+from tests.support.paths import ROOT
+from tests.unit.framework.test_trainer_rule import _stepping_trainer
+
+CONFIG = ROOT / "configs/plan_path_tiny_shared.yaml"
+AGENTS = ("vertical", "horizontal")
+TREE = ["algorithm.sampling=tree"]
+PARALLEL = ["algorithm.sampling=parallel", "algorithm.k=3"]
+CASES = {
+    "agent_turn-group": [*TREE, "algorithm.grouping=agent_turn", "algorithm.std_scope=group"],
+    "agent_turn-agent": [*TREE, "algorithm.grouping=agent_turn", "algorithm.std_scope=agent"],
+    "agent": [*PARALLEL, "algorithm.grouping=agent"],
+    "trajectory": [*PARALLEL, "algorithm.grouping=trajectory"],
+}
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    return str(materialise("builtin:tiny-char", tmp_path_factory.mktemp("models")))
+
+
+def episodes(model_path: str, parallel: bool, seed: int = 0) -> list[tuple[str, int, list[Sample]]]:
+    """(episode id, episodes of its problem, its samples) of one iteration of the policy `shared`.
+
+    Tree sampling: 3 problems, the first drawn twice (2 episodes), each episode 2 turns of both agents
+    with groups of 3 candidates from one prompt. Parallel sampling: 3 problems of 3 episodes, each 2 turns
+    of both agents, one sample per call, one return per episode. Agent horizontal's rewards are 10x
+    vertical's, so its own std differs from its groups' and from the other agent's."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path)
+    rng = np.random.default_rng(seed)
+    plan = [("p0", 3), ("p1", 3), ("p2", 3)] if parallel else [("p0", 2), ("p1", 1), ("p2", 1)]
+    out = []
+    for problem, count in plan:
+        for copy in range(count):
+            episode = f"{problem}-{copy}"
+            samples: list[Sample] = []
+            returns = float(rng.normal())
+            for turn in range(2):
+                for agent in AGENTS:
+                    prompt = rng.integers(1, 30, size=int(rng.integers(3, 8))).astype(np.int32)
+                    for _ in range(1 if parallel else 3):
+                        completion = rng.integers(1, 30, size=int(rng.integers(1, 5))).astype(np.int32)
+                        with torch.no_grad():
+                            lp = completion_logprobs(model, [prompt], [completion])[0].numpy()
+                        scale = 10.0 if agent == "horizontal" else 1.0
+                        samples.append(
+                            Sample(
+                                f"{episode}/{agent}/{turn}", episode, problem, agent, "shared", turn, prompt,
+                                completion, lp, 0, scale * float(rng.normal()), episode_return=returns,
+                            )
+                        )  # fmt: skip
+            out.append((episode, count, samples))
+    return out
+
+
+def learner(model_path: str, *overrides: str, lr: float = 1e-4, dp=None) -> PolicyLearner:
+    # Adam's first step moves a weight by lr * g / (|g| + eps): where |g| is near eps, the float rounding of
+    # a gradient summed in another order moves it by a visible share of lr; lr 1e-4 keeps the parameters
+    # well within 1e-6 relative (~4e-8), and the gradients themselves are compared too.
+    config = load_config(CONFIG, [f"policies.shared.lr={lr}", *overrides])
+    torch.manual_seed(0)
+    return PolicyLearner(config, "shared", model_path, dp=dp)
+
+
+def streamed(learner: PolicyLearner, delivered, cuts: set[int], each_alone: bool = False) -> dict:
+    """Finish a streamed step fed `delivered` episodes in that order, with a compute pass run (drained) after
+    each delivery whose position is in `cuts`. `each_alone`: every delivery is taken as a whole problem."""
+
+    async def run() -> dict:
+        step = StreamingStep(learner, 0)
+        for n, (episode, count, samples) in enumerate(delivered):
+            step.add(samples, episode, 1 if each_alone else count)
+            if n in cuts:
+                await step.drain()
+        metrics = await step.finish()
+        metrics["passes"] = len(step.busy)
+        return metrics
+
+    return asyncio.run(run())
+
+
+def grads(learner: PolicyLearner) -> list[torch.Tensor]:
+    return [p.grad.detach().clone() for p in learner.model.parameters() if p.grad is not None]
+
+
+def params(learner: PolicyLearner) -> list[torch.Tensor]:
+    return [p.detach().clone() for _, p in learner.trained]
+
+
+def assert_same_update(a: PolicyLearner, b: PolicyLearner, start: list[torch.Tensor]) -> None:
+    """The same gradient (each tensor within 1e-5 of its largest entry: float rounding, summed in another
+    order) and the same parameters after the step (within 1e-6 relative: of the norm of all of them)."""
+    ga, gb = grads(a), grads(b)
+    assert len(ga) == len(gb) > 0
+    for x, y in zip(ga, gb, strict=True):
+        assert float((x - y).abs().max()) <= 1e-5 * float(y.abs().max()), float((x - y).abs().max())
+    pa, pb, p0 = (torch.cat([p.flatten() for p in ps]) for ps in (params(a), params(b), start))
+    assert float((pb - p0).abs().max()) > 5e-5  # the step changed the weights
+    assert float((pa - pb).norm()) <= 1e-6 * float(pb.norm()), float((pa - pb).norm() / pb.norm())
+
+
+def orders(delivered: list, seed: int) -> tuple[list, set[int]]:
+    """A random order of the episodes and random points after which a compute pass runs."""
+    rng = np.random.default_rng(seed)
+    order = [delivered[i] for i in rng.permutation(len(delivered))]
+    size = int(rng.integers(1, len(order))) if len(order) > 1 else 0
+    return order, {int(i) for i in rng.choice(len(order), size=size, replace=False)}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_streamed_step_equals_the_batch_step(model_path, case):
+    overrides = CASES[case]
+    delivered = episodes(model_path, parallel="algorithm.sampling=parallel" in overrides)
+    batch = learner(model_path, *overrides)
+    start = params(batch)
+    expected = batch.step([s for _, _, samples in delivered for s in samples], 0)
+    for seed in range(3):
+        order, cuts = orders(delivered, seed)
+        stream = learner(model_path, *overrides)
+        metrics = streamed(stream, order, cuts)
+        assert metrics["passes"] >= 2  # (cuts in several places: the compute came in pieces)
+        assert_same_update(stream, batch, start)
+        for key in ("samples", "tokens", "active_samples", "optimizer_steps"):
+            assert metrics[key] == expected[key], key
+        for key in ("loss", "grad_norm", "advantage_abs_mean", "reward_mean", "logprob_abs_diff", "clip_fraction"):
+            assert metrics[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-7), key
+        assert metrics["logprob_abs_diff"] < 1e-5
+
+
+@pytest.mark.parametrize("case", ["agent_turn-agent", "trajectory"])
+def test_advantages_taken_per_delivery_give_another_update(model_path, case):
+    """The negative control: the deliveries split problems (a problem drawn twice under tree sampling, a
+    problem's K episodes under parallel sampling), so a step that normalised each compute pass's samples on
+    their own (the per-agent scale, or a trajectory's mean and std, per chunk) would not make the batch
+    update: here every delivery counts as a whole problem, and a pass runs after each one (tree sampling)
+    or after every second one (parallel sampling: a problem's 3 episodes are never in one pass)."""
+    overrides = CASES[case]
+    delivered = episodes(model_path, parallel=case == "trajectory")
+    batch = learner(model_path, *overrides)
+    batch.step([s for _, _, samples in delivered for s in samples], 0)
+    stream = learner(model_path, *overrides)
+    every = 2 if case == "trajectory" else 1
+    streamed(stream, delivered, {n for n in range(len(delivered)) if n % every == every - 1}, each_alone=True)
+    ga, gb = grads(stream), grads(batch)
+    assert len(ga) == len(gb) > 0
+    assert max(float((x - y).abs().max() / y.abs().max()) for x, y in zip(ga, gb, strict=True)) > 1e-2
+
+
+def test_streamed_step_with_lora(model_path):
+    overrides = [*CASES["agent_turn-agent"], "policies.shared.lora={r: 4}"]
+    delivered = episodes(model_path, parallel=False, seed=1)
+    batch = learner(model_path, *overrides, lr=1e-3)
+    start = params(batch)
+    batch.step([s for _, _, samples in delivered for s in samples], 0)
+    order, cuts = orders(delivered, 5)
+    stream = learner(model_path, *overrides, lr=1e-3)
+    streamed(stream, order, cuts)
+    assert len(start) and all("lora" in name for name, _ in stream.trained)
+    assert_same_update(stream, batch, start)
+
+
+def test_samples_wait_for_their_problem_and_a_dropped_episode_is_computed_at_the_end(model_path):
+    """A problem of 3 episodes is computed once its third is in; one that lost an episode at the finish."""
+    delivered = episodes(model_path, parallel=True)
+    stream_learner = learner(model_path, *CASES["trajectory"])
+
+    async def run() -> tuple[list[int], dict]:
+        step = StreamingStep(stream_learner, 0)
+        computed = []
+        for episode, count, samples in delivered[:5]:  # p0's 3 episodes, 2 of p1's 3
+            step.add(samples, episode, count)
+            await step.drain()
+            computed.append(len(step.samples))
+        metrics = await step.finish()
+        return computed, metrics
+
+    computed, metrics = asyncio.run(run())
+    per_episode = len(delivered[0][2])
+    assert computed == [0, 0, 3 * per_episode, 3 * per_episode, 3 * per_episode]
+    assert metrics["samples"] == 5 * per_episode
+    batch = learner(model_path, *CASES["trajectory"])
+    start = params(batch)
+    batch.step([s for _, _, samples in delivered[:5] for s in samples], 0)
+    assert_same_update(stream_learner, batch, start)
+
+
+def test_overlap_and_tail_come_from_every_rank_and_are_left_out_when_unmeasured():
+    ranks = [
+        {"time/compute_s": 4.0, "time/early_compute_s": 3.0, "last_group_at": 100.0},
+        {"time/compute_s": 2.0, "time/early_compute_s": 0.0, "last_group_at": 101.5},
+    ]
+    assert overlap_metrics(ranks, 103.0) == {"trainer/compute_s": 6.0, "trainer/overlap": 0.5, "trainer/tail_s": 1.5}
+    assert overlap_metrics([{"samples": 0}], 103.0) == {}
+
+
+def test_streaming_is_on_where_the_step_is_one_optimiser_step_and_refused_with_a_sentence_elsewhere():
+    assert load_config(CONFIG).streams()
+    assert not load_config(CONFIG, ["trainer.streaming=false"]).streams()
+    for overrides in (["algorithm.ppo_epochs=2"], ["algorithm.mini_batches=2"], ["rollout.max_staleness=1"]):
+        assert not load_config(CONFIG, overrides).streams()  # the default falls back to the batch step
+    with pytest.raises(ConfigError, match=r"trainer.streaming=true .* algorithm.ppo_epochs=2 .* set both to 1"):
+        load_config(CONFIG, ["trainer.streaming=true", "algorithm.ppo_epochs=2"])
+    with pytest.raises(ConfigError, match=r"trainer.streaming=true .* rollout.max_staleness=1"):
+        load_config(CONFIG, ["trainer.streaming=true", "rollout.max_staleness=1"])
+
+
+def test_the_trainer_computes_each_episode_when_it_arrives_and_steps_at_trainstep(model_path):
+    """Through the Trainer's messages: the first episode's samples are computed before the second arrives
+    and before TrainStep (the stubbed batch step is never called); the step's row has the overlap."""
+    config = load_config(ROOT / "configs/plan_path_tiny.yaml")
+    deployment = Deployment("tcp://127.0.0.1:1", {"vertical": 1, "horizontal": 2}, dict.fromkeys(AGENTS, model_path))
+    trainer, sent = _stepping_trainer((config, deployment), lambda: None)
+    assert trainer.streams
+
+    def groups(episode: int) -> Groups:
+        samples = [
+            Sample(f"train0-{episode}/vertical/0", f"train0-{episode}", f"p{episode}", "vertical", "vertical", 0,
+                   np.array([1, 5, 6, 7], dtype=np.int32), np.array([20 + i], dtype=np.int32),
+                   np.array([-3.4], dtype=np.float32), 0, float(i))
+            for i in range(4)
+        ]  # fmt: skip
+        return Groups("vertical", 0, f"train0-{episode}", 0, 4, 20, [sample_to_wire(s) for s in samples], 1)
+
+    async def run() -> list[int]:
+        computed = []
+        for episode in range(2):
+            await trainer.on_message(groups(episode))
+            assert trainer.stream is not None
+            await trainer.stream.drain()
+            computed.append(len(trainer.stream.samples))
+        await trainer._step(TrainStep("vertical", 0, 0, 8))
+        return computed
+
+    assert asyncio.run(run()) == [4, 8]
+    metrics = sent[-1].metrics
+    assert sent[-1].version == 1 and metrics["samples"] == 8 and metrics["optimizer_steps"] == 1
+    assert metrics["active_samples"] == 8 and metrics["version_mismatch"] == 0
+    assert 0.0 < metrics["trainer/overlap"] < 1.0  # the first episode's pass came before the last group
+    assert metrics["trainer/tail_s"] >= 0.0

@@ -1,5 +1,5 @@
 """The game envs end to end through `mas-async train`: each tiny config (role-specialised and role-sharing)
-and the README's custom-node example run 2 iterations with every role a real process, and no episode
+and the custom-node example of docs/extending.md run 2 iterations with every role a real process, and no episode
 fails (an exception in a node, an env or a workflow would be counted as dropped)."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def test_two_iterations_end_to_end(config: str, tmp_path) -> None:
 
 
 def test_a_node_outside_the_repo_plugs_in_by_path(tmp_path, monkeypatch) -> None:
-    """The README's promise: a user's module, anywhere on the Python path, named in the config."""
+    """The promise of docs/extending.md: a user's module, anywhere on the Python path, named in the config."""
     user_dir = tmp_path / "user_code"
     user_dir.mkdir()
     source = (ROOT / "nodes" / "examples" / "compass.py").read_text()

@@ -164,7 +164,8 @@ def test_a_store_that_comes_up_late_is_reached_at_once():
         open_store("127.0.0.1", port, 2, is_master=False, timeout_s=5)
         lags.append(time.monotonic() - up[0][1])
         late.join()
-    assert sorted(lags)[2] < 0.15, lags  # the median (without the wait: ~0.3); one try slowed by a busy machine does not decide
+    # The median (without the wait: ~0.3 s): one try slowed by a busy machine does not decide.
+    assert sorted(lags)[2] < 0.15, lags
 
 
 def test_a_failed_send_that_no_re_form_follows_names_the_wait():

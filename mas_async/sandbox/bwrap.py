@@ -54,13 +54,15 @@ def _prefix() -> tuple[str, ...]:
     parts = [binary] if is_root() else [binary, "--unshare-user"]
     parts += ["--unshare-pid", "--unshare-ipc", "--unshare-net", "--unshare-uts", "--die-with-parent", "--new-session"]
     seen = view()
+    # /tmp first: a path of the view below it (an interpreter in a temporary directory) is bound into it.
+    parts += ["--tmpfs", "/tmp"]
     for path in seen.read_only:
         parts += ["--ro-bind", path, path]
     for path, target in seen.symlinks:
         parts += ["--symlink", target, path]
     for path in seen.hidden:
         parts += ["--perms", "0000", "--tmpfs", path] if os.path.isdir(path) else ["--ro-bind", "/dev/null", path]
-    parts += ["--dev", "/dev", "--proc", "/proc", "--dir", WORKDIR, "--tmpfs", "/tmp"]
+    parts += ["--dev", "/dev", "--proc", "/proc", "--dir", WORKDIR]
     for name in ("child.py", "zygote.py"):
         parts += ["--ro-bind", str(SCRIPTS / name), f"{INSIDE}/{name}"]
     # The directories bubblewrap made above the bound paths (e.g. /root above a pyenv) are 0700: make

@@ -87,8 +87,13 @@ def view() -> View:
     project = os.path.realpath(PROJECT_ROOT)
     prefixes = {p for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix) if p}
     runtime: set[str] = set()
+    # `python -m` puts the working directory on sys.path: where a process was started is not part of
+    # the interpreter, and a program must not see it.
+    started_in = os.path.realpath(os.getcwd())
     for entry in (*prefixes, *sys.path):
         if not entry or not os.path.exists(entry):
+            continue
+        if entry not in prefixes and os.path.realpath(entry) == started_in:
             continue
         for path in {os.path.abspath(entry), os.path.realpath(entry)}:
             # A path entry into the checkout (an old-style editable install) or above it stays out; a

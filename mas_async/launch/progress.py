@@ -114,7 +114,7 @@ class Progress:
         if Keys.TRAIN_SUCCESS in row:
             parts.append(f"train_success {_fmt(row[Keys.TRAIN_SUCCESS], '.2f')}")
         if Keys.EVAL_SUCCESS in row:
-            parts.append(f"eval_success {_fmt(row[Keys.EVAL_SUCCESS], '.2f')}")
+            parts.append(f"eval_success {_fmt(row[Keys.EVAL_SUCCESS], '.2f')}{self._best_baseline()}")
         for agent in self.cfg.agents:
             if f"reward/{agent}" in row:
                 parts.append(f"r[{agent}] {_fmt(row[f'reward/{agent}'], '+.2f')}")
@@ -126,6 +126,13 @@ class Progress:
         parts.append(f"eta {duration(eta_seconds(history, self.cfg.run.iterations))}")
         return "  ".join(parts)
 
+    def _best_baseline(self) -> str:
+        """The best reference policy's held-out success, to read the policy's beside ("" before any)."""
+        if not self.baselines:
+            return ""
+        name = max(self.baselines, key=self.baselines.__getitem__)
+        return f" (best baseline {name} {self.baselines[name]:.2f})"
+
     def _table(self) -> Table:
         table = Table(title="mas-async training", show_header=False, expand=False)
         row = self.rows[-1] if self.rows else {}
@@ -134,7 +141,7 @@ class Progress:
         eta = eta_seconds(self.rows, self.cfg.run.iterations)
         table.add_row("elapsed / ETA", f"{duration(elapsed)} / {duration(eta)}")
         table.add_row("train success (best-of-K)", _fmt(row.get(Keys.TRAIN_SUCCESS), ".2f"))
-        table.add_row("eval success (held out)", _fmt(self.last_eval, ".2f"))
+        table.add_row("eval success (held out)", _fmt(self.last_eval, ".2f") + self._best_baseline())
         if self.baselines:
             table.add_row("baselines (held out)", "  ".join(f"{n} {v:.2f}" for n, v in self.baselines.items()))
         for agent, rate in self.last_progress.items():

@@ -51,11 +51,14 @@ def test_plain_progress_prints_the_baselines_once(tmp_path: Path, capsys) -> Non
     assert out.count("baselines, held-out team success") == 1  # once, with the row that has them
     assert "baselines, held-out team success: random 0.06  always_U_L 0.00  toward_goal 0.75  optimal 0.94" in out
     assert "baseline optimal" in out and "policy (iteration 5)" in out
+    # Every held-out success is printed with the best baseline beside it (ETA on the same line).
+    assert "eval_success 0.41 (best baseline optimal 0.94)" in out and "eta " in out
     assert progress.baselines == BASELINES and progress.last_progress == {"vertical": 0.6}
     console = Console(width=200, record=True)
     console.print(progress._table())  # the live panel on a terminal
     panel = console.export_text()
     assert "baselines (held out)" in panel and "optimal 0.94" in panel and "eval progress/vertical" in panel
+    assert "0.41 (best baseline optimal 0.94)" in panel and "elapsed / ETA" in panel
 
 
 def test_the_success_plot_draws_each_baseline_as_a_level(tmp_path: Path) -> None:

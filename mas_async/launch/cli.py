@@ -1,6 +1,9 @@
 """The `mas-async` command line.
 
-    mas-async train CONFIG [section.key=value ...]   run a training job (every process on this machine)
+    mas-async train CONFIG [--dry-run] [section.key=value ...]
+                                                     run a training job on the config's engine (this machine,
+                                                     its network namespaces, a Ray cluster or a SLURM job);
+                                                     --dry-run prints where every process would go
     mas-async eval CONFIG [checkpoint=RUN_DIR ...]   evaluate policies on the test split (avg@k, pass@k)
     mas-async bench CONFIG [overrides] [--phases N --warmup W --baseline --sweep KEY=V1,V2]
                                                      rollout throughput of the config's deployment
@@ -28,14 +31,16 @@ from mas_async.gguf_import import GGUFImportError
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mas-async", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help="run a training job: every process on this machine")
+    train = sub.add_parser("train", help="run a training job on the config's engine (cluster.engine)")
     train.add_argument("config", help="YAML run config, e.g. configs/plan_path_tiny.yaml")
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.batch_size=8")
+    train.add_argument("--dry-run", action="store_true", help="print where every process would go; start nothing")
     evaluate = sub.add_parser("eval", help="evaluate checkpointed policies on the test split (avg@k, pass@k)")
     evaluate.add_argument("config", help="YAML run config (the env, agents and policies to evaluate)")
     evaluate.add_argument(
         "overrides", nargs="*", help="checkpoint=RUN_DIR (its last checkpoint), eval.k=8, eval.greedy=false, ..."
     )
+    evaluate.add_argument("--dry-run", action="store_true", help="print where every process would go; start nothing")
     bench = sub.add_parser("bench", help="rollout throughput of a config's deployment (no trainers)")
     bench.add_argument("config", help="YAML run config whose deployment to measure")
     bench.add_argument("overrides", nargs="*", help="dotted overrides, checkpoint=RUN_DIR for trained weights")
@@ -78,6 +83,11 @@ def main(argv: list[str] | None = None) -> int:
         overrides = [f"eval.{o}" if o.startswith("checkpoint=") else o for o in args.overrides]
         try:
             config = load_config(args.config, overrides)
+            if args.dry_run:
+                from mas_async.launch.dry_run import plan_lines
+
+                print("\n".join(plan_lines(config, training=args.command == "train")))
+                return 0
             return launch(config, mode=args.command)
         except (ConfigError, RegistryError, GGUFImportError, EngineError) as e:
             print(f"mas-async: {e}", file=sys.stderr)

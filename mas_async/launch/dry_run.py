@@ -41,7 +41,7 @@ def plan_lines(config: Config, training: bool = True) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     mode = "training" if training else "evaluation"
     lines = [f"mas-async: dry run of {config.run.name} ({mode}, engine {config.cluster.engine}); nothing started"]
-    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     for policy, spec in config.policies.items():
         backend = f"weights by {backends[policy]}" if policy in backends else "no weight sync (no trainer)"
         lines.append(f"policy {policy}: {spec.model}, {backend}")

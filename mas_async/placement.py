@@ -115,7 +115,14 @@ def group_members(config: Config, policy: str) -> tuple[str, list[str]]:
 def weight_backend(
     config: Config, policy: str, places: dict[str, Place], cuda_available: Callable[[], bool] | None = None
 ) -> str:
-    """How `policy`'s trainer sends its weights to its servers, from where they are (module docstring):
+    """How `policy`'s trainer sends its weights to its servers (`weight_backend_choice`)."""
+    return weight_backend_choice(config, policy, places, cuda_available)[0]
+
+
+def weight_backend_choice(
+    config: Config, policy: str, places: dict[str, Place], cuda_available: Callable[[], bool] | None = None
+) -> tuple[str, str]:
+    """How `policy`'s trainer sends its weights to its servers, and why, from where they are (module docstring):
     `cluster.weight_backend` when the placement can carry it (else a ConfigError), or, for auto:
 
         trainer and servers on the CPU                          gloo
@@ -150,14 +157,18 @@ def weight_backend(
             "cluster.weight_backend=gloo"
         )
     if choice != "auto":
-        return choice
+        return choice, f"cluster.weight_backend={choice}"
     if self_placed:
-        return "nccl" if (cuda_available or _cuda_available)() else "gloo"
+        if (cuda_available or _cuda_available)():
+            return "nccl", "its vllm servers place themselves on GPUs"
+        return "gloo", "its vllm servers place themselves, and this machine has no CUDA"
     if trainer.device == "cpu" and all(s.device == "cpu" for s in servers):
-        return "gloo"
+        return "gloo", "its trainer and servers are on the CPU"
     if one_gpu:
-        return "cuda_ipc"
-    return "gloo" if shared else "nccl"
+        return "cuda_ipc", f"its trainer and every server are on one GPU ({_gpu_of(trainer)})"
+    if shared:
+        return "gloo", f"NCCL refuses two ranks on one GPU ({shared})"
+    return "nccl", "no two of its trainer and servers are on one GPU"
 
 
 def weight_backends(

@@ -35,12 +35,18 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("config", help="YAML run config, e.g. configs/plan_path_tiny.yaml")
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.batch_size=8")
     train.add_argument("--dry-run", action="store_true", help="print where every process would go; start nothing")
+    train.add_argument(
+        "--nodes", type=int, default=2, help="with --dry-run under cluster.engine=slurm outside a job: plan N nodes"
+    )
     evaluate = sub.add_parser("eval", help="evaluate checkpointed policies on the test split (avg@k, pass@k)")
     evaluate.add_argument("config", help="YAML run config (the env, agents and policies to evaluate)")
     evaluate.add_argument(
         "overrides", nargs="*", help="checkpoint=RUN_DIR (its last checkpoint), eval.k=8, eval.greedy=false, ..."
     )
     evaluate.add_argument("--dry-run", action="store_true", help="print where every process would go; start nothing")
+    evaluate.add_argument(
+        "--nodes", type=int, default=2, help="with --dry-run under cluster.engine=slurm outside a job: plan N nodes"
+    )
     bench = sub.add_parser("bench", help="rollout throughput of a config's deployment (no trainers)")
     bench.add_argument("config", help="YAML run config whose deployment to measure")
     bench.add_argument("overrides", nargs="*", help="dotted overrides, checkpoint=RUN_DIR for trained weights")
@@ -86,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.dry_run:
                 from mas_async.launch.dry_run import plan_lines
 
-                print("\n".join(plan_lines(config, training=args.command == "train")))
+                print("\n".join(plan_lines(config, training=args.command == "train", nodes=args.nodes)))
                 return 0
             return launch(config, mode=args.command)
         except (ConfigError, RegistryError, GGUFImportError, EngineError) as e:

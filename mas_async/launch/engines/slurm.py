@@ -171,6 +171,16 @@ class SlurmEngine(Engine):
         self.nodes = allocation_nodes(nodelist, self.timeout)
         self.children: list[SlurmChild] = []
 
+    @classmethod
+    def planning(cls, config: Config, node_count: int) -> SlurmEngine:
+        """An engine that only places, outside an allocation (`mas-async train --dry-run`): `node_count`
+        nodes named node0.. by index, their addresses unknown until the job runs."""
+        engine = cls.__new__(cls)
+        engine.job_id, engine.config, engine.settings = None, config, config.cluster.slurm
+        engine.timeout, engine.children = engine.settings.command_timeout_s, []
+        engine.nodes = [Node(f"node{i}", "(its NodeAddr)") for i in range(node_count)]
+        return engine
+
     def place(self, specs: list[ProcessSpec]) -> dict[str, Node]:
         for spec in specs:  # a device the step would not hold is refused before anything starts
             step_resources(self.config, spec)

@@ -89,6 +89,19 @@ def rollout(backend: HFBackend, prompts: list[np.ndarray], stop: list[int]) -> t
     return time.perf_counter() - start, results
 
 
+PREFIX_READS = [0]
+"""How many times the trainer found a common first part long enough to read once (both ways counted apart)."""
+
+
+def _counting(length_of):
+    def common_prefix_length(prompts):
+        length = length_of(prompts)
+        PREFIX_READS[0] += length >= logprobs.MIN_SHARED_PREFIX
+        return length
+
+    return common_prefix_length
+
+
 def train(model, prompts: list[np.ndarray], completions: list[np.ndarray]) -> tuple[float, list[torch.Tensor]]:
     """A no-grad pass and a forward + backward per micro-batch of one agent's samples at a time."""
     model.zero_grad(set_to_none=True)
@@ -124,14 +137,20 @@ def main(argv: list[str] | None = None) -> int:
     rollout(ours, prompts[:2], stop)  # warm-up
     ratios: dict[str, list[float]] = {"rollout": [], "trainer": []}
     worst = 0.0
+    reads = {"baseline": 0, "ours": 0}
+    logprobs.common_prefix_length = _counting(logprobs.common_prefix_length)
     for run in range(args.runs):
         base_s, _ = rollout(theirs, prompts, stop)
         our_s, results = rollout(ours, prompts, stop)
         sample_prompts = [p for p, group in zip(prompts, results, strict=True) for _ in group]
         completions = [c.token_ids for group in results for c in group]
+        before = PREFIX_READS[0]
         with without_common_prefix():
             base_t, base_lp = train(model, sample_prompts, completions)
+        reads["baseline"] += PREFIX_READS[0] - before
+        before = PREFIX_READS[0]
         our_t, our_lp = train(model, sample_prompts, completions)
+        reads["ours"] += PREFIX_READS[0] - before
         worst = max(worst, float(torch.cat(our_lp).sub(torch.cat(base_lp)).abs().max()))
         ratios["rollout"].append(base_s / our_s)
         ratios["trainer"].append(base_t / our_t)
@@ -147,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     for part, values in ratios.items():
         print(f"  {part:<8} {statistics.median(values):5.2f}x ({min(values):.2f}-{max(values):.2f}) of the baseline")
     if args.json:
-        args.json.write_text(json.dumps({"ratios": ratios, "max_abs_diff": worst, "prompts": len(prompts)}))
+        args.json.write_text(json.dumps({"ratios": ratios, "max_abs_diff": worst, "prompts": len(prompts), "prefix_reads": reads}))
     return 0
 
 

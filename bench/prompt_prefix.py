@@ -166,7 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     for part, values in ratios.items():
         print(f"  {part:<8} {statistics.median(values):5.2f}x ({min(values):.2f}-{max(values):.2f}) of the baseline")
     if args.json:
-        args.json.write_text(json.dumps({"ratios": ratios, "max_abs_diff": worst, "prompts": len(prompts), "prefix_reads": reads}))
+        args.json.write_text(
+            json.dumps({"ratios": ratios, "max_abs_diff": worst, "prompts": len(prompts), "prefix_reads": reads})
+        )
     return 0
 
 

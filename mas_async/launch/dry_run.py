@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 from mas_async.deployment import trainer_peer
 from mas_async.launch.engines.registry import open_engine
-from mas_async.launch.launcher import check_sandbox, process_specs
-from mas_async.placement import place_processes, weight_backend_choice
+from mas_async.launch.launcher import check_sandbox, place_specs, process_specs
+from mas_async.placement import weight_backend_choice
 
 if TYPE_CHECKING:
     from mas_async.config import Config
@@ -32,14 +32,7 @@ def plan_lines(config: Config, training: bool = True, nodes: int = 2) -> list[st
     engine, where = _engine(config, nodes)
     try:
         specs = process_specs(config, training)
-        placement = engine.place(specs)
-        by_name = {spec.name: spec for spec in specs}
-        places = place_processes(
-            config,
-            {name: (node.name, node.address) for name, node in placement.items()},
-            lambda name: engine.gpu_view(by_name[name], placement[name]),
-            engine.gpu_uuids,
-        )
+        _, places = place_specs(config, engine, specs)
         choices = {p: weight_backend_choice(config, p, places) for p in config.policies} if training else {}
     finally:
         engine.close()

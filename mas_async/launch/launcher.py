@@ -38,7 +38,7 @@ from mas_async.launch.progress import Progress
 from mas_async.launch.restarts import RESTART_THE_RUN, RestartBudget, RunRestarts
 from mas_async.launch.roles import DEFAULT_ROLES
 from mas_async.launch.stop_signal import STOPPED, StopOnSignal
-from mas_async.placement import describe, place_processes, weight_backends
+from mas_async.placement import Place, describe, place_processes, weight_backends
 from mas_async.router.faults import RUN_RESTART_ENV, replaced_alone
 from mas_async.router.lost_peers import LostPeers, forget_restarts, record_restart
 from mas_async.runtime.actor import DIED_AT_ENV
@@ -143,14 +143,7 @@ def prepare_deployment(
     engine = engine or LocalEngine(config)
     specs = process_specs(config, training)
     keys_dir = prepare_keys(config, run_dir, [spec.name for spec in specs])
-    placement = engine.place(specs)
-    by_name = {spec.name: spec for spec in specs}
-    places = place_processes(
-        config,
-        {name: (node.name, node.address) for name, node in placement.items()},
-        lambda name: engine.gpu_view(by_name[name], placement[name]),
-        engine.gpu_uuids,
-    )
+    placement, places = place_specs(config, engine, specs)
     backends = weight_backends(config, places, training)  # a ConfigError before any process starts
     policies = list(config.policies)
     listeners = {"router": 1, **{trainer_peer(p): 2 for p in policies}}  # a policy's weight and rank stores
@@ -179,6 +172,19 @@ def prepare_deployment(
         deployment.weights_paths = weights
     deployment.save(run_dir / "deployment.json")
     return deployment
+
+
+def place_specs(config: Config, engine: Engine, specs: list[ProcessSpec]) -> tuple[dict[str, Node], dict[str, Place]]:
+    """The engine's node for every process, and each process's `Place` (its GPU decided from there)."""
+    placement = engine.place(specs)
+    by_name = {spec.name: spec for spec in specs}
+    places = place_processes(
+        config,
+        {name: (node.name, node.address) for name, node in placement.items()},
+        lambda name: engine.gpu_view(by_name[name], placement[name]),
+        engine.gpu_uuids,
+    )
+    return placement, places
 
 
 def process_specs(config: Config, training: bool = True) -> list[ProcessSpec]:

@@ -160,9 +160,16 @@ class CodeEnv(Env):
         if self.done:
             return []
         if agent == "coder":
-            stub = problem["prompt"] + "    return None\n" if problem["entry_point"] else "print()\n"
-            return [stub] + ([problem["solution"]] if problem.get("solution") else [])
+            return [_stub_program(problem)] + ([problem["solution"]] if problem.get("solution") else [])
         return [[dict(t) for t in problem["tests"][:count]] for count in (1, 2)]
+
+    @classmethod
+    def reference_policies(cls) -> dict[str, Any]:
+        """`stub` (the coder's program returns None, or prints nothing; the tester writes the problem's
+        first test): a team that learned nothing. `reference` (the problem's reference solution; the
+        tester writes the problem's own tests): the ceiling, 1.0 when the sandbox runs and judges
+        programs as it should. A problem without a reference solution plays the stub in both."""
+        return {"stub": _stub, "reference": _reference}
 
     def pass_ratio(self) -> float:
         """Fraction of the hidden ground-truth tests that the current program passes (0.0 before any)."""
@@ -275,6 +282,27 @@ def format_tests(tests: list[dict[str, Any]]) -> str:
     if all(is_function_test(t) for t in tests):
         return "```python\n" + "\n".join(t["code"] for t in tests) + "\n```"
     return "\n".join(f"```input\n{t.get('input', '')}\n```\n```output\n{t.get('output', '')}\n```" for t in tests)
+
+
+def _stub(env: CodeEnv, agent: str, rng: Any) -> Any:
+    problem = env._problem()
+    if agent == "tester":
+        return [dict(t) for t in problem["tests"][:1]]
+    return _stub_program(problem)
+
+
+def _stub_program(problem: dict[str, Any]) -> str:
+    """A program that does nothing: its function returns None (a stdin problem's prints nothing)."""
+    return problem["prompt"] + "    return None\n" if problem["entry_point"] else "print()\n"
+
+
+def _reference(env: CodeEnv, agent: str, rng: Any) -> Any:
+    problem = env._problem()
+    if not problem.get("solution"):
+        return _stub(env, agent, rng)
+    if agent == "tester":
+        return [dict(t) for t in problem["tests"]]
+    return problem["solution"]
 
 
 def _check_agent(agent: str) -> None:

@@ -105,14 +105,17 @@ def test_staleness_smoke(tmp_path: Path) -> None:
 
 
 def test_faults_smoke(tmp_path: Path) -> None:
-    """An env worker SIGKILLed in a real run: its recovery is in the run's metrics, short (the whole-run
-    restarts of the other kinds: tests/integration/test_faults.py)."""
+    """An env worker SIGKILLed in a real run, and a replica then its replacement while it loads: their
+    recoveries are in the run's metrics, short, nothing redone (the whole-run restarts of the other kinds:
+    tests/integration/test_faults.py); a replacement slower than the weight-sync bound while the run steps."""
     stdout, figures = _run("faults.py", tmp_path)
-    assert "recovery per kind of fault" in stdout
-    assert set(figures["recovery_s"]) == {"env_worker"}
+    assert "recovery per kind of fault" in stdout and "slow replacement" in stdout
+    assert set(figures["recovery_s"]) == {"env_worker", "inference_loading"}
     for kind, found in figures["recovery_s"].items():
         assert len(found) == 1 and 0 < found[0] < 30, kind
-    assert figures["redone"]["env_worker"] == 0  # replaced alone: nothing runs twice
+        assert figures["redone"][kind] == 0  # replaced alone: nothing runs twice
+    slow = figures["slow_replacement"]
+    assert len(slow["ratios"]) == 1 and slow["while_loading"][0] > 0 and slow["before"][0] > 0
 
 
 def test_trainer_scaling_smoke(tmp_path: Path) -> None:
@@ -178,8 +181,9 @@ def test_sandbox_start_smoke(tmp_path: Path) -> None:
     """Both ways of starting an isolated run and the bare baseline, on both programs: a CPU cost and a
     rate each, the ratios and what bubblewrap costs."""
     stdout, figures = _run("sandbox_start.py", tmp_path)
-    assert set(figures) == {"trivial", "function tests"} and "zygote ratio, function tests" in stdout
-    for ways in figures.values():
+    assert set(figures) == {"trivial", "function tests", "background_cpu_per_s"}
+    assert "zygote ratio, function tests" in stdout and figures["background_cpu_per_s"] >= 0
+    for ways in (figures["trivial"], figures["function tests"]):
         assert all(
             len(ways[w][f]) == 1 and ways[w][f][0] > 0
             for w in ("zygote", "fresh", "bare")

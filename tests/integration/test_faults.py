@@ -13,15 +13,15 @@ import signal
 import time
 from pathlib import Path
 
+from bench.slow_backend import FIRST_ENV, REPLACEMENT_ENV
 from mas_async.metrics import Keys
 from tests.integration.launch import alive, child_pids, cleanup, kill_when, start_train, wait_for_rows
-from tests.support.slow_backend import FIRST_ENV, REPLACEMENT_ENV
 
 CONFIG = "configs/plan_path_tiny.yaml"
 POLICIES = ("vertical", "horizontal")
 KILLS = 8
 """Most kills of the chaos test."""
-SLOW_HF = "tests.support.slow_backend:SlowHF"
+SLOW_HF = "bench.slow_backend:SlowHF"
 POISON_ENV = "tests.support.poison_env:PoisonPlanPath"
 
 

@@ -1,8 +1,8 @@
 """An hf inference backend that takes long to load, as a large vLLM engine does: it sleeps before it loads
-the model (so before its process says Hello). The test names it `policies.<p>.backend:
-tests.support.slow_backend:SlowHF` and sets how long, in the environment every process of the run inherits:
-`MAS_ASYNC_TEST_SLOW_FIRST` ({replica index: seconds}, a first start) and `MAS_ASYNC_TEST_SLOW_REPLACEMENT`
-(seconds, a replacement of a lost replica, whichever)."""
+the model (so before its process says Hello). `bench/faults.py` and the fault tests name it
+`policies.<p>.backend: bench.slow_backend:SlowHF` and set how long, in the environment every process of
+the run inherits: `MAS_ASYNC_TEST_SLOW_FIRST` ({replica index: seconds}, a first start) and
+`MAS_ASYNC_TEST_SLOW_REPLACEMENT` (seconds, a replacement of a lost replica, whichever)."""
 
 from __future__ import annotations
 

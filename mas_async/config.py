@@ -134,17 +134,22 @@ def _canonical_device(device: str) -> str:
 
 
 class AgentConfig(_Section):
-    node: str
-    """Node class of this agent: a registry key of nodes.NODES or 'module:Class'."""
+    node: str | None = None
+    """Node class of this agent: a registry key of nodes.NODES or 'module:Class'. Required with
+    `workflow.name`; left out with `workflow.program`, whose agents are OpenAI API clients (docs/gateway.md)."""
     policy: str
     """Name of the policy (a key of `policies`) that serves this agent."""
 
 
 class WorkflowConfig(_Section):
-    name: str
-    """Workflow class: a registry key of nodes.WORKFLOWS or 'module:Class'."""
+    name: str | None = None
+    """Workflow class: a registry key of nodes.WORKFLOWS or 'module:Class'. Give this or `program`."""
+    program: str | None = None
+    """A workflow written against the OpenAI API: an async function "module:function" that gets the
+    episode's task and one `openai.AsyncOpenAI` client per agent, and returns the rewards; every call goes
+    through the run's gateway and is recorded as that agent's turn (docs/gateway.md). Give this or `name`."""
     options: dict[str, Any] = Field(default_factory=dict)
-    """Keyword arguments for the workflow's constructor (e.g. max_turns)."""
+    """Keyword arguments for the workflow's constructor (e.g. max_turns), or for the program's function."""
 
 
 class EnvConfig(_Section):
@@ -425,6 +430,19 @@ class SlurmConfig(_Section):
         return self
 
 
+class GatewayConfig(_Section):
+    """The OpenAI-compatible gateway that each env worker serves to a `workflow.program` (docs/gateway.md)."""
+
+    host: str = "127.0.0.1"
+    """Interface the gateway's HTTP server binds to (loopback: only the worker's own programs call it)."""
+    port: int = Field(0, ge=0, le=65535)
+    """Port of env worker 0's gateway (worker i takes port + i); 0 lets the system pick a free one."""
+    max_calls_per_episode: int = Field(256, ge=1)
+    """Most chat completion calls one episode may make; the next gets an OpenAI-shaped 400 error."""
+    max_request_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    """Largest request body the gateway reads; a larger one gets a 413 error."""
+
+
 class ClusterConfig(_Section):
     engine: Literal["local", "ray", "slurm"] = "local"
     """How processes are placed and started: local subprocesses (on this machine or on the nodes of
@@ -564,6 +582,8 @@ class Config(_Section):
     """TensorBoard and Weights & Biases beside metrics.jsonl."""
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     """Where model-written programs run (the code, math and tool envs): docs/sandbox.md."""
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
+    """The OpenAI-compatible gateway of a `workflow.program` (docs/gateway.md)."""
     resume: str | None = None
     """A run directory to resume from its last complete checkpoint (`resume=RUN_DIR` on the command
     line); the run continues with that directory's resolved config, versions and data position."""
@@ -586,6 +606,7 @@ class Config(_Section):
         unused = sorted(set(self.policies) - {a.policy for a in self.agents.values()})
         if unused:
             raise ValueError(f"policies {unused} serve no agent")
+        self._workflow_is_one_kind()
         self._trainer_ranks_can_be_placed()
         for name, spec in self.policies.items():
             if spec.lora is not None and spec.backend == "mock":
@@ -616,6 +637,33 @@ class Config(_Section):
                 "is dropped; raise cluster.max_restarts or lower rollout.max_attempts"
             )
         return self
+
+    def _workflow_is_one_kind(self) -> None:
+        """A workflow class plays nodes; a workflow program plays OpenAI API clients: one or the other."""
+        wf = self.workflow
+        if (wf.name is None) == (wf.program is None):
+            raise ValueError(
+                "workflow needs exactly one of name (a Workflow class that plays nodes) and program (an async "
+                "'module:function' written against the OpenAI API, docs/gateway.md)"
+            )
+        if wf.program is not None:
+            if ":" not in wf.program:
+                raise ValueError(f"workflow.program is {wf.program!r}: give it as 'module:function'")
+            given = sorted(agent for agent, spec in self.agents.items() if spec.node is not None)
+            if given:
+                raise ValueError(
+                    f"agents {given} name a node, but workflow.program plays no nodes (each agent is an OpenAI API "
+                    "client of the gateway); drop their node"
+                )
+            if self.eval.baselines:
+                raise ValueError(
+                    "eval.baselines=true plays the env's reference policies through the workflow's nodes, but "
+                    "workflow.program has none (its agents call the model); set eval.baselines=false"
+                )
+            return
+        missing = sorted(agent for agent, spec in self.agents.items() if spec.node is None)
+        if missing:
+            raise ValueError(f"agents {missing} name no node; workflow.name={wf.name!r} plays a node per agent")
 
     def _shared_bases_can_work(self) -> None:
         """Refuse a `policies.<p>.base` that does not name a policy whose servers can hold p's adapters."""
@@ -676,7 +724,13 @@ class Config(_Section):
                 f"algorithm.k={algo.k} with algorithm.sampling={algo.sampling} gives {where}, so every group "
                 "holds one sample and every advantage is 0; use algorithm.k >= 2"
             )
-        if algo.sampling == "parallel" and algo.grouping == "agent_turn":
+        if self.workflow.program is not None and algo.sampling == "tree":
+            raise ValueError(
+                "workflow.program runs an async function that makes its own calls, so the gateway cannot sample K "
+                "candidates of one state and score each on its own env clone; set algorithm.sampling=parallel "
+                "(K episodes per problem: each agent's calls at one turn form a group across them)"
+            )
+        if algo.sampling == "parallel" and algo.grouping == "agent_turn" and self.workflow.program is None:
             raise ValueError(
                 "algorithm.sampling=parallel takes one sample per call, so agent_turn groups would hold one "
                 "sample each (zero advantage); use algorithm.grouping=agent or trajectory"
@@ -758,6 +812,10 @@ class Config(_Section):
                     f"{where}: the ranks are on {devices}, so two share a GPU of this machine, which NCCL cannot "
                     "join; give each rank its own GPU"
                 )
+
+    def uses_gateway(self) -> bool:
+        """Whether the workflow is a program written against the OpenAI API (each env worker serves the gateway)."""
+        return self.workflow.program is not None
 
     def policy_of(self) -> dict[str, str]:
         """agent -> policy name."""

@@ -65,6 +65,9 @@ class Keys:
 
     PARSE_PREFIX = "parse/"
     PROGRESS_PREFIX = "progress_rate/"
+    GATEWAY_PREFIX = "gateway/"
+    """Per-agent means of an OpenAI API program's calls: gateway/calls|reused|prefix_mismatch|retokenized/<agent>
+    (docs/gateway.md)."""
     BASELINE_PREFIX = "eval/baseline/"
 
     @staticmethod

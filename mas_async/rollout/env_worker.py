@@ -7,7 +7,9 @@ recorded groups go to the router as one Groups message per policy (routed to tha
 then an EpisodeDone with the episode's summary. An exception in an episode (a bug in a node, an env or
 a workflow) fails that episode only: it is reported in EpisodeDone.error and counted as dropped, and
 the worker lives on. A "baseline/<name>" episode is played by the env's reference policy <name>
-(`BaselineEpisode`): no request, no groups, only its EpisodeDone.
+(`BaselineEpisode`): no request, no groups, only its EpisodeDone. With a `workflow.program` (agents
+written against the OpenAI API) the worker also serves the OpenAI-compatible gateway
+(`mas_async.gateway`) on its own event loop, and each episode is a `GatewayEpisode` whose program calls it.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ from mas_async.wire.messages import (
 )
 
 if TYPE_CHECKING:
+    from mas_async.gateway.episode import GatewayEpisode
+    from mas_async.gateway.server import Gateway
     from mas_async.wire.samples import Completion
 
 log = logging.getLogger("mas_async.rollout.env_worker")
@@ -101,17 +105,46 @@ class EnvWorker(Peer):
         sandbox.configure(config.sandbox.unsafe_no_isolation, config.sandbox.cgroup_root)
         if self.env_cls.runs_code:
             sandbox.require_isolation()  # no silent fallback: a sentence saying what to install
-        workflow_cls = resolve(config.workflow.name, WORKFLOWS, "workflow")
-        nodes = {agent: resolve(spec.node, NODES, "node")(agent) for agent, spec in config.agents.items()}
-        self.workflow = workflow_cls(nodes, **config.workflow.options)
         self.policy_of = config.policy_of()
         self.tokenizers = {p: load_tokenizer(deployment.model_paths[p]) for p in config.policies}
         self.stop_ids = {p: stop_token_ids(tok) for p, tok in self.tokenizers.items()}
+        self.gateway: Gateway | None = None
+        if config.workflow.program is not None:  # aiohttp and openai are imported by such runs only
+            from mas_async.gateway.server import Gateway, Limits
+            from mas_async.gateway.workflow import ProgramWorkflow, load_program
+
+            self.workflow = ProgramWorkflow(load_program(config.workflow.program), config.workflow.options)
+            gateway = config.gateway
+            self.gateway = Gateway(
+                policy_of=self.policy_of,
+                tokenizers=self.tokenizers,
+                generate=self.generate,
+                limits=Limits.of(config),
+                template_kwargs={p: spec.chat_template_kwargs for p, spec in config.policies.items()},
+                host=gateway.host,
+                port=gateway.port + index if gateway.port else 0,
+                generate_errors=(GenerateError,),
+            )
+        else:
+            workflow_cls = resolve(config.workflow.name, WORKFLOWS, "workflow")
+            nodes = {agent: resolve(spec.node, NODES, "node")(agent) for agent, spec in config.agents.items()}
+            self.workflow = workflow_cls(nodes, **config.workflow.options)
         # Request ids start at random: a restarted worker's requests never take the ids of its
         # predecessor's, whose late results the router still forwards to this identity (they are dropped).
         self._ids = itertools.count(random.SystemRandom().getrandbits(48))
         self._pending: dict[int, asyncio.Future[list[Completion]]] = {}
         self._episodes: dict[str, asyncio.Task] = {}
+
+    async def setup(self) -> None:
+        if self.gateway is not None:  # serving before the first RunEpisode can arrive
+            import openai  # noqa: F401  (the programs' clients: ~1.5 s of imports, paid before any episode)
+
+            await self.gateway.start()
+        await super().setup()
+
+    async def cleanup(self) -> None:
+        if self.gateway is not None:
+            await self.gateway.stop()
 
     async def on_message(self, msg: Message) -> None:
         if isinstance(msg, RunEpisode):
@@ -129,9 +162,21 @@ class EnvWorker(Peer):
         else:
             self.unexpected(msg)
 
-    async def generate(self, policy: str, prompt_ids: np.ndarray, n: int, greedy: bool) -> list[Completion]:
-        """One request with n samples to an inference server of `policy`, via the router."""
+    async def generate(
+        self,
+        policy: str,
+        prompt_ids: np.ndarray,
+        n: int,
+        greedy: bool,
+        *,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+    ) -> list[Completion]:
+        """One request with n samples to an inference server of `policy`, via the router (max_tokens and
+        temperature: the run's `rollout` values unless given)."""
         rollout = self.cfg.rollout
+        max_tokens = rollout.max_tokens if max_tokens is None else max_tokens
+        temperature = rollout.temperature if temperature is None else temperature
         request_id = next(self._ids)
         future: asyncio.Future[list[Completion]] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
@@ -139,7 +184,7 @@ class EnvWorker(Peer):
         self.send(
             Generate(
                 request_id, policy, self.peer_id, deadline, np.asarray(prompt_ids, dtype=np.int32), n,
-                rollout.max_tokens, rollout.temperature, rollout.top_p, greedy, self.stop_ids[policy],
+                max_tokens, temperature, rollout.top_p, greedy, self.stop_ids[policy],
             )
         )  # fmt: skip
         try:
@@ -178,9 +223,24 @@ class EnvWorker(Peer):
                 env.close()
         self.send(EpisodeDone(msg.episode_id, msg.iteration, msg.mode, msg.attempt, error, summary, counts))
 
-    def _episode(self, msg: RunEpisode, env) -> Episode:
+    def _episode(self, msg: RunEpisode, env) -> Episode | GatewayEpisode:
         """The episode context of `msg`: the model plays ("train", "eval"), or a reference policy of the
-        env ("baseline/<name>", seeded by the episode so that a rerun plays the same moves)."""
+        env ("baseline/<name>", seeded by the episode so that a rerun plays the same moves); a workflow
+        program plays a `GatewayEpisode` (the config refuses baselines for it)."""
+        if self.gateway is not None:
+            from mas_async.gateway.episode import GatewayEpisode
+
+            return GatewayEpisode(
+                gateway=self.gateway,
+                episode_id=msg.episode_id,
+                problem_id=msg.problem_id,
+                problem=msg.problem,
+                env=env,
+                policy_of=self.policy_of,
+                alpha=self.cfg.algorithm.alpha,
+                mode=msg.mode,
+                client_timeout_s=self.cfg.rollout.request_timeout_s + 30.0,
+            )
         name = baseline_name(msg.mode)
         if name is not None:
             return BaselineEpisode(

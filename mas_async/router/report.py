@@ -14,7 +14,7 @@ from typing import Any
 from mas_async.metrics import EpisodeStats, Keys
 from mas_async.router.episodes import MODES, EpisodeBook
 
-PER_AGENT = ("reward/", Keys.PARSE_PREFIX, Keys.PROGRESS_PREFIX)
+PER_AGENT = ("reward/", Keys.PARSE_PREFIX, Keys.PROGRESS_PREFIX, Keys.GATEWAY_PREFIX)
 """Prefixes of the per-agent means of episode summaries that a row reports."""
 
 

@@ -1,0 +1,917 @@
+"""Scale simulator of the control plane: the real router against hundreds of simulated peers.
+
+The middle is the real router process (`python -m mas_async.launch.process router`, as `bench/router.py`
+starts it, configured as a training run with one shared policy). Every other process of a deployment is
+simulated by a few worker processes (`--procs`), each running its share of the peers as asyncio callbacks
+and tasks on uvloop, one DEALER socket per simulated peer, each joining with a Hello as the real peers do:
+
+- inference replicas: continuous batching of up to B requests at once; a request's service time is
+  `tokens_per_turn * K / per-request rate`, the rate being `tokens_per_s_per_gpu * gpus_per_replica / B`
+  (every request of a full batch decodes at the same rate). The result is sent back with the real
+  GenerateResult's frames (K completions of `tokens_per_turn` tokens and log-probs). On UpdateWeights a
+  replica reports WeightsLoaded, as a real one does after the broadcast;
+- env workers: each runs the episodes the router dispatches to it (RunEpisode, up to its Hello capacity);
+  an episode is T turns of: Generate (n = K, a prompt of P token ids), wait for the result, an env step
+  drawn from a lognormal (`--env-step-ms` median, `--env-step-sigma`); then what the real env worker
+  sends at the end of an episode: its Groups (T * K samples of P + tokens_per_turn tokens) and EpisodeDone;
+- the trainer: counts the samples the router forwards (and checks each TrainStep's expected count), and
+  answers TrainStep(v) after `--step-ms` with UpdateWeights(v+1) and Trained(v+1), so iterations go on;
+- every peer sends a Heartbeat each `cluster.heartbeat_s` (1 s), as the real ones do.
+
+The run keeps `rollout.max_staleness` = `--staleness` (1) iterations ahead open, each iteration a batch of
+half the concurrent episodes, so rollouts go on across steps (strict mode drains every iteration).
+
+A point of the sweep is (replicas, concurrent episodes E). E sets the offered load: the requests/s the
+episodes would send if the control plane added nothing, L = E / cycle, cycle = service time + mean env step
+(with the defaults, 4,096 episodes offer ~6,900 requests/s), on ceil(E / C) env workers (`--episodes-per-worker`
+C). So that replicas never queue (the router is what is measured), a replica of a point serves max(B, ceil(E / replicas))
+requests at once, each at the same service time. Per point, over a measured window after a warm-up:
+requests/s through the router; router CPU per request (user + system of the router process, delta over the
+window / requests answered in it); the latency the control plane adds to each request, measured per
+request (the end-to-end time seen by the env worker minus the service time its replica measured for it,
+receipt to send), p50 and p99; requests in transit (Little's law: requests/s * mean added latency); router
+RSS; samples/s reaching the trainer; the simulator's own event-loop lag (it is inside the added latency);
+and per replica count the saturation point: where requests/s stops growing with the offered load (below
+0.85 of the lowest point's achieved/offered ratio) or p99 added latency passes `--p99-bound-ms`.
+
+Then the deployment check: a deployment of N GPUs at R tokens/s/GPU, T tokens per turn, K candidates per
+request sends N * R / (T * K) requests/s; one router keeps up with it if that rate times the measured CPU
+per request fits in one core. One core of this machine is taken as one server core (a fixed pure-Python
+workload's time is printed beside it, to compare machines).
+
+    python bench/scale.py                                   # the sweep (~2.5 min on 2 cores), then the 1,024-GPU check
+    python bench/scale.py --gpus 256 --tokens-per-turn 200  # the check for another deployment
+    python bench/scale.py --replicas 1024 --episodes 2048   # one point
+    python bench/scale.py --json F.json --plot docs/images/scale.png
+    python bench/scale.py --smoke                           # seconds; run by the tests
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import math
+import multiprocessing as mp
+import os
+import queue
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zmq
+
+import mas_async
+from mas_async.runtime.curve import secure_client
+from mas_async.wire.codec import pack, unpack
+from mas_async.wire.messages import (
+    PROTOCOL_VERSION,
+    EpisodeDone,
+    Generate,
+    GenerateResult,
+    Groups,
+    Heartbeat,
+    Hello,
+    Kind,
+    Trained,
+    UpdateWeights,
+    WeightsLoaded,
+    decode,
+    encode,
+)
+from mas_async.wire.samples import Sample
+
+ROOT = Path(__file__).resolve().parents[1]
+
+POLICY = "shared"
+GENERATE = bytes([Kind.GENERATE])
+RESULT = bytes([Kind.GENERATE_RESULT])
+GROUPS = bytes([Kind.GROUPS])
+REQUEST_TIMEOUT_S = 60.0
+"""Bound of one simulated Generate (a request that takes longer fails its episode, counted as an error)."""
+JOIN_TIMEOUT_S = 120.0
+"""Bound of the wait for every simulated peer's Welcome, and for the reports at the end."""
+
+
+def env_name(i: int) -> str:
+    return f"env_worker/{i}"
+
+
+def replica_name(i: int) -> str:
+    return f"inference/{POLICY}/{i}"
+
+
+TRAINER = f"trainer/{POLICY}"
+
+
+# ---- the model of a deployment ------------------------------------------------------------------------
+
+
+def service_s(args: argparse.Namespace) -> float:
+    """One request's service time at a replica: tokens_per_turn * K tokens at the per-request rate."""
+    per_request_rate = args.tokens_per_s_per_gpu * args.gpus_per_replica / args.batch
+    return args.tokens_per_turn * args.k / per_request_rate
+
+
+def cycle_s(args: argparse.Namespace) -> float:
+    """One turn of an episode with nothing added: service time plus the env step's mean (lognormal)."""
+    return service_s(args) + args.env_step_ms / 1000 * math.exp(args.env_step_sigma**2 / 2)
+
+
+def deployment_rate(gpus: int, tokens_per_s_per_gpu: float, tokens_per_turn: int, k: int) -> float:
+    """Requests/s of a deployment whose GPUs all decode at full rate: each request is K x tokens_per_turn."""
+    return gpus * tokens_per_s_per_gpu / (tokens_per_turn * k)
+
+
+def plan_point(args: argparse.Namespace, replicas: int, episodes: int) -> dict[str, Any]:
+    """What a point of the sweep runs: E concurrent episodes (offering E / cycle requests/s) over
+    ceil(E / C) env workers, iterations of E / (staleness + 1) episodes, replicas serving up to
+    max(B, ceil(E / replicas)) requests each."""
+    iterations_open = args.staleness + 1
+    episodes = max(iterations_open, episodes // iterations_open * iterations_open)
+    workers = math.ceil(episodes / args.episodes_per_worker)
+    capacities = [episodes // workers + (1 if i < episodes % workers else 0) for i in range(workers)]
+    return {
+        "replicas": replicas,
+        "offered_rps": episodes / cycle_s(args),
+        "episodes": episodes,
+        "env_workers": workers,
+        "capacities": capacities,
+        "batch_size": episodes // iterations_open,
+        "replica_batch": max(args.batch, math.ceil(episodes / replicas)),
+    }
+
+
+# ---- one simulated peer's socket ---------------------------------------------------------------------
+
+
+class Link:
+    """One simulated peer's DEALER socket to the router, identity = the peer's name (a CURVE client with the
+    peer's own key when the run has keys). No high-water mark: a simulated peer never drops or blocks on a
+    message, so what queues is the router's. LINGER 0: closed at once at the end. Driven as the router
+    drives its own socket: the (edge-triggered) descriptor is watched with `add_reader`, every wake-up takes
+    every queued message, and every send schedules one more look, since a send may consume the notification."""
+
+    def __init__(self, ctx: zmq.Context, name: str, endpoint: str, keys: tuple[str, str] | None, handler: Any) -> None:
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, name.encode())
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        if keys is not None:
+            secure_client(sock, keys[0], keys[1])
+        sock.connect(endpoint)
+        self.sock = sock
+        self.name = name
+        self.handler = handler
+        self.loop = asyncio.get_running_loop()
+        self.fd = sock.getsockopt(zmq.FD)
+        self.loop.add_reader(self.fd, self.readable)
+        self._looking = False
+
+    def readable(self) -> None:
+        self._looking = False
+        sock = self.sock
+        if sock.closed:  # (a look scheduled by a send just before the close)
+            return
+        while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self.handler(sock.recv_multipart(zmq.NOBLOCK, copy=False))
+
+    def send(self, frames: list) -> None:
+        if self.sock.closed:  # (a replica's timer or an episode after the end: dropped)
+            return
+        self.sock.send_multipart(frames, copy=False)
+        if not self._looking:
+            self._looking = True
+            self.loop.call_soon(self.readable)
+
+    def close(self) -> None:
+        self.loop.remove_reader(self.fd)
+        self.sock.close(linger=0)
+
+
+# ---- the simulated peers ----------------------------------------------------------------------------
+
+
+class SimPeer:
+    """A simulated peer: its Link, its Hello, and the Welcome it waits for."""
+
+    role = ""
+    policy = ""
+
+    def __init__(self, sim: Sim, name: str, capacity: int) -> None:
+        self.sim = sim
+        self.name = name
+        self.capacity = capacity
+        self.link = Link(sim.ctx, name, sim.endpoint, sim.keys_of(name), self.on_frames)
+        self.welcomed = sim.loop.create_future()
+
+    def hello(self) -> None:
+        hello = Hello(self.role, self.name, self.policy, self.capacity, PROTOCOL_VERSION, os.getpid())
+        self.link.send(encode(hello))
+
+    def on_frames(self, frames: list) -> None:
+        kind = frames[0].bytes[0]
+        if kind == Kind.WELCOME:
+            if not self.welcomed.done():
+                self.welcomed.set_result(True)
+        elif kind == Kind.SHUTDOWN:
+            self.sim.shutdown_reason = decode([f.buffer for f in frames]).reason  # type: ignore[attr-defined]
+        else:
+            self.on_message(kind, frames)
+
+    def on_message(self, kind: int, frames: list) -> None:  # heartbeats and orders the simulation ignores
+        pass
+
+
+class SimReplica(SimPeer):
+    """An inference replica: up to `batch` requests served at once, `service` seconds each, the rest
+    waiting in order; records (origin, request id, service time measured here, receipt to send)."""
+
+    role = "inference"
+    policy = POLICY
+
+    def __init__(self, sim: Sim, name: str, batch: int, service: float, result_payload: bytes) -> None:
+        super().__init__(sim, name, batch)
+        self.batch, self.service, self.payload = batch, service, result_payload
+        self.active = 0
+        self.waiting: deque[tuple[int, str, float]] = deque()
+
+    def on_message(self, kind: int, frames: list) -> None:
+        if kind == Kind.GENERATE:
+            request_id, _policy, origin, _deadline = unpack(frames[1].buffer)
+            request = (request_id, origin, time.perf_counter())
+            if self.active < self.batch:
+                self.start(request)
+            else:
+                self.waiting.append(request)
+        elif kind == Kind.UPDATE_WEIGHTS:
+            msg = decode([f.buffer for f in frames])
+            self.link.send(encode(WeightsLoaded(POLICY, msg.version, self.name, "")))  # type: ignore[attr-defined]
+
+    def start(self, request: tuple[int, str, float]) -> None:
+        self.active += 1
+        self.sim.loop.call_later(self.service, self.finish, request)
+
+    def finish(self, request: tuple[int, str, float]) -> None:
+        request_id, origin, received = request
+        self.link.send([RESULT, pack([request_id, origin, ""]), self.payload])
+        self.sim.served.append((origin, request_id, time.perf_counter() - received))
+        self.active -= 1
+        if self.waiting:
+            self.start(self.waiting.popleft())
+
+
+class SimEnvWorker(SimPeer):
+    """An env worker: runs each dispatched episode as a task of T turns (Generate, wait, env step), then
+    sends the episode's Groups and EpisodeDone; records (request id, sent, answered) per request."""
+
+    role = "env_worker"
+
+    def __init__(self, sim: Sim, name: str, capacity: int, seed: int) -> None:
+        super().__init__(sim, name, capacity)
+        spec = sim.spec
+        self.rng = random.Random(seed)
+        self.ids = itertools.count()
+        self.pending: dict[int, asyncio.Future] = {}
+        prompt = np.arange(spec["prompt_tokens"], dtype=np.int32) % 1000
+        request = Generate(0, POLICY, name, 0.0, prompt, spec["k"], spec["tokens_per_turn"], 1.0, 1.0, False, [0])
+        self.generate_payload = encode(request)[2]
+        self.tasks: set[asyncio.Task] = set()
+
+    def on_message(self, kind: int, frames: list) -> None:
+        if kind == Kind.GENERATE_RESULT:
+            request_id = unpack(frames[1].buffer)[0]
+            future = self.pending.pop(request_id, None)
+            if future is not None and not future.done():
+                future.set_result(time.perf_counter())
+        elif kind == Kind.RUN_EPISODE:
+            task = self.sim.loop.create_task(self.episode(decode([f.buffer for f in frames])))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def episode(self, msg: Any) -> None:
+        spec, sim = self.sim.spec, self.sim
+        error = ""
+        try:
+            for _turn in range(spec["turns"]):
+                request_id = next(self.ids)
+                future = sim.loop.create_future()
+                self.pending[request_id] = future
+                sent = time.perf_counter()
+                header = pack([request_id, POLICY, self.name, time.time() + REQUEST_TIMEOUT_S])
+                self.link.send([GENERATE, header, self.generate_payload])
+                try:
+                    async with asyncio.timeout(REQUEST_TIMEOUT_S):
+                        answered = await future
+                finally:
+                    self.pending.pop(request_id, None)
+                sim.requests.append((self.name, request_id, sent, answered))
+                await asyncio.sleep(self.rng.lognormvariate(spec["env_step_mu"], spec["env_step_sigma"]))
+        except TimeoutError:
+            error = f"a request timed out after {REQUEST_TIMEOUT_S}s"
+            sim.errors += 1
+        samples = {}
+        if not error:
+            n, tokens = spec["samples"], spec["sample_tokens"]
+            header = pack([POLICY, msg.iteration, msg.episode_id, msg.attempt, n, tokens])
+            self.link.send([GROUPS, header, sim.groups_payload])
+            samples = {POLICY: n}
+        summary = {"success": 0.0, "turns": spec["turns"], "tokens": spec["sample_tokens"]}
+        done = EpisodeDone(msg.episode_id, msg.iteration, msg.mode, msg.attempt, error, summary, samples)
+        self.link.send(encode(done))
+
+
+class SimTrainer(SimPeer):
+    """The policy's trainer (rank 0): counts the samples forwarded to it per iteration and checks each
+    TrainStep's expected count; steps in `step_s` and reports, announcing the broadcast first."""
+
+    role = "trainer"
+    policy = POLICY
+
+    def __init__(self, sim: Sim, step_s: float) -> None:
+        super().__init__(sim, TRAINER, 0)
+        self.step_s = step_s
+        self.received: dict[int, int] = {}
+
+    def on_message(self, kind: int, frames: list) -> None:
+        if kind == Kind.GROUPS:
+            _policy, iteration, _episode, _attempt, n_samples, _tokens = unpack(frames[1].buffer)
+            self.received[iteration] = self.received.get(iteration, 0) + n_samples
+            self.sim.samples.append((time.perf_counter(), n_samples))
+        elif kind == Kind.TRAIN_STEP:
+            msg = decode([f.buffer for f in frames])
+            self.sim.loop.call_later(self.step_s, self.stepped, msg)
+
+    def stepped(self, msg: Any) -> None:
+        if self.received.pop(msg.iteration, 0) != msg.expected_samples:
+            self.sim.mismatches += 1
+        version = msg.version + 1
+        self.link.send(encode(UpdateWeights(POLICY, version, 0)))
+        self.link.send(encode(Trained(POLICY, version, "", {})))
+        self.sim.steps += 1
+
+
+class Sim:
+    """One simulator process: its share of the peers on one event loop, until the parent says stop."""
+
+    def __init__(self, spec: dict[str, Any], stop: Any) -> None:
+        self.spec = spec
+        self.stop = stop
+        self.endpoint = spec["endpoint"]
+        self.loop = asyncio.get_running_loop()
+        self.ctx = zmq.Context()
+        self.requests: list[tuple[str, int, float, float]] = []
+        self.served: list[tuple[str, int, float]] = []
+        self.samples: list[tuple[float, int]] = []
+        self.lag: list[tuple[float, float]] = []
+        self.queued: list[tuple[float, int]] = []
+        self.errors = self.mismatches = self.steps = 0
+        self.shutdown_reason = ""
+        sample = Sample(
+            "e/a/0", "e", "p", "a", POLICY, 0, np.zeros(spec["prompt_tokens"], np.int32),
+            np.zeros(spec["tokens_per_turn"], np.int32), np.zeros(spec["tokens_per_turn"], np.float32), 0, 0.0,
+        )  # fmt: skip
+        from mas_async.wire.messages import sample_to_wire
+
+        wire = [sample_to_wire(sample)] * spec["samples"]
+        self.groups_payload = encode(Groups(POLICY, 0, "", 0, 0, 0, wire))[2]
+
+    def keys_of(self, name: str) -> tuple[str, str] | None:
+        keys = self.spec["keys"]
+        return None if keys is None else (keys[0], keys[1][name])
+
+    async def run(self) -> dict[str, Any]:
+        spec = self.spec
+        completion = [np.zeros(spec["tokens_per_turn"], np.int32), np.zeros(spec["tokens_per_turn"], np.float32), 0]
+        result_payload = encode(GenerateResult(0, "", "", [[*completion, "length"]] * spec["k"]))[2]
+        peers: list[SimPeer] = []
+        if spec["trainer"]:
+            peers.append(SimTrainer(self, spec["step_s"]))
+        replicas = [
+            SimReplica(self, replica_name(i), spec["replica_batch"], spec["service_s"], result_payload)
+            for i in spec["replicas"]
+        ]
+        workers = [SimEnvWorker(self, env_name(i), c, seed=i) for i, c in spec["env_workers"]]
+        peers += replicas + workers
+        for peer in peers:
+            peer.hello()
+        async with asyncio.timeout(JOIN_TIMEOUT_S):
+            await asyncio.gather(*(p.welcomed for p in peers))
+        spec["out"].put(("ready", spec["index"], None))
+        deadline = time.perf_counter() + spec["max_s"]
+        beat = lag_at = time.perf_counter()
+        while not self.stop.is_set() and time.perf_counter() < deadline and not self.shutdown_reason:
+            await asyncio.sleep(0.02)
+            now = time.perf_counter()
+            self.lag.append((now, now - lag_at - 0.02))  # how late this loop runs a 20 ms timer
+            self.queued.append((now, sum(len(r.waiting) for r in replicas)))
+            lag_at = now
+            if now - beat >= spec["heartbeat_s"]:
+                beat = now
+                for peer in peers:
+                    peer.link.send(encode(Heartbeat(time.time())))
+        for worker in workers:
+            for task in worker.tasks:
+                task.cancel()
+        for peer in peers:
+            peer.link.close()
+        self.ctx.term()
+        return {
+            "requests": self.requests,
+            "served": self.served,
+            "samples": self.samples,
+            "lag": self.lag,
+            "queued": self.queued,
+            "errors": self.errors,
+            "mismatches": self.mismatches,
+            "steps": self.steps,
+            "shutdown": self.shutdown_reason,
+        }
+
+
+def sim_process(spec: dict[str, Any], stop: Any) -> None:
+    """Entry point of a simulator process; puts ("ready", i, None), then ("report", i, figures)."""
+    import uvloop
+
+    async def main() -> dict[str, Any]:
+        return await Sim(spec, stop).run()
+
+    try:
+        report = uvloop.run(main())
+    except BaseException as e:
+        spec["out"].put(("failed", spec["index"], f"{type(e).__name__}: {e}"))
+        raise
+    spec["out"].put(("report", spec["index"], report))
+
+
+# ---- one point: the router and the simulators -----------------------------------------------------
+
+
+Keys = tuple[str, dict[str, str]] | None
+
+
+def start_router(args: argparse.Namespace, run_dir: Path, plan: dict[str, Any]) -> tuple[str, Keys, subprocess.Popen]:
+    """The real router as its own process, configured for the point's peers; returns its endpoint, the run's
+    keys (the folder and every process's secret key; None without CURVE) and the process."""
+    from mas_async.config import dump_config, load_config
+    from mas_async.deployment import Deployment, free_ports
+    from mas_async.runtime.curve import SECRET_ENV, issued_secret, prepare_keys
+
+    overrides = [
+        f"run.output_dir={run_dir}",
+        "run.iterations=1000000",
+        "eval.every=0",
+        "env.train_size=64",
+        "env.test_size=1",
+        f"algorithm.k={args.k}",
+        f"rollout.batch_size={plan['batch_size']}",
+        f"rollout.max_staleness={args.staleness}",
+        f"rollout.episodes_per_worker={args.episodes_per_worker}",
+        f"rollout.max_tokens={args.tokens_per_turn}",
+        "rollout.episode_timeout_s=600",
+        f"cluster.env_workers={plan['env_workers']}",
+        f"policies.{POLICY}.replicas={plan['replicas']}",
+        "cluster.peer_timeout_s=120",
+        f"cluster.curve={str(args.curve).lower()}",
+        "trainer.checkpoint_every=0",
+        "metrics.tensorboard=false",
+    ]
+    config = load_config(ROOT / "configs" / "plan_path_tiny_shared.yaml", overrides)
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    dump_config(config, run_dir / "config.yaml")
+    endpoint = f"tcp://127.0.0.1:{free_ports('127.0.0.1', 1)[0]}"
+    names = [TRAINER, *map(replica_name, range(plan["replicas"])), *map(env_name, range(plan["env_workers"]))]
+    keys_dir = prepare_keys(config, run_dir, names)
+    keys = None if keys_dir is None else (keys_dir, {name: issued_secret(keys_dir, name) for name in names})
+    Deployment(endpoint, {POLICY: 0}, {POLICY: ""}, keys_dir=keys_dir).save(run_dir / "deployment.json")
+    secret = {} if keys_dir is None else {SECRET_ENV: issued_secret(keys_dir, "router")}
+    profile = ["-m", "cProfile", "-o", str(args.profile)] if args.profile else []
+    with (run_dir / "logs" / "router.log").open("ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, *profile, "-m", "mas_async.launch.process", "router", str(run_dir)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, "MAS_ASYNC_LOG_LEVEL": "WARNING", **secret},
+        )
+    return endpoint, keys, proc
+
+
+def _cpu(proc: Any) -> float:
+    times = proc.cpu_times()
+    return times.user + times.system
+
+
+def _percentile(values: list[float] | np.ndarray, q: float) -> float:
+    return float(np.percentile(values, q)) if len(values) else float("nan")
+
+
+def measure_point(args: argparse.Namespace, replicas: int, episodes: int, run_dir: Path) -> dict[str, Any]:
+    """Run one point: start the router and the simulators, measure over the window, tear everything down."""
+    import psutil
+
+    plan = plan_point(args, replicas, episodes)
+    spawn = mp.get_context("spawn")
+    out, stop = spawn.Queue(), spawn.Event()
+    endpoint, keys, router = start_router(args, run_dir, plan)
+    sims: list[Any] = []
+    reports: dict[int, dict[str, Any]] = {}
+    try:
+        procs = min(args.procs, replicas + plan["env_workers"])
+        common = {
+            "endpoint": endpoint,
+            "keys": keys,
+            "out": out,
+            "k": args.k,
+            "prompt_tokens": args.prompt_tokens,
+            "tokens_per_turn": args.tokens_per_turn,
+            "turns": args.turns,
+            "env_step_mu": math.log(args.env_step_ms / 1000),
+            "env_step_sigma": args.env_step_sigma,
+            "samples": args.turns * args.k,
+            "sample_tokens": args.turns * args.k * (args.prompt_tokens + args.tokens_per_turn),
+            "service_s": service_s(args),
+            "replica_batch": plan["replica_batch"],
+            "step_s": args.step_ms / 1000,
+            "heartbeat_s": 1.0,
+            "max_s": args.warmup + args.seconds + JOIN_TIMEOUT_S + 60,
+        }
+        for index in range(procs):
+            spec = {
+                **common,
+                "index": index,
+                "trainer": index == 0,
+                "replicas": list(range(index, replicas, procs)),
+                "env_workers": list(enumerate(plan["capacities"]))[index::procs],
+            }
+            sims.append(spawn.Process(target=sim_process, args=(spec, stop), daemon=True))
+        for sim in sims:
+            sim.start()
+
+        def take(kind: str, deadline: float) -> dict[int, Any]:
+            got: dict[int, Any] = {}
+            while len(got) < len(sims):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"waited past the bound for the simulators' {kind!r} ({len(got)}/{len(sims)})")
+                if router.poll() is not None:
+                    raise RuntimeError(f"the router exited ({router.returncode}):\n{_log_tail(run_dir)}")
+                try:
+                    what, index, value = out.get(timeout=0.5)
+                except queue.Empty:
+                    if any(not s.is_alive() and s.exitcode for s in sims):
+                        raise RuntimeError("a simulator process died") from None
+                    continue
+                if what == "failed":
+                    raise RuntimeError(f"simulator {index} failed: {value}\n{_log_tail(run_dir)}")
+                if what == kind:
+                    got[index] = value
+            return got
+
+        take("ready", time.monotonic() + JOIN_TIMEOUT_S)
+        router_ps = psutil.Process(router.pid)
+        sim_ps = [psutil.Process(s.pid) for s in sims]
+        time.sleep(args.warmup)
+        t0, cpu0, sim_cpu0 = time.perf_counter(), _cpu(router_ps), sum(map(_cpu, sim_ps))
+        while time.perf_counter() < t0 + args.seconds:
+            if router.poll() is not None:
+                raise RuntimeError(f"the router exited ({router.returncode}):\n{_log_tail(run_dir)}")
+            time.sleep(min(0.2, max(0.0, t0 + args.seconds - time.perf_counter())))
+        t1, cpu1, sim_cpu1 = time.perf_counter(), _cpu(router_ps), sum(map(_cpu, sim_ps))
+        rss = router_ps.memory_info().rss
+        stop.set()
+        reports = take("report", time.monotonic() + JOIN_TIMEOUT_S)
+    finally:
+        stop.set()
+        for sim in sims:
+            sim.join(timeout=5)
+            if sim.is_alive():
+                sim.kill()
+                sim.join(timeout=5)
+        if router.poll() is None and args.profile:  # (SIGTERM: the router stops, and cProfile writes)
+            router.terminate()
+            try:
+                router.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+        if router.poll() is None:
+            router.kill()
+        router.wait(timeout=10)
+    return _figures(args, plan, reports, t0, t1, cpu1 - cpu0, sim_cpu1 - sim_cpu0, rss)
+
+
+def _log_tail(run_dir: Path) -> str:
+    log = run_dir / "logs" / "router.log"
+    return log.read_text(errors="replace")[-3000:] if log.exists() else ""
+
+
+def _figures(
+    args: argparse.Namespace,
+    plan: dict[str, Any],
+    reports: dict[int, dict[str, Any]],
+    t0: float,
+    t1: float,
+    router_cpu: float,
+    sim_cpu: float,
+    rss: int,
+) -> dict[str, Any]:
+    """The point's figures from the simulators' records over the window [t0, t1]."""
+    window = t1 - t0
+    served = {(origin, rid): s for r in reports.values() for origin, rid, s in r["served"]}
+    requests = [q for r in reports.values() for q in r["requests"]]
+    answered = sum(1 for _, _, _, done in requests if t0 <= done < t1)
+    added, e2e, service = [], [], []
+    for origin, rid, sent, done in requests:
+        if t0 <= sent < t1 and (origin, rid) in served:
+            s = served[(origin, rid)]
+            e2e.append(done - sent)
+            service.append(s)
+            added.append(done - sent - s)
+    samples = sum(n for r in reports.values() for at, n in r["samples"] if t0 <= at < t1)
+    lag = [v for r in reports.values() for at, v in r["lag"] if t0 <= at < t1]
+    queued = [v for r in reports.values() for at, v in r["queued"] if t0 <= at < t1]
+    rps = answered / window
+    added_ms = np.array(added) * 1000
+    return {
+        **{k: v for k, v in plan.items() if k != "capacities"},
+        "window_s": window,
+        "requests": answered,
+        "rps": rps,
+        "router_cpu_s": router_cpu,
+        "router_cores": router_cpu / window,
+        "router_cpu_us_per_request": router_cpu / answered * 1e6 if answered else float("nan"),
+        "sim_cores": sim_cpu / window,
+        "added_p50_ms": _percentile(added_ms, 50),
+        "added_p99_ms": _percentile(added_ms, 99),
+        "added_mean_ms": float(added_ms.mean()) if len(added_ms) else float("nan"),
+        "e2e_p50_ms": _percentile(np.array(e2e) * 1000, 50),
+        "service_p50_ms": _percentile(np.array(service) * 1000, 50),
+        "in_transit": rps * float(added_ms.mean()) / 1000 if len(added_ms) else float("nan"),
+        "replica_queue_max": max(queued, default=0),
+        "router_rss_mb": rss / 2**20,
+        "samples_per_s": samples / window,
+        "sim_lag_p99_ms": _percentile(np.array(lag) * 1000, 99),
+        "errors": sum(r["errors"] for r in reports.values()),
+        "sample_mismatches": sum(r["mismatches"] for r in reports.values()),
+        "steps": sum(r["steps"] for r in reports.values()),
+        "shutdown": [r["shutdown"] for r in reports.values() if r["shutdown"]],
+    }
+
+
+# ---- the sweep's summary ------------------------------------------------------------------------------
+
+
+def saturation(points: list[dict[str, Any]], bound_ms: float) -> dict[str, Any]:
+    """Over one replica count's points (by offered load): the knee, the first point where requests/s stops
+    growing with the offered load (achieved/offered below 0.85 of the best point's ratio), the most
+    requests/s measured, the most whose p99 added latency is within the bound, and the router's CPU per
+    request at the point of most requests/s (all of its CPU over the window, heartbeats and episodes
+    included, per request answered: at a higher rate the per-peer part spreads over more requests, so
+    scaling it linearly errs on the high side)."""
+    points = sorted(points, key=lambda p: p["offered_rps"])
+    best_ratio = max(p["rps"] / p["offered_rps"] for p in points)
+    knee = next((p for p in points if p["rps"] / p["offered_rps"] < 0.85 * best_ratio), None)
+    top = max(points, key=lambda p: p["rps"])
+    result: dict[str, Any] = {
+        "saturated": knee is not None,
+        "max_rps": top["rps"],
+        "max_rps_within_p99_bound": max((p["rps"] for p in points if p["added_p99_ms"] <= bound_ms), default=0.0),
+        "cpu_us_per_request": top["router_cpu_us_per_request"],
+        "router_cores_at_max": top["router_cores"],
+    }
+    if knee is not None:
+        result["knee_offered_rps"] = knee["offered_rps"]
+        result["knee_rps"] = knee["rps"]
+        result["router_cores_at_knee"] = knee["router_cores"]
+        result["bottleneck"] = "router" if knee["router_cores"] >= 0.85 else "the simulator or the machine"
+    return result
+
+
+def core_calibration() -> float:
+    """Seconds of a fixed pure-Python workload (loops, integer arithmetic, dict stores) on one core."""
+    start = time.perf_counter()
+    table: dict[int, int] = {}
+    total = 0
+    for i in range(1_000_000):
+        total += i * i % 7
+        table[i & 1023] = total
+    return time.perf_counter() - start
+
+
+def deployment_check(args: argparse.Namespace, points: list[dict[str, Any]], sat: dict[int, dict]) -> dict[str, Any]:
+    """Whether one router keeps up with `--gpus` GPUs: the deployment's request rate times the router's CPU
+    per request measured at the replica count nearest the deployment's replicas."""
+    rate = deployment_rate(args.gpus, args.tokens_per_s_per_gpu, args.tokens_per_turn, args.k)
+    replicas = max(1, args.gpus // args.gpus_per_replica)
+    nearest = min(sat, key=lambda c: abs(math.log(c / replicas)))
+    per_request = sat[nearest]["cpu_us_per_request"] / 1e6
+    cores = per_request * rate
+    per_gpu = args.tokens_per_s_per_gpu / (args.tokens_per_turn * args.k)  # requests/s per GPU
+    mine = [p for p in points if p["replicas"] == nearest and p["rps"] >= 0.9 * rate]
+    return {
+        "gpus": args.gpus,
+        "replicas": replicas,
+        "measured_replicas": nearest,
+        "rate_rps": rate,
+        "formula": "requests/s = GPUs * tokens_per_s_per_gpu / (tokens_per_turn * K)",
+        "cpu_us_per_request": per_request * 1e6,
+        "router_cores": cores,
+        "cpu_target_met": cores <= args.cpu_target,
+        "keeps_up": cores < 1.0,
+        "margin": 1.0 / cores if cores > 0 else float("inf"),
+        "max_gpus_at_target": int(args.cpu_target / (per_request * per_gpu)),
+        "max_gpus_one_core": int(1.0 / (per_request * per_gpu)),
+        "p99_at_rate_ms": min(p["added_p99_ms"] for p in mine) if mine else None,
+        "max_rps_measured": sat[nearest]["max_rps"],
+    }
+
+
+def report(args: argparse.Namespace, points: list[dict[str, Any]], calibration_s: float) -> dict[str, Any]:
+    print(
+        f"scale: K={args.k}, prompt {args.prompt_tokens} tokens, {args.tokens_per_turn} tokens/turn, {args.turns} turns, "
+        f"env step lognormal median {args.env_step_ms:g} ms sigma {args.env_step_sigma:g}; service "
+        f"{service_s(args) * 1000:.0f} ms/request (B={args.batch}, {args.tokens_per_s_per_gpu:g} tokens/s/GPU); cycle "
+        f"{cycle_s(args) * 1000:.0f} ms; staleness {args.staleness}; CURVE {'on' if args.curve else 'off'}; "
+        f"{args.procs} simulator processes; window {args.seconds:g} s after {args.warmup:g} s"
+    )
+    head = (
+        f"{'replicas':>8} {'offered':>8} {'episodes':>8} {'req/s':>8} {'us/req':>7} {'router':>6} {'sims':>5} "
+        f"{'p50 ms':>7} {'p99 ms':>7} {'transit':>7} {'RSS MB':>7} {'samples/s':>9} {'lag p99':>7}"
+    )
+    print(head)
+    for p in points:
+        print(
+            f"{p['replicas']:>8} {p['offered_rps']:>8.0f} {p['episodes']:>8} {p['rps']:>8.0f} "
+            f"{p['router_cpu_us_per_request']:>7.1f} {p['router_cores']:>6.2f} {p['sim_cores']:>5.2f} "
+            f"{p['added_p50_ms']:>7.2f} {p['added_p99_ms']:>7.2f} {p['in_transit']:>7.1f} {p['router_rss_mb']:>7.0f} "
+            f"{p['samples_per_s']:>9.0f} {p['sim_lag_p99_ms']:>7.2f}"
+            + (f"  errors {p['errors']}" if p["errors"] else "")
+            + (f"  sample mismatches {p['sample_mismatches']}" if p["sample_mismatches"] else "")
+        )
+    print(
+        "(router: its cores over the window; sims: the simulators' cores; p50/p99: latency added per request, "
+        "end-to-end minus the replica's service time, the simulators' loop lag included; transit: requests "
+        "in transit, Little's law)"
+    )
+    sat: dict[int, dict[str, Any]] = {}
+    for count in sorted({p["replicas"] for p in points}):
+        sat[count] = s = saturation([p for p in points if p["replicas"] == count], args.p99_bound_ms)
+        knee = (
+            f"requests/s stops growing at offered {s['knee_offered_rps']:.0f} (achieved {s['knee_rps']:.0f}, the "
+            f"router at {s['router_cores_at_knee']:.2f} cores: bound by {s['bottleneck']})"
+            if s["saturated"]
+            else "requests/s grew with every offered load"
+        )
+        print(
+            f"{count} replicas: {knee}; the most measured: {s['max_rps']:.0f} req/s (router {s['cpu_us_per_request']:.0f}"
+            f" us/request, {s['router_cores_at_max']:.2f} cores); the most within p99 <= {args.p99_bound_ms:g} ms: "
+            f"{s['max_rps_within_p99_bound']:.0f} req/s"
+        )
+    check = deployment_check(args, points, sat)
+    print(
+        f"deployment: {args.gpus} GPUs x {args.tokens_per_s_per_gpu:g} tokens/s / ({args.tokens_per_turn} tokens/turn "
+        f"x K={args.k}) = {check['rate_rps']:.0f} requests/s ({check['formula']})"
+    )
+    print(
+        f"  router CPU there: {check['cpu_us_per_request']:.0f} us/request (measured with {check['measured_replicas']} "
+        f"replicas, at its most requests/s) x {check['rate_rps']:.0f} req/s = {check['router_cores']:.2f} cores; "
+        f"target <= {args.cpu_target:g}: {'met' if check['cpu_target_met'] else 'NOT met'}; "
+        f"{'keeps up' if check['keeps_up'] else 'does NOT keep up'} (margin {check['margin']:.2f}x of one core)"
+    )
+    print(
+        f"  one core here is taken as one server core (this machine: {calibration_s * 1000:.0f} ms for the fixed "
+        f"pure-Python workload, `core_calibration`)"
+    )
+    if check["p99_at_rate_ms"] is not None:
+        verdict = "met" if check["p99_at_rate_ms"] <= args.p99_bound_ms else "NOT met"
+        print(f"  p99 added latency at that rate: {check['p99_at_rate_ms']:.2f} ms (target <= "
+              f"{args.p99_bound_ms:g} ms: {verdict})")  # fmt: skip
+    else:
+        print(
+            f"  p99 added latency at that rate: not measured here (the most requests/s reached with "
+            f"{check['measured_replicas']} replicas: {check['max_rps_measured']:.0f})"
+        )
+    print(
+        f"  largest deployment of one router ({args.tokens_per_s_per_gpu:g} tokens/s/GPU, {args.tokens_per_turn} "
+        f"tokens/turn, K={args.k}): {check['max_gpus_at_target']} GPUs at <= {args.cpu_target:g} core, "
+        f"{check['max_gpus_one_core']} GPUs at one full core"
+    )
+    return {"saturation": {str(k): v for k, v in sat.items()}, "deployment": check}
+
+
+def plot(points: list[dict[str, Any]], path: Path, bound_ms: float, cpu_target: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for count in sorted({p["replicas"] for p in points}):
+        mine = sorted((p for p in points if p["replicas"] == count), key=lambda p: p["offered_rps"])
+        x = [p["offered_rps"] for p in mine]
+        label = f"{count} replicas"
+        axes[0].plot(x, [p["rps"] for p in mine], "o-", label=label)
+        axes[1].plot(x, [p["added_p99_ms"] for p in mine], "o-", label=label)
+        axes[2].plot(x, [p["router_cores"] for p in mine], "o-", label=label)
+    top = max(p["offered_rps"] for p in points)
+    axes[0].plot([0, top], [0, top], ":", color="grey", label="offered")
+    axes[1].axhline(bound_ms, ls="--", color="red", label=f"{bound_ms:g} ms bound")
+    axes[2].axhline(cpu_target, ls="--", color="red", label=f"{cpu_target:g} core target")
+    titles = ("requests/s through the router", "added latency p99 (ms)", "router CPU (cores)")
+    for ax, title in zip(axes, titles, strict=True):
+        ax.set_xlabel("offered load (requests/s)")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[1].set_yscale("log")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--replicas", type=int, nargs="+", default=[64, 256, 1024], help="replica counts swept")
+    p.add_argument("--episodes", type=int, nargs="+", default=[256, 1024, 2048, 4096],
+                   help="concurrent episodes swept: the offered load is episodes / cycle requests/s")  # fmt: skip
+    p.add_argument("--k", type=int, default=4, help="candidates per request (n)")
+    p.add_argument("--prompt-tokens", type=int, default=512)
+    p.add_argument("--tokens-per-turn", type=int, default=100, help="tokens per completion")
+    p.add_argument("--tokens-per-s-per-gpu", type=float, default=3000.0, help="a GPU's decode rate at full batch")
+    p.add_argument("--gpus-per-replica", type=int, default=1)
+    p.add_argument("--batch", type=int, default=4, help="B: requests a replica decodes at once, at full rate")
+    p.add_argument("--turns", type=int, default=4, help="T: turns per episode (one Generate each)")
+    p.add_argument("--env-step-ms", type=float, default=50.0, help="median env step (lognormal)")
+    p.add_argument("--env-step-sigma", type=float, default=0.5, help="sigma of the env step's lognormal")
+    p.add_argument("--episodes-per-worker", type=int, default=64, help="C: concurrent episodes per env worker")
+    p.add_argument("--staleness", type=int, default=1, help="rollout.max_staleness of the simulated run")
+    p.add_argument("--step-ms", type=float, default=100.0, help="the simulated trainer's step")
+    p.add_argument("--procs", type=int, default=2, help="simulator processes the peers are packed into")
+    p.add_argument("--curve", action=argparse.BooleanOptionalAction, default=True, help="CURVE on every socket")
+    p.add_argument("--warmup", type=float, default=3.0, help="seconds after every peer joined, before counting")
+    p.add_argument("--seconds", type=float, default=6.0, help="the measured window per point")
+    p.add_argument("--gpus", type=int, default=1024, help="the deployment checked")
+    p.add_argument("--p99-bound-ms", type=float, default=5.0, help="added latency target, p99")
+    p.add_argument("--cpu-target", type=float, default=0.5, help="router CPU target, cores")
+    p.add_argument("--json", type=Path, help="also write the figures to this file")
+    p.add_argument("--plot", type=Path, help="draw requests/s, p99 added latency and router CPU against load")
+    p.add_argument("--profile", type=Path, help="run the router under cProfile, writing its stats here (one point)")
+    p.add_argument("--smoke", action="store_true", help="a tiny run (seconds), for the tests")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.replicas, args.episodes, args.turns, args.procs = [6], [8, 16], 2, 2
+        args.episodes_per_worker, args.warmup, args.seconds = 8, 1.0, 2.0
+        args.batch, args.step_ms = 1, 20.0  # 133 ms per request
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # The router and the simulators run the code this process runs (another checkout may be installed
+    # meanwhile: its config keys would differ).
+    code = str(Path(mas_async.__file__).resolve().parents[1])
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (code, os.environ.get("PYTHONPATH")) if p)
+    calibration_s = core_calibration()
+    points = []
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="mas-async-bench-scale-") as tmp:
+        for replicas in args.replicas:
+            for episodes in args.episodes:
+                point = measure_point(args, replicas, episodes, Path(tmp) / f"r{replicas}-e{episodes}")
+                points.append(point)
+                print(
+                    f"  [{time.monotonic() - started:.0f}s] {replicas} replicas, offered {point['offered_rps']:.0f}: "
+                    f"{point['rps']:.0f} req/s, p99 {point['added_p99_ms']:.2f} ms, router {point['router_cores']:.2f} "
+                    f"cores",
+                    flush=True,
+                )
+    summary = report(args, points, calibration_s)
+    if args.plot:
+        plot(points, args.plot, args.p99_bound_ms, args.cpu_target)
+        print(f"plot: {args.plot}")
+    if args.json:
+        result = {
+            "bench": "scale",
+            "date": datetime.now().isoformat(timespec="seconds"),
+            "args": vars(args),
+            "service_ms": service_s(args) * 1000,
+            "cycle_ms": cycle_s(args) * 1000,
+            "core_calibration_s": calibration_s,
+            "points": points,
+            **summary,
+        }
+        args.json.write_text(json.dumps(result, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""The episode of a workflow program: its session, its program run, and the samples its calls become.
+
+`GatewayEpisode` stands where `rollout.episode.Episode` stands for a workflow class: the env worker
+builds one per RunEpisode, the workflow plays it (`play`: open a session, give the program its task and
+one `openai.AsyncOpenAI` client per agent, await it, close the session), and `samples` / `finish()` are
+read the same way. In training every returned choice becomes one `Sample` of its agent's turn, credited
+with the program's rewards:
+
+    reward(agent a) = alpha * team + local[a]
+
+where the program returns None (team = the env's `team_reward()`, no local rewards), a number (the team
+reward), or a dict with "team" (else the env's), "local" ({agent: reward}) and "success" (else the env's
+`success()`). Samples are grouped by (problem, agent, turn), key "<problem_id>/<agent>/<turn>": under
+parallel sampling the K episodes of a problem are its K draws, so agent a's t-th calls across them form
+one group and GRPO's advantages compare like with like (a group of one gets advantage 0). The episode's
+return, for `grouping: trajectory`, is alpha * team + the sum of the local rewards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from mas_async.gateway.transcript import SOURCES
+from mas_async.wire.samples import Sample
+
+if TYPE_CHECKING:
+    from mas_async.api.env import Env
+    from mas_async.gateway.server import Gateway
+    from mas_async.gateway.session import Session
+
+CLIENT_CLOSE_TIMEOUT_S = 5.0
+
+Program = Callable[..., Awaitable[Any]]
+"""async def program(task: Task, agents: dict[str, openai.AsyncOpenAI], **options) -> rewards."""
+
+
+class RewardError(ValueError):
+    """A workflow program returned rewards the episode cannot read (the message says what it expects)."""
+
+
+@dataclass(slots=True)
+class Task:
+    """What a workflow program is given about its episode."""
+
+    env: Env
+    """The episode's env, reset to the problem: the program may `observe` and `step` it."""
+    problem: dict[str, Any]
+    """The problem (one entry of the env's dataset)."""
+    observation: dict[str, Any]
+    """agent -> `env.observe(agent)` at the start of the episode."""
+    agents: tuple[str, ...]
+    """The agents of the run: the `model` names the program's clients may call."""
+    episode_id: str
+    mode: str
+    """"train" (every call becomes a sample) or "eval" (nothing is recorded)."""
+
+
+@dataclass(slots=True)
+class Rewards:
+    team: float
+    local: dict[str, float]
+    success: bool
+
+
+class GatewayEpisode:
+    """One episode of a workflow program (module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        gateway: Gateway,
+        episode_id: str,
+        problem_id: str,
+        problem: dict[str, Any],
+        env: Env,
+        policy_of: dict[str, str],
+        alpha: float,
+        mode: str,
+        client_timeout_s: float,
+    ) -> None:
+        self.gateway = gateway
+        self.episode_id = episode_id
+        self.problem_id = problem_id
+        self.problem = problem
+        self.env = env
+        self.policy_of = dict(policy_of)
+        self.alpha = float(alpha)
+        self.mode = mode
+        self.client_timeout_s = client_timeout_s
+        self.samples: list[Sample] = []
+        self.session: Session | None = None
+        self.rewards: Rewards | None = None
+
+    async def play(self, program: Program, options: dict[str, Any]) -> None:
+        """Run the program with one client per agent on a new session; credit its calls with its rewards."""
+        from openai import AsyncOpenAI, DefaultAsyncHttpxClient  # imported by episodes of a program only
+
+        agents = tuple(self.policy_of)
+        session = self.gateway.open(episode_id=self.episode_id, problem_id=self.problem_id, mode=self.mode)
+        self.session = session
+        # No retries (a retried call would be a second sample) and no proxy from the environment (the
+        # gateway is this process's own, on the worker's interface).
+        clients = {
+            agent: AsyncOpenAI(
+                base_url=self.gateway.base_url,
+                api_key=session.key,
+                max_retries=0,
+                timeout=self.client_timeout_s,
+                http_client=DefaultAsyncHttpxClient(trust_env=False),
+            )
+            for agent in agents
+        }
+        task = Task(
+            env=self.env,
+            problem=self.problem,
+            observation={agent: self.env.observe(agent) for agent in agents},
+            agents=agents,
+            episode_id=self.episode_id,
+            mode=self.mode,
+        )
+        try:
+            result = await program(task, clients, **options)
+        finally:
+            self.gateway.close(session)
+            await asyncio.wait_for(
+                asyncio.gather(*(c.close() for c in clients.values()), return_exceptions=True), CLIENT_CLOSE_TIMEOUT_S
+            )
+        self.rewards = read_rewards(result, self.env, agents)
+        if self.mode == "train":
+            self.samples = self._samples(session, self.rewards)
+
+    def _samples(self, session: Session, rewards: Rewards) -> list[Sample]:
+        episode_return = self.alpha * rewards.team + sum(rewards.local.values())
+        samples = []
+        for call in session.calls:
+            samples.append(
+                Sample(
+                    group=f"{self.problem_id}/{call.agent}/{call.turn}",
+                    episode_id=self.episode_id,
+                    problem_id=self.problem_id,
+                    agent=call.agent,
+                    policy=call.policy,
+                    turn=call.turn,
+                    prompt_ids=np.asarray(call.prompt_ids, dtype=np.int32),
+                    completion_ids=np.asarray(call.completion.token_ids, dtype=np.int32),
+                    logprobs=np.asarray(call.completion.logprobs, dtype=np.float32),
+                    version=call.completion.version,
+                    reward=self.alpha * rewards.team + rewards.local.get(call.agent, 0.0),
+                    episode_return=episode_return,
+                    info={"index": call.index, "prompt_source": call.prompt_source},
+                )
+            )
+        return samples
+
+    def finish(self) -> dict[str, Any]:
+        """The episode's metrics: success, reward/<agent>, turns, tokens, and the gateway's counts per agent
+        (calls, and the prompt sources: reused, prefix_mismatch (an edited history), retokenized)."""
+        session, rewards = self.session, self.rewards
+        assert session is not None and rewards is not None, "finish() before play()"
+        tokens = sum(len(c.completion.token_ids) for c in session.calls)
+        versions = {c.completion.version for c in session.calls}
+        summary: dict[str, Any] = {
+            "success": rewards.success,
+            "turns": max(session.turns.values(), default=0),
+            "tokens": tokens,
+            "multi_version_tokens": tokens if len(versions) > 1 else 0,
+        }
+        for agent in self.policy_of:
+            summary[f"reward/{agent}"] = self.alpha * rewards.team + rewards.local.get(agent, 0.0)
+            summary[f"gateway/calls/{agent}"] = session.turns[agent]
+            for source in SOURCES:
+                if source != "fresh":
+                    name = "prefix_mismatch" if source == "edited" else source
+                    summary[f"gateway/{name}/{agent}"] = session.sources[(agent, source)]
+        return summary
+
+
+def read_rewards(result: Any, env: Env, agents: tuple[str, ...]) -> Rewards:
+    """The rewards a program returned: None, a number (team reward) or {"team", "local", "success"}."""
+    if result is None:
+        return Rewards(_finite(env.team_reward(), "env.team_reward()"), {}, bool(env.success()))
+    if isinstance(result, (int, float)) and not isinstance(result, bool):
+        return Rewards(_finite(result, "the returned team reward"), {}, bool(env.success()))
+    if not isinstance(result, dict):
+        raise RewardError(
+            f"a workflow program returns None, a team reward or a dict with team/local/success, got {type(result).__name__}"
+        )
+    unknown = sorted(set(result) - {"team", "local", "success"})
+    if unknown:
+        raise RewardError(f"the returned rewards have unknown key(s) {unknown}: expected team, local, success")
+    team = result.get("team")
+    team = env.team_reward() if team is None else team
+    local = result.get("local") or {}
+    if not isinstance(local, dict) or any(agent not in agents for agent in local):
+        raise RewardError(
+            f"rewards['local'] must map agents of the run ({', '.join(agents)}) to numbers, got {local!r}"
+        )
+    success = result.get("success")
+    return Rewards(
+        _finite(team, "rewards['team']"),
+        {agent: _finite(value, f"rewards['local'][{agent!r}]") for agent, value in local.items()},
+        bool(env.success() if success is None else success),
+    )
+
+
+def _finite(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RewardError(f"{what} must be a finite number, got {value!r}")
+    return float(value)

@@ -1,0 +1,198 @@
+"""The body of `POST /v1/chat/completions`, read and checked field by field (OpenAI's names and ranges).
+
+`ChatRequest.parse(body)` accepts what the OpenAI API accepts for the fields the gateway serves (model,
+messages, n, temperature, top_p, max_tokens / max_completion_tokens, stop, seed, logprobs, top_logprobs
+0) and refuses, with a 400 that names the field, anything it would have to ignore in a way that changes
+what was sampled: streaming, tools, penalties, a logit bias, a response format, top log-probs. Fields
+that only label a request (user, metadata, store, ...) are accepted and ignored; an unknown field is
+refused, as the OpenAI API does.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from mas_async.gateway.errors import bad_request
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+LABELS = frozenset({"user", "metadata", "store", "parallel_tool_calls", "stream_options", "service_tier"})
+"""Fields that say nothing about sampling: accepted and ignored."""
+NOT_YET = {
+    "stream": "streaming (stream=true) is not served yet; call without stream",
+    "tools": "tools are not served yet (docs/gateway.md)",
+    "tool_choice": "tools are not served yet (docs/gateway.md)",
+    "functions": "functions are not served (use messages only)",
+    "function_call": "functions are not served (use messages only)",
+    "response_format": "response_format is not served: the sample must be what the policy samples freely",
+    "frequency_penalty": "penalties change the sampling distribution, so the sample would be off-policy",
+    "presence_penalty": "penalties change the sampling distribution, so the sample would be off-policy",
+    "logit_bias": "a logit bias changes the sampling distribution, so the sample would be off-policy",
+    "top_logprobs": "top_logprobs is not served yet (logprobs=true gives each sampled token's log-prob)",
+    "reasoning_effort": "reasoning_effort is not served",
+    "modalities": "only text is served",
+    "audio": "only text is served",
+    "prediction": "predicted outputs are not served",
+    "web_search_options": "web search is not served",
+}
+"""Fields refused when set to anything but their neutral value (see `_neutral`)."""
+KNOWN = frozenset(
+    {
+        "model",
+        "messages",
+        "n",
+        "temperature",
+        "top_p",
+        "max_tokens",
+        "max_completion_tokens",
+        "stop",
+        "seed",
+        "logprobs",
+    }
+)
+
+
+@dataclass(slots=True)
+class ChatRequest:
+    """A checked chat completion request. Optional sampling fields are None when the client left them out."""
+
+    model: str
+    messages: list[dict[str, Any]]
+    """Canonical messages: role and text content, plus name, tool_calls and tool_call_id when given."""
+    n: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    stop: list[str] | None = None
+    seed: int | None = None
+    logprobs: bool = False
+
+    @classmethod
+    def parse(cls, body: Any) -> ChatRequest:
+        if not isinstance(body, dict):
+            raise bad_request("the request body must be a JSON object")
+        for key, value in body.items():
+            if key in KNOWN or key in LABELS:
+                continue
+            if key in NOT_YET:
+                if not _neutral(key, value):
+                    raise bad_request(f"{key}: {NOT_YET[key]}", param=key, code="unsupported_parameter")
+                continue
+            raise bad_request(f"Unrecognized request argument supplied: {key}", param=key)
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise bad_request("model: a string naming an agent of the run is required", param="model")
+        return cls(
+            model=model,
+            messages=_messages(body.get("messages")),
+            n=_int(body, "n", 1, 1),
+            temperature=_number(body, "temperature", 0.0, 2.0),
+            top_p=_number(body, "top_p", 0.0, 1.0, low_open=True),
+            max_tokens=_max_tokens(body),
+            stop=_stop(body.get("stop")),
+            seed=_int(body, "seed", None, None),
+            logprobs=_bool(body, "logprobs"),
+        )
+
+
+def _neutral(key: str, value: Any) -> bool:
+    """Whether `value` of a refused field asks for nothing (a client library may send the default)."""
+    if value is None or value is False:
+        return True
+    if key in ("frequency_penalty", "presence_penalty"):
+        return value == 0
+    if key in ("tools", "functions", "logit_bias", "modalities"):
+        return not value or value == ["text"]
+    if key == "top_logprobs":
+        return value == 0
+    if key == "response_format":
+        return isinstance(value, dict) and value.get("type") == "text"
+    return False
+
+
+def _messages(value: Any) -> list[dict[str, Any]]:
+    if not isinstance(value, list) or not value:
+        raise bad_request("messages: a non-empty list of messages is required", param="messages")
+    out = []
+    for i, message in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise bad_request(f"{where}: a message must be an object", param=where)
+        role = message.get("role")
+        if role not in ROLES:
+            raise bad_request(f"{where}.role: expected one of {', '.join(ROLES)}, got {role!r}", param=f"{where}.role")
+        canonical: dict[str, Any] = {"role": role, "content": _content(message.get("content"), where, role)}
+        for key in ("name", "tool_call_id"):
+            if isinstance(message.get(key), str):
+                canonical[key] = message[key]
+        if message.get("tool_calls"):
+            canonical["tool_calls"] = message["tool_calls"]
+        out.append(canonical)
+    return out
+
+
+def _content(value: Any, where: str, role: str) -> str:
+    """The text of a message: a string, or a list of text parts joined (OpenAI's two forms)."""
+    if isinstance(value, str):
+        return value
+    if value is None and role == "assistant":
+        return ""
+    if isinstance(value, list):
+        texts = []
+        for j, part in enumerate(value):
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                raise bad_request(f"{where}.content[{j}]: only text parts are served", param=f"{where}.content")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise bad_request(f"{where}.content: a string or a list of text parts is required", param=f"{where}.content")
+
+
+def _int(body: dict[str, Any], key: str, default: int | None, low: int | None) -> Any:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_request(f"{key}: an integer is required, got {value!r}", param=key)
+    if low is not None and value < low:
+        raise bad_request(f"{key}: must be at least {low}, got {value}", param=key)
+    return value
+
+
+def _number(body: dict[str, Any], key: str, low: float, high: float, low_open: bool = False) -> float | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise bad_request(f"{key}: a number is required, got {value!r}", param=key)
+    if value > high or value < low or (low_open and value == low):
+        bounds = f"({low}, {high}]" if low_open else f"[{low}, {high}]"
+        raise bad_request(f"{key}: must be in {bounds}, got {value}", param=key)
+    return float(value)
+
+
+def _bool(body: dict[str, Any], key: str) -> bool:
+    value = body.get(key)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise bad_request(f"{key}: a boolean is required, got {value!r}", param=key)
+    return value
+
+
+def _max_tokens(body: dict[str, Any]) -> int | None:
+    new, old = _int(body, "max_completion_tokens", None, 1), _int(body, "max_tokens", None, 1)
+    if new is not None and old is not None and new != old:
+        raise bad_request(
+            f"max_completion_tokens={new} and max_tokens={old} disagree; give one", param="max_completion_tokens"
+        )
+    return new if new is not None else old
+
+
+def _stop(value: Any) -> list[str] | None:
+    if value is None:
+        return None
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > 4:
+        raise bad_request("stop: a non-empty string or a list of up to 4 of them is required", param="stop")
+    return stops or None

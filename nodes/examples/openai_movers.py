@@ -1,0 +1,47 @@
+"""Plan-Path's two movers written against the OpenAI API: a workflow program, not a Workflow class.
+
+A workflow program is a plain async function; the run calls it once per episode with the episode's task
+and one `openai.AsyncOpenAI` client per agent, and trains on every call it makes (docs/gateway.md):
+
+    workflow: {program: "nodes.examples.openai_movers:play", options: {max_turns: 6}}
+
+This one uses nothing but the `openai` package. Each mover keeps its own conversation: every turn it
+sends the grid as it is now as a new user message after the earlier exchanges (so the gateway reuses
+the token ids of those exchanges instead of tokenising them again) and answers with one move, "U" or "D"
+for the vertical mover, "L" or "R" for the horizontal one. The team reward is the env's (1 on the goal);
+each mover's local reward is the BFS progress of its moves, -1 for each blocked or unreadable one,
+averaged over its turns. configs/examples/openai_movers.yaml trains it on the tiny CPU model.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
+
+MOVES = {"vertical": "UD", "horizontal": "LR"}
+
+
+async def play(task: Any, agents: dict[str, AsyncOpenAI], max_turns: int = 6) -> dict[str, Any]:
+    env = task.env  # Plan-Path: observe(agent), step(agent, move), distance(), done, infos
+    chats: dict[str, list[dict[str, Any]]] = {agent: [] for agent in MOVES}
+    progress = {agent: [] for agent in MOVES}
+    for _ in range(max_turns):
+        for agent, moves in MOVES.items():
+            if env.done:
+                break
+            chat = chats[agent]
+            chat.append({"role": "user", "content": env.observe(agent)})
+            reply = await agents[agent].chat.completions.create(model=agent, messages=chat)
+            text = reply.choices[0].message.content or ""
+            chat.append({"role": "assistant", "content": text})
+            move = text.strip()[:1]
+            if len(move) != 1 or move not in moves:
+                progress[agent].append(-1.0)
+                continue
+            before = env.distance()
+            env.step(agent, move)
+            progress[agent].append(-1.0 if env.infos[agent]["blocked"] else float(before - env.distance()))
+    local = {agent: sum(values) / len(values) for agent, values in progress.items() if values}
+    return {"local": local}  # the team reward and success: the env's

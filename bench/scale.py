@@ -512,6 +512,12 @@ def _cpu(proc: Any) -> float:
     return times.user + times.system
 
 
+def _main_thread_cpu(proc: Any) -> float:
+    """CPU seconds of the process's main thread (the router's event loop; the others are libzmq's I/O
+    threads, where CURVE encrypts and the sockets' TCP work happens)."""
+    return next((t.user_time + t.system_time for t in proc.threads() if t.id == proc.pid), float("nan"))
+
+
 def _percentile(values: list[float] | np.ndarray, q: float) -> float:
     return float(np.percentile(values, q)) if len(values) else float("nan")
 
@@ -582,11 +588,13 @@ def measure_point(args: argparse.Namespace, replicas: int, episodes: int, run_di
         sim_ps = [psutil.Process(s.pid) for s in sims]
         time.sleep(args.warmup)
         t0, cpu0, sim_cpu0 = time.perf_counter(), _cpu(router_ps), sum(map(_cpu, sim_ps))
+        main0 = _main_thread_cpu(router_ps)
         while time.perf_counter() < t0 + args.seconds:
             if router.poll() is not None:
                 raise RuntimeError(f"the router exited ({router.returncode}):\n{_log_tail(run_dir)}")
             time.sleep(min(0.2, max(0.0, t0 + args.seconds - time.perf_counter())))
         t1, cpu1, sim_cpu1 = time.perf_counter(), _cpu(router_ps), sum(map(_cpu, sim_ps))
+        main1 = _main_thread_cpu(router_ps)
         rss = router_ps.memory_info().rss
         stop.set()
         reports = take("report", time.monotonic() + JOIN_TIMEOUT_S)
@@ -606,7 +614,7 @@ def measure_point(args: argparse.Namespace, replicas: int, episodes: int, run_di
         if router.poll() is None:
             router.kill()
         router.wait(timeout=10)
-    return _figures(args, plan, reports, t0, t1, cpu1 - cpu0, sim_cpu1 - sim_cpu0, rss)
+    return _figures(args, plan, reports, t0, t1, (cpu1 - cpu0, main1 - main0), sim_cpu1 - sim_cpu0, rss)
 
 
 def _log_tail(run_dir: Path) -> str:
@@ -620,12 +628,14 @@ def _figures(
     reports: dict[int, dict[str, Any]],
     t0: float,
     t1: float,
-    router_cpu: float,
+    router_cpus: tuple[float, float],
     sim_cpu: float,
     rss: int,
 ) -> dict[str, Any]:
-    """The point's figures from the simulators' records over the window [t0, t1]."""
+    """The point's figures from the simulators' records over the window [t0, t1]; `router_cpus`: the router
+    process's CPU seconds in the window, and its main thread's."""
     window = t1 - t0
+    router_cpu, main_cpu = router_cpus
     served = {(origin, rid): s for r in reports.values() for origin, rid, s in r["served"]}
     requests = [q for r in reports.values() for q in r["requests"]]
     answered = sum(1 for _, _, _, done in requests if t0 <= done < t1)
@@ -649,6 +659,7 @@ def _figures(
         "router_cpu_s": router_cpu,
         "router_cores": router_cpu / window,
         "router_cpu_us_per_request": router_cpu / answered * 1e6 if answered else float("nan"),
+        "router_main_us_per_request": main_cpu / answered * 1e6 if answered else float("nan"),
         "sim_cores": sim_cpu / window,
         "added_p50_ms": _percentile(added_ms, 50),
         "added_p99_ms": _percentile(added_ms, 99),
@@ -744,21 +755,23 @@ def report(args: argparse.Namespace, points: list[dict[str, Any]], calibration_s
         f"{args.procs} simulator processes; window {args.seconds:g} s after {args.warmup:g} s"
     )
     head = (
-        f"{'replicas':>8} {'offered':>8} {'episodes':>8} {'req/s':>8} {'us/req':>7} {'router':>6} {'sims':>5} "
+        f"{'replicas':>8} {'offered':>8} {'episodes':>8} {'req/s':>8} {'us/req':>7} {'loop us':>7} {'router':>6} {'sims':>5} "
         f"{'p50 ms':>7} {'p99 ms':>7} {'transit':>7} {'RSS MB':>7} {'samples/s':>9} {'lag p99':>7}"
     )
     print(head)
     for p in points:
         print(
             f"{p['replicas']:>8} {p['offered_rps']:>8.0f} {p['episodes']:>8} {p['rps']:>8.0f} "
-            f"{p['router_cpu_us_per_request']:>7.1f} {p['router_cores']:>6.2f} {p['sim_cores']:>5.2f} "
+            f"{p['router_cpu_us_per_request']:>7.1f} {p['router_main_us_per_request']:>7.1f} {p['router_cores']:>6.2f} "
+            f"{p['sim_cores']:>5.2f} "
             f"{p['added_p50_ms']:>7.2f} {p['added_p99_ms']:>7.2f} {p['in_transit']:>7.1f} {p['router_rss_mb']:>7.0f} "
             f"{p['samples_per_s']:>9.0f} {p['sim_lag_p99_ms']:>7.2f}"
             + (f"  errors {p['errors']}" if p["errors"] else "")
             + (f"  sample mismatches {p['sample_mismatches']}" if p["sample_mismatches"] else "")
         )
     print(
-        "(router: its cores over the window; sims: the simulators' cores; p50/p99: latency added per request, "
+        "(us/req: the router process's CPU per request; loop us: its main thread's, the rest being libzmq's I/O "
+        "threads (CURVE, TCP); router: its cores over the window; sims: the simulators' cores; p50/p99: latency added per request, "
         "end-to-end minus the replica's service time, the simulators' loop lag included; transit: requests "
         "in transit, Little's law)"
     )

@@ -116,7 +116,8 @@ class Keys:
     def trainer(policy: str, key: str) -> str:
         """How a policy's step overlapped its rollout: trainer/<policy>/compute_s (seconds of the step's
         compute), trainer/<policy>/overlap (the share of them done before the iteration's last group came
-        in), trainer/<policy>/tail_s (from that group to the weights sent); training/streaming.py."""
+        in), trainer/<policy>/tail_s (from that group to the weights sent); a streamed step's
+        trainer/<policy>/ready_early and ready_lead_s (what bounded its overlap); training/streaming.py."""
         return f"trainer/{policy}/{key}"
 
 

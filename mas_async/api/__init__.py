@@ -6,7 +6,7 @@ user code only through the registry's "module:Class" lookups, so the arrows poin
 
 from mas_async.api.env import SPLITS, Env, ReferencePolicy, check_split, step_env
 from mas_async.api.node import Node, ParseError
-from mas_async.api.priority import PrioritySlots, episode_iteration, episode_turn
+from mas_async.api.priority import PrioritySlots, episode_iteration, episode_ordinal, episode_turn
 from mas_async.api.registry import BACKENDS, ENVS, NODES, WORKFLOWS, RegistryError, resolve
 from mas_async.api.sandbox import (
     Limits,
@@ -48,6 +48,7 @@ __all__ = [
     "Workflow",
     "check_split",
     "episode_iteration",
+    "episode_ordinal",
     "episode_turn",
     "is_function_test",
     "load_config",

@@ -18,7 +18,6 @@ return, for `grouping: trajectory`, is alpha * team + the sum of the local rewar
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -33,8 +32,6 @@ if TYPE_CHECKING:
     from mas_async.api.env import Env
     from mas_async.gateway.server import Gateway
     from mas_async.gateway.session import Session
-
-CLIENT_CLOSE_TIMEOUT_S = 5.0
 
 Program = Callable[..., Awaitable[Any]]
 """async def program(task: Task, agents: dict[str, openai.AsyncOpenAI], **options) -> rewards."""
@@ -99,20 +96,20 @@ class GatewayEpisode:
 
     async def play(self, program: Program, options: dict[str, Any]) -> None:
         """Run the program with one client per agent on a new session; credit its calls with its rewards."""
-        from openai import AsyncOpenAI, DefaultAsyncHttpxClient  # imported by episodes of a program only
+        from openai import AsyncOpenAI  # imported by episodes of a program only
 
         agents = tuple(self.policy_of)
         session = self.gateway.open(episode_id=self.episode_id, problem_id=self.problem_id, mode=self.mode)
         self.session = session
-        # No retries (a retried call would be a second sample) and no proxy from the environment (the
-        # gateway is this process's own, on the worker's interface).
+        # No retries (a retried call would be a second sample); the gateway's connection pool, which the
+        # clients of every episode share (closing a client would close it: they are left to the collector).
         clients = {
             agent: AsyncOpenAI(
                 base_url=self.gateway.base_url,
                 api_key=session.key,
                 max_retries=0,
                 timeout=self.client_timeout_s,
-                http_client=DefaultAsyncHttpxClient(trust_env=False),
+                http_client=self.gateway.clients_http,
             )
             for agent in agents
         }
@@ -128,9 +125,6 @@ class GatewayEpisode:
             result = await program(task, clients, **options)
         finally:
             self.gateway.close(session)
-            await asyncio.wait_for(
-                asyncio.gather(*(c.close() for c in clients.values()), return_exceptions=True), CLIENT_CLOSE_TIMEOUT_S
-            )
         self.rewards = read_rewards(result, self.env, agents)
         if self.mode == "train":
             self.samples = self._samples(session, self.rewards)

@@ -1,65 +1,55 @@
-"""The body of `POST /v1/chat/completions`, read and checked field by field (OpenAI's names and ranges).
+"""Request bodies of the gateway, read and checked field by field (OpenAI's names and ranges).
 
-`ChatRequest.parse(body)` accepts what the OpenAI API accepts for the fields the gateway serves (model,
-messages, n, temperature, top_p, max_tokens / max_completion_tokens, stop, seed, logprobs, top_logprobs
-0) and refuses, with a 400 that names the field, anything it would have to ignore in a way that changes
-what was sampled: streaming, tools, penalties, a logit bias, a response format, top log-probs. Fields
-that only label a request (user, metadata, store, ...) are accepted and ignored; an unknown field is
-refused, as the OpenAI API does.
+`ChatRequest.parse(body)` reads `POST /v1/chat/completions`; `completions.TextRequest` reads the legacy
+`POST /v1/completions` with the same helpers. Both share `Sampling`: n, temperature, top_p, max_tokens /
+max_completion_tokens, stop, seed, logprobs, stream and stream_options.include_usage. A field the gateway
+would have to ignore in a way that changes what was sampled (penalties, a logit bias, a response format,
+top log-probs, a forced tool choice) is refused with a 400 that names it, unless it holds its neutral
+value (a client library may send the default). Fields that only label a request (user, metadata, store,
+...) are accepted and ignored; an unknown field is refused, as the OpenAI API does.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
+from mas_async.gateway import tools as tool_fields
 from mas_async.gateway.errors import bad_request
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
-LABELS = frozenset({"user", "metadata", "store", "parallel_tool_calls", "stream_options", "service_tier"})
+LABELS = frozenset({"user", "metadata", "store", "parallel_tool_calls", "service_tier"})
 """Fields that say nothing about sampling: accepted and ignored."""
-NOT_YET = {
-    "stream": "streaming (stream=true) is not served yet; call without stream",
-    "tools": "tools are not served yet (docs/gateway.md)",
-    "tool_choice": "tools are not served yet (docs/gateway.md)",
-    "functions": "functions are not served (use messages only)",
-    "function_call": "functions are not served (use messages only)",
-    "response_format": "response_format is not served: the sample must be what the policy samples freely",
+OFF_POLICY = {
     "frequency_penalty": "penalties change the sampling distribution, so the sample would be off-policy",
     "presence_penalty": "penalties change the sampling distribution, so the sample would be off-policy",
     "logit_bias": "a logit bias changes the sampling distribution, so the sample would be off-policy",
-    "top_logprobs": "top_logprobs is not served yet (logprobs=true gives each sampled token's log-prob)",
+    "top_logprobs": "top_logprobs is not served (logprobs=true gives each sampled token's log-prob)",
+}
+"""Fields of both routes refused when set to anything but their neutral value (see `_neutral`)."""
+CHAT_REFUSED = {
+    **OFF_POLICY,
+    "functions": "functions are not served (use tools)",
+    "function_call": "functions are not served (use tools and tool_choice)",
+    "response_format": "response_format is not served: the sample must be what the policy samples freely",
     "reasoning_effort": "reasoning_effort is not served",
     "modalities": "only text is served",
     "audio": "only text is served",
     "prediction": "predicted outputs are not served",
     "web_search_options": "web search is not served",
 }
-"""Fields refused when set to anything but their neutral value (see `_neutral`)."""
-KNOWN = frozenset(
-    {
-        "model",
-        "messages",
-        "n",
-        "temperature",
-        "top_p",
-        "max_tokens",
-        "max_completion_tokens",
-        "stop",
-        "seed",
-        "logprobs",
-    }
+SAMPLING_FIELDS = frozenset(
+    {"n", "temperature", "top_p", "max_tokens", "stop", "seed", "logprobs", "stream", "stream_options"}
 )
+CHAT_FIELDS = SAMPLING_FIELDS | {"model", "messages", "max_completion_tokens", "tools", "tool_choice"}
 
 
-@dataclass(slots=True)
-class ChatRequest:
-    """A checked chat completion request. Optional sampling fields are None when the client left them out."""
+@dataclass(slots=True, kw_only=True)
+class Sampling:
+    """The sampling and delivery fields both routes share. Optional ones are None when left out."""
 
-    model: str
-    messages: list[dict[str, Any]]
-    """Canonical messages: role and text content, plus name, tool_calls and tool_call_id when given."""
     n: int = 1
     temperature: float | None = None
     top_p: float | None = None
@@ -67,33 +57,77 @@ class ChatRequest:
     stop: list[str] | None = None
     seed: int | None = None
     logprobs: bool = False
+    """Return each sampled token's log-prob."""
+    stream: bool = False
+    """Answer with server-sent events (`streaming.py`)."""
+    include_usage: bool = False
+    """stream_options.include_usage: a last chunk with the usage and no choices."""
+
+    @classmethod
+    def parse(cls, body: dict[str, Any], *, logprobs: bool, max_tokens: int | None) -> Sampling:
+        stream = _bool(body, "stream")
+        return cls(
+            n=int_field(body, "n", 1, 1),
+            temperature=_number(body, "temperature", 0.0, 2.0),
+            top_p=_number(body, "top_p", 0.0, 1.0, low_open=True),
+            max_tokens=max_tokens,
+            stop=_stop(body.get("stop")),
+            seed=int_field(body, "seed", None, None),
+            logprobs=logprobs,
+            stream=stream,
+            include_usage=_stream_options(body.get("stream_options"), stream),
+        )
+
+
+@dataclass(slots=True)
+class ChatRequest:
+    """A checked chat completion request."""
+
+    model: str
+    messages: list[dict[str, Any]]
+    """Canonical messages: role and text content, plus name, tool_calls (`tools.tool_calls`) and tool_call_id."""
+    sampling: Sampling = field(default_factory=Sampling)
+    tools: list[dict[str, Any]] | None = None
+    """The request's tools (function definitions), for the chat template; None when none."""
+    tool_choice: str = "auto"
+    """"auto" (tool calls are parsed from the reply) or "none" (the reply is plain content)."""
+
+    @property
+    def parses_tools(self) -> bool:
+        return bool(self.tools) and self.tool_choice == "auto"
 
     @classmethod
     def parse(cls, body: Any) -> ChatRequest:
-        if not isinstance(body, dict):
-            raise bad_request("the request body must be a JSON object")
-        for key, value in body.items():
-            if key in KNOWN or key in LABELS:
-                continue
-            if key in NOT_YET:
-                if not _neutral(key, value):
-                    raise bad_request(f"{key}: {NOT_YET[key]}", param=key, code="unsupported_parameter")
-                continue
-            raise bad_request(f"Unrecognized request argument supplied: {key}", param=key)
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            raise bad_request("model: a string naming an agent of the run is required", param="model")
+        check_fields(body, CHAT_FIELDS, CHAT_REFUSED)
+        tools = tool_fields.parse_tools(body.get("tools"))
         return cls(
-            model=model,
+            model=model_of(body),
             messages=_messages(body.get("messages")),
-            n=_int(body, "n", 1, 1),
-            temperature=_number(body, "temperature", 0.0, 2.0),
-            top_p=_number(body, "top_p", 0.0, 1.0, low_open=True),
-            max_tokens=_max_tokens(body),
-            stop=_stop(body.get("stop")),
-            seed=_int(body, "seed", None, None),
-            logprobs=_bool(body, "logprobs"),
+            sampling=Sampling.parse(body, logprobs=_bool(body, "logprobs"), max_tokens=max_tokens_of(body)),
+            tools=tools,
+            tool_choice=tool_fields.parse_tool_choice(body.get("tool_choice"), tools),
         )
+
+
+def check_fields(body: Any, known: frozenset[str], refused: Mapping[str, str]) -> None:
+    """Refuse a body that is not an object, an unknown field, or a refused field set to a non-neutral value."""
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    for key, value in body.items():
+        if key in known or key in LABELS:
+            continue
+        if key in refused:
+            if not _neutral(key, value):
+                raise bad_request(f"{key}: {refused[key]}", param=key, code="unsupported_parameter")
+            continue
+        raise bad_request(f"Unrecognized request argument supplied: {key}", param=key)
+
+
+def model_of(body: dict[str, Any]) -> str:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("model: a string naming an agent of the run is required", param="model")
+    return model
 
 
 def _neutral(key: str, value: Any) -> bool:
@@ -102,13 +136,28 @@ def _neutral(key: str, value: Any) -> bool:
         return True
     if key in ("frequency_penalty", "presence_penalty"):
         return value == 0
-    if key in ("tools", "functions", "logit_bias", "modalities"):
+    if key in ("functions", "logit_bias", "modalities"):
         return not value or value == ["text"]
-    if key == "top_logprobs":
-        return value == 0
+    if key in ("top_logprobs", "best_of"):
+        return value == (1 if key == "best_of" else 0)
+    if key in ("suffix", "echo"):
+        return value == ""
     if key == "response_format":
         return isinstance(value, dict) and value.get("type") == "text"
     return False
+
+
+def _stream_options(value: Any, stream: bool) -> bool:
+    """stream_options.include_usage (other keys of stream_options are refused; it needs stream=true)."""
+    if value is None:
+        return False
+    if not stream:
+        raise bad_request("stream_options: only allowed when stream is true", param="stream_options")
+    if not isinstance(value, dict) or set(value) - {"include_usage", "include_obfuscation"}:
+        raise bad_request(
+            f"stream_options: an object with include_usage is expected, got {value!r}", param="stream_options"
+        )
+    return _bool(value, "include_usage")
 
 
 def _messages(value: Any) -> list[dict[str, Any]]:
@@ -127,7 +176,7 @@ def _messages(value: Any) -> list[dict[str, Any]]:
             if isinstance(message.get(key), str):
                 canonical[key] = message[key]
         if message.get("tool_calls"):
-            canonical["tool_calls"] = message["tool_calls"]
+            canonical["tool_calls"] = tool_fields.tool_calls(message["tool_calls"], f"{where}.tool_calls")
         out.append(canonical)
     return out
 
@@ -148,7 +197,7 @@ def _content(value: Any, where: str, role: str) -> str:
     raise bad_request(f"{where}.content: a string or a list of text parts is required", param=f"{where}.content")
 
 
-def _int(body: dict[str, Any], key: str, default: int | None, low: int | None) -> Any:
+def int_field(body: dict[str, Any], key: str, default: int | None, low: int | None) -> Any:
     value = body.get(key)
     if value is None:
         return default
@@ -180,8 +229,8 @@ def _bool(body: dict[str, Any], key: str) -> bool:
     return value
 
 
-def _max_tokens(body: dict[str, Any]) -> int | None:
-    new, old = _int(body, "max_completion_tokens", None, 1), _int(body, "max_tokens", None, 1)
+def max_tokens_of(body: dict[str, Any]) -> int | None:
+    new, old = int_field(body, "max_completion_tokens", None, 1), int_field(body, "max_tokens", None, 1)
     if new is not None and old is not None and new != old:
         raise bad_request(
             f"max_completion_tokens={new} and max_tokens={old} disagree; give one", param="max_completion_tokens"

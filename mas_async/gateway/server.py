@@ -1,24 +1,22 @@
-"""The gateway's HTTP server: the OpenAI chat completions API on the env worker's own event loop.
+"""The gateway's HTTP server: the OpenAI API on the env worker's own event loop.
 
-Routes: `POST /v1/chat/completions` (non-streaming) and `GET /v1/models`. A request is authenticated by
-its per-episode key (`session.py`), `model` names an agent, and the prompt is the agent's policy's chat
-template applied to the messages, reusing the exact ids of earlier turns (`transcript.py`). It then goes
-to the router as one `Generate` of the agent's policy (n choices from one request) through the env
-worker's `generate`, so it is balanced, gated by the weight version and tagged like any other request.
-Each choice carries the usual fields plus `token_ids`, `prompt_token_ids` and `weight_version`.
+Routes: `POST /v1/chat/completions`, `POST /v1/completions` (legacy text completions) and `GET
+/v1/models`; both completion routes answer in one JSON object or, with `stream: true`, as server-sent
+events (`streaming.py`). A request is authenticated by its per-episode key (`session.py`) and `model`
+names an agent. A chat prompt is the agent's policy's chat template applied to the messages and tools,
+reusing the exact ids of earlier turns (`transcript.py`); a text prompt is the tokenizer's encoding of
+the text, or the given ids (`completions.py`). The prompt then goes to the router as one `Generate` of the
+agent's policy (n choices from one request) through the env worker's `generate`, so it is balanced,
+gated by the weight version and tagged like any other request, under the run's sampling rules
+(`sampling.py`). Every choice is recorded as the agent's turn before the response is sent, and carries
+the usual fields plus `token_ids`, `prompt_token_ids` and `weight_version` (`responses.py`); a chat
+reply's Hermes tool calls become `message.tool_calls` (`tools.py`).
 
 Why aiohttp: its server runs as tasks of the loop that already runs the worker's episodes and sockets
 (no thread, no second loop), its handlers are plain coroutines with no request-model layer of its own,
 so every error the gateway returns is built here in OpenAI's shape, and it is a small, long-maintained
 dependency. (FastAPI + uvicorn would add a validation layer whose 422 errors are not OpenAI-shaped, and
 uvicorn's server would still have to be embedded in this loop.)
-
-Sampling follows the run, so that a training sample is on-policy: in training, `temperature` must be
-left out or equal `rollout.temperature` (the trainer recomputes log-probs at it), `top_p` left out or 1,
-and `max_tokens` at most `rollout.max_tokens`; `n` is at most `algorithm.k`. In evaluation a request may
-lower the temperature (0: greedy; left out: greedy when `eval.greedy`). `stop` strings end a choice at the
-token that completes the first of them: its ids stop there, its content stops before the string. `seed`
-is accepted and not applied per request (each replica samples from its own seeded generator).
 """
 
 from __future__ import annotations
@@ -26,50 +24,29 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import secrets
-import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from aiohttp import web
 
+from mas_async.gateway import responses, streaming
+from mas_async.gateway.completions import TextRequest
 from mas_async.gateway.errors import GatewayError, bad_request
-from mas_async.gateway.requests import ChatRequest
+from mas_async.gateway.requests import ChatRequest, Sampling
+from mas_async.gateway.sampling import Decoding, Limits, apply_stop, decoding
 from mas_async.gateway.session import Call, Session, Sessions
 
 if TYPE_CHECKING:
     from mas_async.wire.samples import Completion
+
+__all__ = ["Gateway", "Generate", "Limits"]
 
 log = logging.getLogger("mas_async.gateway")
 
 # generate(policy, prompt_ids int32[P], n, greedy, max_tokens=..., temperature=...) -> n completions.
 Generate = Callable[..., Awaitable[list["Completion"]]]
 STOP_TIMEOUT_S = 5.0
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What a request may ask (from the run's config: `Limits.of`)."""
-
-    max_n: int
-    max_tokens: int
-    temperature: float
-    eval_greedy: bool
-    max_calls: int
-    max_request_bytes: int
-
-    @classmethod
-    def of(cls, config: Any) -> Limits:
-        return cls(
-            max_n=config.algorithm.k,
-            max_tokens=config.rollout.max_tokens,
-            temperature=config.rollout.temperature,
-            eval_greedy=config.eval.greedy,
-            max_calls=config.gateway.max_calls_per_episode,
-            max_request_bytes=config.gateway.max_request_bytes,
-        )
 
 
 class Gateway:
@@ -101,8 +78,12 @@ class Gateway:
         """http://host:port/v1 once started."""
         self.app = web.Application(middlewares=[_openai_errors], client_max_size=limits.max_request_bytes)
         self.app.router.add_post("/v1/chat/completions", self.chat_completions)
+        self.app.router.add_post("/v1/completions", self.completions)
         self.app.router.add_get("/v1/models", self.models)
         self._runner: web.AppRunner | None = None
+        self.clients_http: Any = None
+        """The connection pool that the episodes' openai clients share (an httpx.AsyncClient, from `start`):
+        building one per client would cost an SSL context each, ~26 ms of CPU."""
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -113,10 +94,17 @@ class Gateway:
         await web.TCPSite(self._runner, self.host, self.port).start()
         host, port = self._runner.addresses[0][:2]
         self.base_url = f"http://{host}:{port}/v1"
+        from openai import DefaultAsyncHttpxClient  # (the openai package is a program run's only)
+
+        # No proxy from the environment: the gateway is this process's own, on the worker's interface.
+        self.clients_http = DefaultAsyncHttpxClient(trust_env=False)
         log.info("OpenAI gateway serving at %s", self.base_url)
         return self.base_url
 
     async def stop(self) -> None:
+        if self.clients_http is not None:
+            await asyncio.wait_for(self.clients_http.aclose(), STOP_TIMEOUT_S)
+            self.clients_http = None
         if self._runner is not None:
             await asyncio.wait_for(self._runner.cleanup(), STOP_TIMEOUT_S)
             self._runner = None
@@ -143,70 +131,69 @@ class Gateway:
         data = [{"id": a, "object": "model", "created": 0, "owned_by": p} for a, p in self.policy_of.items()]
         return web.json_response({"object": "list", "data": data})
 
-    async def chat_completions(self, request: web.Request) -> web.Response:
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         session = self._session(request)
-        raw = await request.read()
+        chat = ChatRequest.parse(await _body(request))
+        agent, policy = self._agent(chat.model)
+        decode = decoding(chat.sampling, session.mode, self.limits)
+        transcript = session.transcript(agent)
         try:
-            body = json.loads(raw)
-        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError alike
-            raise bad_request(f"the request body is not valid JSON: {e}") from None
-        chat = ChatRequest.parse(body)
-        agent = chat.model
-        if agent not in self.policy_of:
-            raise GatewayError(
-                404,
-                f"The model {agent!r} does not exist: model names an agent of the run "
-                f"({', '.join(sorted(self.policy_of))})",
-                param="model",
-                code="model_not_found",
-            )
-        greedy, temperature, max_tokens = self._sampling(chat, session.mode)
-        policy = self.policy_of[agent]
-        try:
-            prompt_ids, source = session.transcript(agent).prompt(chat.messages)
+            if chat.tools and not transcript.renders_tools():
+                raise bad_request(
+                    f"tools: the chat template of policy {policy!r} does not render tools (it ignores the tools "
+                    "argument), so the model could not see them; use a model whose template supports tools",
+                    param="tools",
+                )
+            prompt_ids, source = transcript.prompt(chat.messages, chat.tools)
+        except GatewayError:
+            raise
         except Exception as e:  # a template that cannot render these messages (jinja raises its own errors)
             raise bad_request(f"the chat template of policy {policy!r} cannot render these messages: {e}") from None
-        turn = session.admit(agent)
-        session.sources[(agent, source)] += 1
-        try:
-            completions = await self.generate(
-                policy, prompt_ids, chat.n, greedy, max_tokens=max_tokens, temperature=temperature
-            )
-        except self.generate_errors as e:
-            message = str(e)
-            if message.startswith("Generate."):  # the server found a value out of range (inference/limits.py)
-                raise bad_request(f"the inference server refused the request: {message}") from None
-            raise GatewayError(500, f"inference failed: {message}", type="server_error") from None
-        if session.closed:
-            raise GatewayError(409, f"episode {session.episode_id} ended during this call", code="episode_ended")
+        turn, outputs = await self._sample(session, agent, prompt_ids, source, chat.sampling, decode)
         tokenizer = self.tokenizers[policy]
         choices = []
-        for index, completion in enumerate(completions):
-            completion, text = _apply_stop(tokenizer, completion, chat.stop)
-            session.calls.append(Call(agent, policy, turn, index, prompt_ids, completion, text, source))
-            session.transcript(agent).add(chat.messages, text, prompt_ids, np.asarray(completion.token_ids))
-            choices.append(_choice(tokenizer, index, text, completion, prompt_ids, chat.logprobs))
-        generated = sum(len(c.token_ids) for c in completions)
-        return web.json_response(
-            {
-                "id": f"chatcmpl-{secrets.token_hex(12)}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": agent,
-                "choices": choices,
-                "usage": {
-                    "prompt_tokens": len(prompt_ids),
-                    "completion_tokens": generated,
-                    "total_tokens": len(prompt_ids) + generated,
-                },
-                "mas_async": {
-                    "episode_id": session.episode_id,
-                    "agent": agent,
-                    "turn": turn,
-                    "prompt_source": source,
-                },
-            }
+        for index, (completion, text) in enumerate(outputs):
+            choice = responses.chat_choice(
+                tokenizer, index, text, completion, prompt_ids, chat.sampling.logprobs, chat.parses_tools
+            )
+            transcript.add(chat.messages, choice["message"], prompt_ids, np.asarray(completion.token_ids), chat.tools)
+            choices.append(choice)
+        response = responses.envelope(
+            "chat.completion", agent, choices, prompt_ids, _about(session, agent, turn, source)
         )
+        if not chat.sampling.stream:
+            return web.json_response(response)
+        events = streaming.chunks(
+            response,
+            "chat.completion.chunk",
+            responses.chat_deltas(tokenizer),
+            {"delta": {}},
+            chat.sampling.include_usage,
+        )
+        return await streaming.send(request, events)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        session = self._session(request)
+        text_request = TextRequest.parse(await _body(request))
+        agent, policy = self._agent(text_request.model)
+        sampling = text_request.sampling
+        decode = decoding(sampling, session.mode, self.limits)
+        tokenizer = self.tokenizers[policy]
+        prompt_ids = text_request.prompt_ids(tokenizer)
+        turn, outputs = await self._sample(session, agent, prompt_ids, "fresh", sampling, decode)
+        choices = [
+            responses.text_choice(tokenizer, index, text, completion, prompt_ids, sampling.logprobs)
+            for index, (completion, text) in enumerate(outputs)
+        ]
+        response = responses.envelope(
+            "text_completion", agent, choices, prompt_ids, _about(session, agent, turn, "fresh")
+        )
+        if not sampling.stream:
+            return web.json_response(response)
+        events = streaming.chunks(
+            response, "text_completion", responses.text_deltas(tokenizer), {"text": ""}, sampling.include_usage
+        )
+        return await streaming.send(request, events)
 
     # -- helpers -----------------------------------------------------------------------------------
 
@@ -215,81 +202,65 @@ class Gateway:
         scheme, _, key = header.partition(" ")
         return self.sessions.get(key.strip() if scheme.lower() == "bearer" else None)
 
-    def _sampling(self, chat: ChatRequest, mode: str) -> tuple[bool, float, int]:
-        """(greedy, temperature, max_tokens) of a request in an episode of `mode`, or a 400 naming the field."""
-        lim = self.limits
-        if chat.n > lim.max_n:
-            raise bad_request(f"n={chat.n} is above this run's K (algorithm.k={lim.max_n})", param="n")
-        max_tokens = lim.max_tokens if chat.max_tokens is None else chat.max_tokens
-        if max_tokens > lim.max_tokens:
-            raise bad_request(
-                f"max_tokens={max_tokens} is above this run's rollout.max_tokens={lim.max_tokens}", param="max_tokens"
+    def _agent(self, model: str) -> tuple[str, str]:
+        """(agent, its policy) named by a request's `model`, or a 404 listing the agents."""
+        if model not in self.policy_of:
+            raise GatewayError(
+                404,
+                f"The model {model!r} does not exist: model names an agent of the run "
+                f"({', '.join(sorted(self.policy_of))})",
+                param="model",
+                code="model_not_found",
             )
-        if chat.top_p is not None and chat.top_p != 1.0:
-            raise bad_request(
-                f"top_p={chat.top_p}: this run samples the full distribution (the log-probs it trains on ignore a "
-                "nucleus cut); leave top_p out or set it to 1",
-                param="top_p",
+        return model, self.policy_of[model]
+
+    async def _sample(
+        self,
+        session: Session,
+        agent: str,
+        prompt_ids: np.ndarray,
+        source: str,
+        sampling: Sampling,
+        decode: Decoding,
+    ) -> tuple[int, list[tuple[Completion, str]]]:
+        """Take the agent's turn, sample n choices of `prompt_ids`, cut them at the stop strings and record
+        each as a `Call`; returns the turn and the (completion, text) of each choice."""
+        policy = self.policy_of[agent]
+        turn = session.admit(agent)
+        session.sources[(agent, source)] += 1
+        try:
+            request = self.generate(
+                policy,
+                prompt_ids,
+                sampling.n,
+                decode.greedy,
+                max_tokens=decode.max_tokens,
+                temperature=decode.temperature,
             )
-        if mode == "train":
-            if chat.temperature is not None and chat.temperature != lim.temperature:
-                raise bad_request(
-                    f"temperature={chat.temperature}: this run trains at rollout.temperature={lim.temperature} (the "
-                    "trainer recomputes log-probs at it, so a sample at another temperature would be off-policy); "
-                    "leave temperature out",
-                    param="temperature",
-                )
-            return False, lim.temperature, max_tokens
-        if chat.temperature is None:
-            return lim.eval_greedy, lim.temperature, max_tokens
-        if chat.temperature > lim.temperature:
-            raise bad_request(
-                f"temperature={chat.temperature} is above this run's rollout.temperature={lim.temperature}",
-                param="temperature",
-            )
-        return chat.temperature == 0.0, chat.temperature or lim.temperature, max_tokens
+            completions = await asyncio.create_task(request, context=session.context.copy())
+        except self.generate_errors as e:
+            message = str(e)
+            if message.startswith("Generate."):  # the server found a value out of range (inference/limits.py)
+                raise bad_request(f"the inference server refused the request: {message}") from None
+            raise GatewayError(500, f"inference failed: {message}", type="server_error") from None
+        if session.closed:
+            raise GatewayError(409, f"episode {session.episode_id} ended during this call", code="episode_ended")
+        outputs = [apply_stop(self.tokenizers[policy], c, sampling.stop) for c in completions]
+        for index, (completion, text) in enumerate(outputs):
+            session.calls.append(Call(agent, policy, turn, index, prompt_ids, completion, text, source))
+        return turn, outputs
 
 
-def _apply_stop(tokenizer: Any, completion: Completion, stops: list[str] | None) -> tuple[Completion, str]:
-    """The completion cut at the token that completes the first stop string, and its content (before it)."""
-    ids = np.asarray(completion.token_ids).tolist()
-    text = tokenizer.decode(ids, skip_special_tokens=True)
-    if not stops or not any(s in text for s in stops):
-        return completion, text
-    for end in range(1, len(ids) + 1):
-        prefix = tokenizer.decode(ids[:end], skip_special_tokens=True)
-        hits = [i for i in (prefix.find(s) for s in stops) if i >= 0]
-        if hits:
-            cut = type(completion)(
-                np.asarray(completion.token_ids[:end]),
-                np.asarray(completion.logprobs[:end]),
-                completion.version,
-                "stop",
-            )
-            return cut, prefix[: min(hits)]
-    return completion, text  # unreachable: the whole text holds a stop string
+async def _body(request: web.Request) -> Any:
+    try:
+        return json.loads(await request.read())
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError alike
+        raise bad_request(f"the request body is not valid JSON: {e}") from None
 
 
-def _choice(
-    tokenizer: Any, index: int, text: str, completion: Completion, prompt_ids: np.ndarray, logprobs: bool
-) -> dict[str, Any]:
-    ids = np.asarray(completion.token_ids).tolist()
-    choice: dict[str, Any] = {
-        "index": index,
-        "message": {"role": "assistant", "content": text},
-        "finish_reason": "stop" if completion.finish_reason == "stop" else "length",
-        "logprobs": None,
-        "token_ids": ids,
-        "prompt_token_ids": np.asarray(prompt_ids).tolist(),
-        "weight_version": int(completion.version),
-    }
-    if logprobs:
-        content = []
-        for token, lp in zip(ids, np.asarray(completion.logprobs).tolist(), strict=True):
-            piece = tokenizer.decode([token], skip_special_tokens=False)
-            content.append({"token": piece, "logprob": lp, "bytes": list(piece.encode()), "top_logprobs": []})
-        choice["logprobs"] = {"content": content}
-    return choice
+def _about(session: Session, agent: str, turn: int, source: str) -> dict[str, Any]:
+    """The response's `mas_async` object: which episode, agent and turn the call was, and its prompt source."""
+    return {"episode_id": session.episode_id, "agent": agent, "turn": turn, "prompt_source": source}
 
 
 @web.middleware

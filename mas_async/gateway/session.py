@@ -12,6 +12,7 @@ its episode ended rather than that its key is unknown.
 
 from __future__ import annotations
 
+import contextvars
 import secrets
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
@@ -63,6 +64,10 @@ class Session:
     sources: Counter[tuple[str, str]] = field(default_factory=Counter)
     """(agent, prompt source) -> calls: fresh, reused, edited (a prefix mismatch), retokenized."""
     closed: bool = False
+    context: contextvars.Context = field(default_factory=contextvars.copy_context)
+    """The context variables of the episode's task, where the session is opened (its iteration, its place,
+    a bench's record of its id): the generate request of each call runs in a copy of them, as part of the
+    episode, though the HTTP handler's own task is the server's."""
     _transcripts: dict[str, Transcript] = field(default_factory=dict)
 
     def admit(self, agent: str) -> int:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from mas_async import sandbox
-from mas_async.api.priority import episode_iteration
+from mas_async.api.priority import episode_iteration, episode_ordinal
 from mas_async.api.registry import ENVS, NODES, WORKFLOWS, resolve
 from mas_async.config import Config
 from mas_async.deployment import Deployment
@@ -101,6 +101,9 @@ class EnvWorker(Peer):
             keys_dir=deployment.keys_dir,
         )
         self.cfg = config
+        self.arrived: dict[int, int] = {}
+        """iteration -> its episodes that came so far (their order is their priority under a streamed step);
+        the two newest iterations only."""
         self.env_cls = resolve(config.env.name, ENVS, "env")
         sandbox.configure(config.sandbox.unsafe_no_isolation, config.sandbox.cgroup_root)
         if self.env_cls.runs_code:
@@ -196,10 +199,20 @@ class EnvWorker(Peer):
         finally:
             self._pending.pop(request_id, None)
 
+    def arrival(self, iteration: int) -> int:
+        """The place of an episode of `iteration` that just came among that iteration's episodes here."""
+        ordinal = self.arrived.get(iteration, 0)
+        self.arrived[iteration] = ordinal + 1
+        for old in [i for i in self.arrived if i < iteration - 1]:
+            del self.arrived[old]
+        return ordinal
+
     async def _run_episode(self, msg: RunEpisode) -> None:
         error, summary, counts = "", {}, {}
         env = None
         episode_iteration.set(msg.iteration)  # this task's: its sandbox runs go before later iterations'
+        if self.cfg.streams():  # and before those of episodes that came after it: it finishes earlier
+            episode_ordinal.set(self.arrival(msg.iteration))
         try:
             env = self.env_cls()
             env.reset(seed=msg.seed, options={"problem": msg.problem})

@@ -20,6 +20,7 @@ so an episode that merely shared a worker with a poisoned one is not taken for i
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -161,7 +162,7 @@ class EpisodeBook:
         return any(task.msg.mode in MODES for task in self.in_flight.values())
 
     def check_done(self) -> None:
-        waiting = [t for t in (*self.queued, *self.in_flight.values()) if t.msg.mode in MODES]
+        waiting = any(t.msg.mode in MODES for t in itertools.chain(self.queued, self.in_flight.values()))
         if not waiting and not self.done.is_set():
             self.done_at = time.monotonic()
             self.done.set()

@@ -39,6 +39,7 @@ router writes RUN_DIR/metrics.jsonl.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import json
 import logging
 import random
@@ -327,7 +328,7 @@ class Router(Actor):
             self.send_to(origin, GenerateResult(header.request_id, origin.decode(), reply, []))
             return
         server, info = chosen
-        info.outstanding += 1
+        self.table.set_outstanding(server, info.outstanding + 1)
         self._pending[(origin, header.request_id)] = (server, header, frames)
         self.forward(server, frames)
 
@@ -339,7 +340,7 @@ class Router(Actor):
             self.refuse(server, GenerateResult, "it answers no request that its sender is serving")
             return
         del self._pending[key]
-        self.peers[server].outstanding -= 1
+        self.table.set_outstanding(server, self.peers[server].outstanding - 1)
         self.forward(origin, frames)
         if self.faults.recovering(server) and (recovered := self.faults.result_from(server)) is not None:
             log.info("recovered from a lost replica in %.1fs (first result of %s)", recovered, server.decode())
@@ -433,7 +434,7 @@ class Router(Actor):
     def _check_all_joined(self) -> None:
         """The run may start once every peer joined, but for those whose first process died before its Hello
         (their replacements join when they are ready)."""
-        if not set(self.table.missing()) - self.replacing:
+        if self.table.all_joined_but(self.replacing):
             self.all_joined.set()
 
     def _send_order(self, order: ReformWeightGroup, only: bytes | None = None) -> None:
@@ -519,6 +520,7 @@ class Router(Actor):
         """Hand queued episodes that the clock lets run, oldest iteration first, to the least-loaded live
         env workers, up to each one's capacity."""
         now = time.monotonic()
+        free: list[tuple[int, bytes]] | None = None  # (episodes in flight, worker), a heap; None: not built yet
         for book in sorted(self.books.values(), key=lambda b: b.iteration):
             waiting = []
             for task in book.queued:
@@ -526,16 +528,21 @@ class Router(Actor):
                     waiting.append(task)
                     continue
                 if task.alone:  # a last attempt: on a worker that runs nothing else
-                    worker = self.table.worker_for_alone()
+                    worker, free = self.table.worker_for_alone(), None  # (it may reserve a worker: build again)
                 else:
-                    workers = self.table.free_workers()
-                    worker = min(workers)[1] if workers else None
+                    if free is None:
+                        free = self.table.free_workers()
+                        heapq.heapify(free)
+                    worker = heapq.heappop(free)[1] if free else None
                 if worker is None:
                     waiting.append(task)
                     continue
                 task.worker = worker
                 task.deadline = now + self.cfg.rollout.episode_timeout_s
-                self.peers[worker].outstanding += 1
+                info = self.peers[worker]
+                info.outstanding += 1
+                if free is not None and self.table.takes_episodes(info):
+                    heapq.heappush(free, (info.outstanding, worker))
                 book.in_flight[task.msg.episode_id] = task
                 self.send_to(worker, task.msg)
             book.queued = waiting
@@ -610,7 +617,7 @@ class Router(Actor):
             for (origin, _), (_, header, frames) in requests:
                 del self._pending[(origin, header.request_id)]
                 self._route_generate(origin, header, frames)
-            info.outstanding = 0
+            self.table.set_outstanding(ident, 0)
             self.faults.reissued_to_replicas(len(requests))
             log.error("%s (pid %d) is lost (%s); its %d requests were sent again", ident.decode(), info.pid, why,
                       len(requests))  # fmt: skip

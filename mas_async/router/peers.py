@@ -1,15 +1,18 @@
 """The router's table of peers: who joined, who is alive, and which inference replica serves next.
 
 Every peer says Hello once (a repeated Hello replaces its entry) and sends a Heartbeat every
-`heartbeat_s`; `silent(now, timeout)` names the peers that stopped. Replicas are kept per policy so the
-hot path picks the live replica with the fewest outstanding requests without scanning every peer; a
-replica that serves several policies (a shared base, `policies.<p>.base`) is listed under each.
+`heartbeat_s`; `silent(now, timeout)` names the peers that stopped. The replicas routed each policy are
+kept by requests in flight (`least_loaded.py`), so the hot path picks the least-loaded one without
+scanning any; a replica that serves several policies (a shared base, `policies.<p>.base`) is listed under
+each. Env workers are kept apart from the replicas, so finding room for episodes walks only them.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+
+from mas_async.router.least_loaded import LeastLoaded
 
 
 @dataclass
@@ -37,21 +40,26 @@ class PeerInfo:
 
 
 class PeerTable:
-    """Peers by socket identity, with the live replicas of each policy."""
+    """Peers by socket identity, with the live replicas of each policy and the env workers."""
 
     def __init__(self, expected: set[str]) -> None:
         self.expected = expected
         """Names ("router"-side identities) of every peer the deployment must have."""
         self.peers: dict[bytes, PeerInfo] = {}
-        self._replicas: dict[str, list[tuple[bytes, PeerInfo]]] = {}
+        self._replicas: dict[str, LeastLoaded] = {}
+        self._workers: dict[bytes, PeerInfo] = {}
+        self._missing = set(expected)
 
     def join(self, identity: bytes, info: PeerInfo, serving: bool = True) -> None:
         """Add a peer (a repeated Hello replaces its entry); a replica takes requests at once if `serving`,
         else policy by policy as `serve` is called."""
         self.peers[identity] = info
-        if info.role == "inference":
+        self._missing.discard(identity.decode("utf-8", "replace"))
+        if info.role == "env_worker":
+            self._workers[identity] = info
+        elif info.role == "inference":
             for policy in info.policies:
-                self._replicas[policy] = [r for r in self._replicas.get(policy, []) if r[0] != identity]
+                self._replicas.setdefault(policy, LeastLoaded()).remove(identity)
                 if serving:
                     self.serve(identity, policy)
 
@@ -62,14 +70,23 @@ class PeerTable:
         if policy in info.routed or not info.alive:
             return False
         info.routed.add(policy)
-        self._replicas[policy] = [*self._replicas.get(policy, []), (identity, info)]
+        self._replicas.setdefault(policy, LeastLoaded()).add(identity, info.outstanding)
         return True
 
+    def routed_replicas(self, policy: str) -> list[bytes]:
+        """The replicas that `policy`'s requests go to, least-loaded first."""
+        replicas = self._replicas.get(policy)
+        return replicas.members() if replicas is not None else []
+
     def all_joined(self) -> bool:
-        return {p.decode() for p in self.peers} == self.expected
+        return not self._missing
+
+    def all_joined_but(self, names: set[str]) -> bool:
+        """Whether every expected peer but those of `names` joined."""
+        return self._missing <= names
 
     def missing(self) -> list[str]:
-        return sorted(self.expected - {p.decode() for p in self.peers})
+        return sorted(self._missing)
 
     def seen(self, identity: bytes) -> None:
         peer = self.peers.get(identity)
@@ -79,20 +96,22 @@ class PeerTable:
     def pick_replica(self, policy: str) -> tuple[bytes, PeerInfo] | None:
         """The live replica of `policy` with the fewest outstanding requests (None if it has none)."""
         replicas = self._replicas.get(policy)
-        if not replicas:
-            return None
-        best = replicas[0]
-        for candidate in replicas:
-            if candidate[1].outstanding < best[1].outstanding:
-                best = candidate
-        return best
+        chosen = replicas.least() if replicas is not None else None
+        return None if chosen is None else (chosen, self.peers[chosen])
+
+    def set_outstanding(self, identity: bytes, requests: int) -> None:
+        """Replica `identity` has `requests` in flight (what `pick_replica` balances by)."""
+        info = self.peers[identity]
+        info.outstanding = requests
+        for policy in info.routed:
+            self._replicas[policy].add(identity, requests)
 
     def free_workers(self) -> list[tuple[int, bytes]]:
         """(episodes in flight, identity) of every live env worker with room for another episode."""
-        return [(info.outstanding, ident) for ident, info in self.peers.items() if self._takes_episodes(info)]
+        return [(info.outstanding, ident) for ident, info in self._workers.items() if self.takes_episodes(info)]
 
     @staticmethod
-    def _takes_episodes(info: PeerInfo) -> bool:
+    def takes_episodes(info: PeerInfo) -> bool:
         """A live env worker with room, not running or waiting to run a last attempt alone."""
         room = info.outstanding < info.capacity and not (info.exclusive or info.reserved)
         return info.role == "env_worker" and info.alive and room
@@ -100,8 +119,8 @@ class PeerTable:
     def worker_for_alone(self) -> bytes | None:
         """A live env worker to run an episode alone on: an idle one (it becomes exclusive), or None while
         there is none; then the least-loaded one is reserved (it takes no new episodes) until it is idle."""
-        workers = [(info.outstanding, ident) for ident, info in self.peers.items()
-                   if info.role == "env_worker" and info.alive and not info.exclusive]  # fmt: skip
+        workers = [(info.outstanding, ident) for ident, info in self._workers.items()
+                   if info.alive and not info.exclusive]  # fmt: skip
         idle = [ident for outstanding, ident in workers if outstanding == 0]
         if idle:
             for _, ident in workers:  # (a reservation is for the next last attempt to wait: it asks again)
@@ -121,7 +140,8 @@ class PeerTable:
         info.routed.clear()
         if info.role == "inference":
             for policy in info.policies:
-                self._replicas[policy] = [r for r in self._replicas.get(policy, []) if r[0] != identity]
+                if (replicas := self._replicas.get(policy)) is not None:
+                    replicas.remove(identity)
         return info
 
     def of_policy(self, role: str, policy: str, alive: bool = False) -> list[bytes]:

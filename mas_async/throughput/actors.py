@@ -139,9 +139,11 @@ class RecordingEnvWorker(EnvWorker):
         self._waiting: dict[str, list[tuple[float, float]]] = {}
         """episode -> (sent, replied) of each of its requests."""
 
-    async def generate(self, policy: str, prompt_ids: np.ndarray, n: int, greedy: bool) -> list[Completion]:
-        sent = time.time()
-        completions = await super().generate(policy, prompt_ids, n, greedy)
+    async def generate(
+        self, policy: str, prompt_ids: np.ndarray, n: int, greedy: bool, **sampling: Any
+    ) -> list[Completion]:
+        sent = time.time()  # (`sampling`: a gateway call's max_tokens and temperature, as EnvWorker.generate takes)
+        completions = await super().generate(policy, prompt_ids, n, greedy, **sampling)
         replied = time.time()
         episode = current_episode.get()  # set by _run_episode; inherited by the tasks an episode starts
         tokens = sum(len(c.token_ids) for c in completions)

@@ -79,6 +79,8 @@ class StreamingStep:
         """(start, end) of every compute pass and of the finish, time.monotonic()."""
         self.last_arrival = 0.0
         """When the last samples came in (time.monotonic(); 0 if none did)."""
+        self.completed: list[tuple[float, int]] = []
+        """(when, samples) of each problem as its last episode came in (time.monotonic())."""
         self._lock = threading.Lock()
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"stream-v{version}")
         self._passes: list[Future] = []
@@ -92,14 +94,16 @@ class StreamingStep:
         run its problem. A complete problem goes to the compute pass that runs next."""
         if not samples:
             return
-        self.last_arrival = time.monotonic()
+        self.last_arrival = now = time.monotonic()
         self.given += len(samples)
         complete = []
         for problem in dict.fromkeys(s.problem_id for s in samples):
             self.waiting[problem] += [s for s in samples if s.problem_id == problem]
             self.episodes[problem].add(episode_id)
             if len(self.episodes[problem]) >= problem_episodes:
-                complete += self.waiting.pop(problem)
+                done = self.waiting.pop(problem)
+                complete += done
+                self.completed.append((now, len(done)))
         if complete:
             with self._lock:
                 self.ready += complete
@@ -194,10 +198,20 @@ class StreamingStep:
 
     def timing(self) -> dict[str, float]:
         """Seconds of compute in all (`time/compute_s`) and before the last samples came in
-        (`time/early_compute_s`): the share of the step that overlapped the rollout."""
+        (`time/early_compute_s`): the share of the step that overlapped the rollout. And what bounds that
+        share: the samples whose problem was complete before the last samples came in
+        (`time/ready_early_samples`, of `time/given_samples`: no pass could take the others earlier) and
+        how long before them the first problem was (`time/ready_lead_s`)."""
         total = sum(end - start for start, end in self.busy)
         early = sum(max(0.0, min(end, self.last_arrival) - start) for start, end in self.busy)
-        return {"time/compute_s": total, "time/early_compute_s": early}
+        ready = [(when, count) for when, count in self.completed if when < self.last_arrival]
+        return {
+            "time/compute_s": total,
+            "time/early_compute_s": early,
+            "time/given_samples": self.given,
+            "time/ready_early_samples": sum(count for _, count in ready),
+            "time/ready_lead_s": self.last_arrival - ready[0][0] if ready else 0.0,
+        }
 
 
 def _log_failure(future: Future) -> None:
@@ -210,13 +224,21 @@ def overlap_metrics(per_rank: list[dict[str, Any]], sent_at: float) -> dict[str,
     """A step's overlap with its rollout, from every rank's metrics (streamed or not):
     `trainer/compute_s`, the seconds of the step's compute (summed over the ranks), `trainer/overlap`, the
     share of them done before each rank's last samples came in, and `trainer/tail_s`, from the iteration's
-    last Groups message (to any rank; wall clock) to `sent_at`, when the weights were sent. Left out where
-    not measured (no compute: a step without samples; no Groups in the iteration)."""
+    last Groups message (to any rank; wall clock) to `sent_at`, when the weights were sent. A streamed step
+    adds what bounds its overlap: `trainer/ready_early`, the share of its samples whose problem was complete
+    before the rank's last samples came in, and `trainer/ready_lead_s`, how long before them the first one
+    was (the most of the ranks). Left out where not measured (no compute: a step without samples; no Groups
+    in the iteration; a batch step)."""
     out: dict[str, float] = {}
     total = sum(m["time/compute_s"] for m in per_rank if "time/compute_s" in m)
     if total > 0:
         out["trainer/compute_s"] = total
         out["trainer/overlap"] = sum(m["time/early_compute_s"] for m in per_rank if "time/compute_s" in m) / total
+    streamed = [m for m in per_rank if m.get("time/given_samples")]
+    if streamed:
+        given = sum(m["time/given_samples"] for m in streamed)
+        out["trainer/ready_early"] = sum(m["time/ready_early_samples"] for m in streamed) / given
+        out["trainer/ready_lead_s"] = max(m["time/ready_lead_s"] for m in streamed)
     last = [m["last_group_at"] for m in per_rank if "last_group_at" in m]
     if last:
         out["trainer/tail_s"] = sent_at - max(last)

@@ -101,8 +101,23 @@ def test_staleness_smoke(tmp_path: Path) -> None:
     streamed = sides["k=0 streaming"]
     assert 0.0 <= streamed["overlap"] <= 1.0 and streamed["compute_s"] > 0 and streamed["tail_s"] > 0
     assert figures["own_device_estimate"]["ratio"] > 0
+    # What bounded the overlap, measured by the trainer: the share of samples ready before the last group.
+    assert 0.0 <= streamed["ready_early"] <= 1.0 and streamed["ready_lead_s"] >= 0.0
+    assert "what the rule allows" in stdout and figures["own_device_estimate"]["bound_ratio"] > 0
     assert sides["k=1"]["staleness_max"] <= 1 and sides["k=1"]["stale_dropped"] == 0
     assert all(ratio > 0 for ratio in figures["ratios"].values())
+
+
+def test_gateway_smoke(tmp_path: Path) -> None:
+    """The movers through the OpenAI-compatible gateway (the `openai` package over HTTP) against the same
+    workflow as node classes, both on the mock backend: both sides played episodes, the ratio is theirs."""
+    stdout, figures = _run("gateway.py", tmp_path)
+    assert "ratio gateway / node classes" in stdout
+    (sides,) = figures["rounds"]
+    for name in ("gateway", "node classes"):
+        assert sides[name]["requests_per_s"] > 0 and sides[name]["episodes_per_s"] > 0, name
+        assert sides[name]["requests_per_episode"] >= 1 and sides[name]["dropped"] == 0, name
+    assert figures["ratios"] == [sides["gateway"]["requests_per_s"] / sides["node classes"]["requests_per_s"]]
 
 
 def test_faults_smoke(tmp_path: Path) -> None:

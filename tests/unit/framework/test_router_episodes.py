@@ -107,7 +107,7 @@ def test_generate_goes_to_the_replica_with_fewest_outstanding_and_results_go_bac
     router._on_hello(a, Hello("inference", a.decode(), "horizontal", 8, PROTOCOL_VERSION, 1))
     router._on_hello(b, Hello("inference", b.decode(), "horizontal", 8, PROTOCOL_VERSION, 2))
     router._on_hello(a, Hello("inference", a.decode(), "horizontal", 8, PROTOCOL_VERSION, 1))  # repeated
-    assert [ident for ident, _ in router.table._replicas["horizontal"]] == [b, a]
+    assert router.table.routed_replicas("horizontal") == [b, a]
     router.io.frames.clear()
     worker = b"env_worker/0"
     for request_id in range(4):

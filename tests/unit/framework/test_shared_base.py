@@ -170,7 +170,7 @@ def test_the_deployment_has_the_bases_servers_only_and_routes_the_guest_to_them(
     assert table.pick_replica("vertical")[0] == b"inference/horizontal/0"
     assert table.of_policy("inference", "vertical") == [b"inference/horizontal/0", b"inference/horizontal/1"]
     assert table.serve(b"inference/horizontal/1", "vertical")  # a replacement, policy by policy
-    assert [r for r, _ in table._replicas["horizontal"]] == [b"inference/horizontal/0"]
+    assert table.routed_replicas("horizontal") == [b"inference/horizontal/0"]
     table.mark_dead(b"inference/horizontal/0")
     assert table.pick_replica("vertical")[0] == b"inference/horizontal/1" and table.pick_replica("horizontal") is None
 

@@ -206,6 +206,11 @@ def test_samples_wait_for_their_problem_and_a_dropped_episode_is_computed_at_the
     per_episode = len(delivered[0][2])
     assert computed == [0, 0, 3 * per_episode, 3 * per_episode, 3 * per_episode]
     assert metrics["samples"] == 5 * per_episode
+    # What bounded the overlap: p0 (3 of the 5 episodes' samples) was complete before the last samples came.
+    assert metrics["time/given_samples"] == 5 * per_episode and metrics["time/ready_early_samples"] == 3 * per_episode
+    assert metrics["time/ready_lead_s"] > 0
+    ready = overlap_metrics([metrics], 0.0)
+    assert ready["trainer/ready_early"] == 0.6 and ready["trainer/ready_lead_s"] == metrics["time/ready_lead_s"]
     batch = learner(model_path, *CASES["trajectory"])
     start = params(batch)
     batch.step([s for _, _, samples in delivered[:5] for s in samples], 0)
@@ -218,6 +223,12 @@ def test_overlap_and_tail_come_from_every_rank_and_are_left_out_when_unmeasured(
         {"time/compute_s": 2.0, "time/early_compute_s": 0.0, "last_group_at": 101.5},
     ]
     assert overlap_metrics(ranks, 103.0) == {"trainer/compute_s": 6.0, "trainer/overlap": 0.5, "trainer/tail_s": 1.5}
+    streamed = [
+        {**ranks[0], "time/given_samples": 6, "time/ready_early_samples": 4, "time/ready_lead_s": 2.0},
+        {**ranks[1], "time/given_samples": 2, "time/ready_early_samples": 0, "time/ready_lead_s": 0.0},
+    ]
+    ready = overlap_metrics(streamed, 103.0)
+    assert ready["trainer/ready_early"] == 0.5 and ready["trainer/ready_lead_s"] == 2.0
     assert overlap_metrics([{"samples": 0}], 103.0) == {}
 
 

@@ -14,7 +14,7 @@ from mas_async.gateway.episode import GatewayEpisode, RewardError, read_rewards
 from mas_async.gateway.server import Gateway
 from mas_async.gateway.workflow import ProgramError, ProgramWorkflow, load_program
 from mas_async.tiny_model import build_tokenizer
-from tests.unit.gateway.test_server import LIMITS, POLICY_OF, FakeInference, InferenceDown
+from tests.unit.gateway.fakes import LIMITS, POLICY_OF, FakeInference, InferenceDown
 
 
 def _env() -> PlanPathEnv:

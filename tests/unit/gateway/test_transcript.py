@@ -18,7 +18,7 @@ def _first_turn(transcript: Transcript, tokenizer) -> tuple[np.ndarray, np.ndarr
     prompt, source = transcript.prompt([USER])
     assert source == "fresh"
     completion = np.asarray([*tokenizer.convert_tokens_to_ids(["U", "D"]), IM_END_ID], dtype=np.int32)
-    transcript.add([USER], "UD", prompt, completion)
+    transcript.add([USER], {"role": "assistant", "content": "UD"}, prompt, completion)
     return prompt, completion
 
 
@@ -55,7 +55,7 @@ def test_reuse_chains_over_several_turns() -> None:
     second = [USER, {"role": "assistant", "content": "UD"}, {"role": "user", "content": "AGAIN"}]
     ids2, _ = transcript.prompt(second)
     reply2 = np.asarray(tokenizer.convert_tokens_to_ids(["U", "D"]), dtype=np.int32)  # cut by max_tokens: no end
-    transcript.add(second, "UD", ids2, reply2)
+    transcript.add(second, {"role": "assistant", "content": "UD"}, ids2, reply2)
     third = [*second, {"role": "assistant", "content": "UD"}, {"role": "user", "content": "MORE"}]
     ids3, source = transcript.prompt(third)
     assert source == "reused"

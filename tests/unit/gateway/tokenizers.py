@@ -26,3 +26,32 @@ def merging_tokenizer(chat_template: str | None = None) -> Any:
         additional_special_tokens=[tm.IM_START, tm.IM_END],
         chat_template=chat_template or tm.CHAT_TEMPLATE,
     )
+
+
+TOOLS_TEMPLATE = (
+    "{%- if tools %}{{ '<|im_start|>system\\nTools:' }}"
+    "{%- for tool in tools %}{{ '\\n' + (tool | tojson) }}{%- endfor %}{{ '<|im_end|>\\n' }}{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'assistant' %}"
+    "{{ '<|im_start|>assistant' }}{%- if message['content'] %}{{ '\\n' + message['content'] }}{%- endif %}"
+    "{%- for call in message['tool_calls'] or [] %}"
+    "{{ '\\n<tool_call>\\n{\"name\": \"' + call['function']['name'] + '\", \"arguments\": ' }}"
+    "{{ call['function']['arguments'] | tojson }}{{ '}\\n</tool_call>' }}"
+    "{%- endfor %}{{ '<|im_end|>\\n' }}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{{ '<|im_start|>user\\n<tool_response>\\n' + message['content'] + '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- else %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+"""A Qwen2.5-style chat template with tools: the tools in a system turn, an assistant's tool calls as
+Hermes `<tool_call>` blocks (arguments as JSON objects), tool results as `<tool_response>` user turns."""
+
+
+def tools_tokenizer() -> Any:
+    """The tiny-ascii tokenizer (every printable character, so JSON tokenises) with `TOOLS_TEMPLATE`."""
+    from mas_async.tiny_model import build_tokenizer
+
+    tokenizer = build_tokenizer("tiny-ascii")
+    tokenizer.chat_template = TOOLS_TEMPLATE
+    return tokenizer

@@ -1,0 +1,110 @@
+"""What a request may ask of the sampler, and how a returned choice is cut at a stop string.
+
+Sampling follows the run, so that a training sample is on-policy: in training, `temperature` must be
+left out or equal `rollout.temperature` (the trainer recomputes log-probs at it), `top_p` left out or 1,
+and `max_tokens` at most `rollout.max_tokens` (also the default); `n` is at most `algorithm.k`. In
+evaluation a request may lower the temperature (0: greedy; left out: greedy when `eval.greedy`). `stop`
+strings end a choice at the token that completes the first of them: its ids stop there, its content stops
+before the string. `seed` is accepted and not applied per request (each replica samples from its own
+seeded generator). Both routes (chat and text completions) follow these rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from mas_async.gateway.errors import bad_request
+
+if TYPE_CHECKING:
+    from mas_async.gateway.requests import Sampling
+    from mas_async.wire.samples import Completion
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a request may ask (from the run's config: `Limits.of`)."""
+
+    max_n: int
+    max_tokens: int
+    temperature: float
+    eval_greedy: bool
+    max_calls: int
+    max_request_bytes: int
+
+    @classmethod
+    def of(cls, config: Any) -> Limits:
+        return cls(
+            max_n=config.algorithm.k,
+            max_tokens=config.rollout.max_tokens,
+            temperature=config.rollout.temperature,
+            eval_greedy=config.eval.greedy,
+            max_calls=config.gateway.max_calls_per_episode,
+            max_request_bytes=config.gateway.max_request_bytes,
+        )
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """How the inference server is asked to sample a request."""
+
+    greedy: bool
+    temperature: float
+    max_tokens: int
+
+
+def decoding(sampling: Sampling, mode: str, lim: Limits) -> Decoding:
+    """The decoding of a request in an episode of `mode` ("train" or "eval"), or a 400 naming the field."""
+    if sampling.n > lim.max_n:
+        raise bad_request(f"n={sampling.n} is above this run's K (algorithm.k={lim.max_n})", param="n")
+    max_tokens = lim.max_tokens if sampling.max_tokens is None else sampling.max_tokens
+    if max_tokens > lim.max_tokens:
+        raise bad_request(
+            f"max_tokens={max_tokens} is above this run's rollout.max_tokens={lim.max_tokens}", param="max_tokens"
+        )
+    if sampling.top_p is not None and sampling.top_p != 1.0:
+        raise bad_request(
+            f"top_p={sampling.top_p}: this run samples the full distribution (the log-probs it trains on ignore a "
+            "nucleus cut); leave top_p out or set it to 1",
+            param="top_p",
+        )
+    temperature = sampling.temperature
+    if mode == "train":
+        if temperature is not None and temperature != lim.temperature:
+            raise bad_request(
+                f"temperature={temperature}: this run trains at rollout.temperature={lim.temperature} (the "
+                "trainer recomputes log-probs at it, so a sample at another temperature would be off-policy); "
+                "leave temperature out",
+                param="temperature",
+            )
+        return Decoding(False, lim.temperature, max_tokens)
+    if temperature is None:
+        return Decoding(lim.eval_greedy, lim.temperature, max_tokens)
+    if temperature > lim.temperature:
+        raise bad_request(
+            f"temperature={temperature} is above this run's rollout.temperature={lim.temperature}",
+            param="temperature",
+        )
+    return Decoding(temperature == 0.0, temperature or lim.temperature, max_tokens)
+
+
+def apply_stop(tokenizer: Any, completion: Completion, stops: list[str] | None) -> tuple[Completion, str]:
+    """The completion cut at the token that completes the first stop string, and its text (before it)."""
+    ids = np.asarray(completion.token_ids).tolist()
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    if not stops or not any(s in text for s in stops):
+        return completion, text
+    for end in range(1, len(ids) + 1):
+        prefix = tokenizer.decode(ids[:end], skip_special_tokens=True)
+        hits = [i for i in (prefix.find(s) for s in stops) if i >= 0]
+        if hits:
+            cut = type(completion)(
+                np.asarray(completion.token_ids[:end]),
+                np.asarray(completion.logprobs[:end]),
+                completion.version,
+                "stop",
+            )
+            return cut, prefix[: min(hits)]
+    return completion, text  # unreachable: the whole text holds a stop string

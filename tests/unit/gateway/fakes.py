@@ -1,0 +1,109 @@
+"""A live gateway for the gateway's tests: fake inference that records every request, and `serve`, which
+runs a test against a started gateway with one open session and always stops it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+import numpy as np
+
+from mas_async.gateway.server import Gateway, Limits
+from mas_async.gateway.session import Session
+from mas_async.tiny_model import IM_END_ID, build_tokenizer
+from mas_async.wire.samples import Completion
+
+LIMITS = Limits(max_n=4, max_tokens=8, temperature=1.0, eval_greedy=True, max_calls=5, max_request_bytes=64 * 1024)
+POLICY_OF = {"vertical": "pv", "horizontal": "ph"}
+
+
+class InferenceDown(RuntimeError):
+    pass
+
+
+class FakeInference:
+    """Answers every request with the reply `text` (+ <|im_end|>) at weight version 7, and records it."""
+
+    def __init__(self, tokenizer: Any, text: str = "UD") -> None:
+        self.tokenizer = tokenizer
+        self.text = text
+        self.requests: list[dict[str, Any]] = []
+        self.fail: str | None = None
+        self.delay_s = 0.0
+        """How long a request takes (so that concurrent requests interleave)."""
+        self.during: Callable[[], None] | None = None
+        """Called while a request is being served (e.g. to end the episode meanwhile)."""
+
+    async def __call__(self, policy, prompt_ids, n, greedy, *, max_tokens, temperature) -> list[Completion]:
+        self.requests.append(
+            {"policy": policy, "prompt_ids": prompt_ids.tolist(), "n": n, "greedy": greedy,
+             "max_tokens": max_tokens, "temperature": temperature}
+        )  # fmt: skip
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        if self.fail:
+            raise InferenceDown(self.fail)
+        if self.during is not None:
+            self.during()
+        ids = self.reply_ids()
+        logprobs = -np.linspace(0.1, 0.5, len(ids)).astype(np.float32)
+        return [Completion(np.asarray(ids, dtype=np.int32), logprobs, 7, "stop") for _ in range(n)]
+
+    def reply_ids(self) -> list[int]:
+        return [*self.tokenizer.encode(self.text, add_special_tokens=False), IM_END_ID]
+
+
+def gateway_of(fake: FakeInference, limits: Limits = LIMITS) -> Gateway:
+    """A gateway (not started) of the two agents, both policies with the fake's tokenizer and inference."""
+    return Gateway(
+        policy_of=POLICY_OF,
+        tokenizers={"pv": fake.tokenizer, "ph": fake.tokenizer},
+        generate=fake,
+        limits=limits,
+        generate_errors=(InferenceDown,),
+    )
+
+
+Test = Callable[[Gateway, Session, FakeInference, httpx.AsyncClient], Awaitable[None]]
+
+
+def serve(test: Test, *, mode: str = "train", text: str = "UD", tokenizer: Any = None, limits: Limits = LIMITS) -> None:
+    """Run `test` against a started gateway with one open session, then stop the gateway."""
+    tokenizer = tokenizer or build_tokenizer()
+
+    async def main() -> None:
+        fake = FakeInference(tokenizer, text)
+        gateway = gateway_of(fake, limits)
+        await gateway.start()
+        session = gateway.open(episode_id="train0-1", problem_id="p1", mode=mode)
+        try:
+            async with httpx.AsyncClient(base_url=gateway.base_url, timeout=10.0) as http:
+                await asyncio.wait_for(test(gateway, session, fake, http), 60)
+        finally:
+            await gateway.stop()
+
+    asyncio.run(main())
+
+
+def openai_client(gateway: Gateway, session: Session) -> Any:
+    from openai import AsyncOpenAI
+
+    return AsyncOpenAI(base_url=gateway.base_url, api_key=session.key, max_retries=0, timeout=10.0)
+
+
+def auth(session: Session) -> dict[str, str]:
+    return {"Authorization": f"Bearer {session.key}"}
+
+
+def chat(content: str = "GO", **fields: Any) -> dict[str, Any]:
+    return {"model": "vertical", "messages": [{"role": "user", "content": content}], **fields}
+
+
+def refused(response: httpx.Response, status: int) -> dict[str, Any]:
+    """The OpenAI error object of `response`, checked to be one, with `status`."""
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    return error

@@ -16,7 +16,8 @@ and tasks on uvloop, one DEALER socket per simulated peer, each joining with a H
   sends at the end of an episode: its Groups (T * K samples of P + tokens_per_turn tokens) and EpisodeDone;
 - the trainer: counts the samples the router forwards (and checks each TrainStep's expected count), and
   answers TrainStep(v) after `--step-ms` with UpdateWeights(v+1) and Trained(v+1), so iterations go on;
-- every peer sends a Heartbeat each `cluster.heartbeat_s` (1 s), as the real ones do.
+- every peer sends a Heartbeat each `cluster.heartbeat_s` (1 s) in which it sent nothing else, as the real
+  ones do.
 
 The run keeps `rollout.max_staleness` = `--staleness` (1) iterations ahead open, each iteration a batch of
 half the concurrent episodes, so rollouts go on across steps (strict mode drains every iteration).
@@ -176,6 +177,8 @@ class Link:
         self.fd = sock.getsockopt(zmq.FD)
         self.loop.add_reader(self.fd, self.readable)
         self._looking = False
+        self.sent_at = float("-inf")
+        """When this link last sent (time.perf_counter()): a peer that sent within a heartbeat skips it."""
 
     def readable(self) -> None:
         self._looking = False
@@ -189,6 +192,7 @@ class Link:
         if self.sock.closed:  # (a replica's timer or an episode after the end: dropped)
             return
         self.sock.send_multipart(frames, copy=False)
+        self.sent_at = time.perf_counter()
         if not self._looking:
             self._looking = True
             self.loop.call_soon(self.readable)
@@ -417,8 +421,10 @@ class Sim:
             lag_at = now
             if now - beat >= spec["heartbeat_s"]:
                 beat = now
+                beat_frames = encode(Heartbeat(time.time()))
                 for peer in peers:
-                    peer.link.send(encode(Heartbeat(time.time())))
+                    if now - peer.link.sent_at >= spec["heartbeat_s"]:
+                        peer.link.send(beat_frames)
         for worker in workers:
             for task in worker.tasks:
                 task.cancel()

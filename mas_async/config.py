@@ -434,9 +434,17 @@ class GatewayConfig(_Section):
     """The OpenAI-compatible gateway that each env worker serves to a `workflow.program` (docs/gateway.md)."""
 
     host: str = "127.0.0.1"
-    """Interface the gateway's HTTP server binds to (loopback: only the worker's own programs call it)."""
+    """Interface the gateway's HTTP server binds to when it is not `external` (loopback: only the worker's own
+    programs call it, each episode's key its credential)."""
     port: int = Field(0, ge=0, le=65535)
-    """Port of env worker 0's gateway (worker i takes port + i); 0 lets the system pick a free one."""
+    """Port of env worker 0's gateway (worker i takes port + i); 0: a free one (picked at launch, on the
+    worker's node, when `external`)."""
+    external: bool = False
+    """Serve each env worker's gateway to processes outside the run too (an agent service that makes an
+    episode's calls, docs/gateway.md): it binds the address of the worker's node instead of `host`, its
+    base URL is in deployment.json (`gateways`), and every request must carry the run's token, minted at
+    each start into RUN_DIR/keys/gateway_token (mode 0600), before the episode's key: `Authorization:
+    Bearer <token>.<episode key>` (a program's clients and `Task.api_key` carry it)."""
     max_calls_per_episode: int = Field(256, ge=1)
     """Most chat completion calls one episode may make; the next gets an OpenAI-shaped 400 error."""
     max_request_bytes: int = Field(4 * 1024 * 1024, ge=1024)
@@ -664,6 +672,11 @@ class Config(_Section):
         missing = sorted(agent for agent, spec in self.agents.items() if spec.node is None)
         if missing:
             raise ValueError(f"agents {missing} name no node; workflow.name={wf.name!r} plays a node per agent")
+        if self.gateway.external:
+            raise ValueError(
+                f"gateway.external=true serves the gateway of a workflow.program, but workflow.name={wf.name!r} "
+                "plays nodes and serves none; drop gateway.external or give workflow.program"
+            )
 
     def _shared_bases_can_work(self) -> None:
         """Refuse a `policies.<p>.base` that does not name a policy whose servers can hold p's adapters."""

@@ -43,6 +43,12 @@ class Deployment:
     keys_dir: str | None = None
     """The run's CURVE keys folder (RUN_DIR/keys, `mas_async.runtime.curve`), None when cluster.curve is off:
     then every socket is plain."""
+    gateways: dict[str, str] = field(default_factory=dict)
+    """env worker -> the base URL of its gateway, http://<its node's address>:<port>/v1, which it binds
+    (`gateway.external` only: what a process outside the run calls; empty otherwise)."""
+    gateway_token: str | None = None
+    """The file of the run's gateway token (RUN_DIR/keys/gateway_token, mode 0600, `mas_async.gateway.access`),
+    which every request to an external gateway carries; None unless `gateway.external`."""
 
     def address(self, process: str) -> str:
         """The address of the node `process` runs on (127.0.0.1 for a deployment without nodes)."""
@@ -71,6 +77,12 @@ class Deployment:
     @classmethod
     def load(cls, path: Path) -> Deployment:
         return cls(**json.loads(path.read_text()))
+
+
+def http_url(address: str, port: int, path: str = "") -> str:
+    """http://address:port/path, an IPv6 address in brackets."""
+    host = f"[{address}]" if ":" in address else address
+    return f"http://{host}:{port}{path}"
 
 
 def trainer_peer(policy: str, rank: int = 0) -> str:

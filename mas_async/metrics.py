@@ -69,6 +69,9 @@ class Keys:
     """Per-agent means of an OpenAI API program's calls: gateway/calls|reused|prefix_mismatch|retokenized/<agent>
     (docs/gateway.md)."""
     BASELINE_PREFIX = "eval/baseline/"
+    GATEWAY_REFUSED_AUTH = "gateway/refused_auth"
+    """Requests that the run's external gateways (`gateway.external`) refused in the iteration for a missing or
+    wrong run token (401s, docs/gateway.md): the sum of the episode summaries' `refused_auth`."""
 
     @staticmethod
     def progress_rate(agent: str) -> str:
@@ -120,6 +123,10 @@ class Keys:
         trainer/<policy>/ready_early and ready_lead_s (what bounded its overlap); training/streaming.py."""
         return f"trainer/{policy}/{key}"
 
+
+REFUSED_AUTH = "refused_auth"
+"""An episode summary's count of the requests its env worker's external gateway refused for their token since
+that worker's previous episode (summed, not averaged, into `Keys.GATEWAY_REFUSED_AUTH`)."""
 
 TENSORBOARD_DIR = "tensorboard"
 """Folder of the TensorBoard event files, beside metrics.jsonl."""

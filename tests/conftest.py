@@ -25,6 +25,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+LOGS_SHOWN, LOG_LINES_SHOWN = 16, 25
+"""How much of a failed test's deployment logs its report shows: the first logs by name, their last lines."""
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[pytest.TestReport]:
+    """A failed test that ran a deployment under its tmp_path shows the end of every process's log (without
+    DEBUG lines) in its report: a failure on a CI machine can be read from CI's output alone."""
+    report = yield
+    tmp_path = getattr(item, "funcargs", {}).get("tmp_path")
+    if report.failed and call.when == "call" and isinstance(tmp_path, Path):
+        for log in sorted(tmp_path.glob("**/logs/*.log"))[:LOGS_SHOWN]:
+            lines = [line for line in log.read_text(errors="replace").splitlines() if " DEBUG " not in line]
+            report.sections.append((f"log {log.relative_to(tmp_path)}", "\n".join(lines[-LOG_LINES_SHOWN:])))
+    return report
+
+
 @pytest.fixture(scope="session")
 def root() -> Path:
     """The checkout (configs/, envs/data/, ...)."""

@@ -4,7 +4,8 @@ A `workflow.program` ("module:function") is a plain async function that gets the
 `openai.AsyncOpenAI` client per agent. Each env worker serves an HTTP gateway (`server.py`, aiohttp, on the
 worker's own event loop) that answers `POST /v1/chat/completions`, `POST /v1/completions` and `GET
 /v1/models`, in JSON or as server-sent events (`streaming.py`): `model` names an agent, the per-episode API
-key names the episode (`session.py`), the request's fields are checked (`requests.py`, `completions.py`,
+key names the episode (`session.py`; after the run's token when the gateway is served outside the run to
+an agent service, `access.py`), the request's fields are checked (`requests.py`, `completions.py`,
 `sampling.py`), a chat prompt is rendered with the agent's policy's chat template and tools (`tools.py`)
 reusing the exact token ids of earlier turns (`transcript.py`), and the request goes to the router as a
 `Generate` like any other, so it gets the same balancing, update gate and version tags. The answer is

@@ -4,9 +4,11 @@ A text completion continues one prompt: a string, tokenised by the agent's polic
 template (`encode(prompt)`, special tokens as the tokenizer adds them, as vLLM's /v1/completions does), or
 a list of token ids sent as they are. A list of several prompts is refused (one request is one turn of
 one agent); a one-element list is read as its element. The sampling fields and their rules are chat's
-(`requests.Sampling`, `sampling.py`); `logprobs` is the legacy integer: 0 returns each sampled token's
-log-prob, more (top-k alternatives) is refused like chat's top_logprobs. `echo`, `suffix` and `best_of`
-above 1 are refused. The call is recorded as the agent's turn like a chat call, its prompt source "fresh".
+(`requests.Sampling`, `sampling.py`); `logprobs` is the legacy integer k, 0 to 5 as OpenAI's: each
+sampled token's log-prob, and with k > 0 its k most likely alternatives (`top_logprobs`, which then also
+holds the sampled token, as OpenAI's and vLLM's do). `echo`, `suffix` and `best_of` above 1 are refused,
+and chat's `top_logprobs` field is not this route's. The call is recorded as the agent's turn like a chat
+call, its prompt source "fresh".
 """
 
 from __future__ import annotations
@@ -28,8 +30,11 @@ from mas_async.gateway.requests import (
 )
 
 TEXT_FIELDS = SAMPLING_FIELDS | {"model", "prompt"}
+MAX_TEXT_LOGPROBS = 5
+"""The legacy API's logprobs goes up to 5."""
 TEXT_REFUSED = {
     **OFF_POLICY,
+    "top_logprobs": "top_logprobs is a chat field; here logprobs=k (0 to 5) returns k alternatives",
     "echo": "echo is not served (the response holds the prompt's ids as prompt_token_ids)",
     "suffix": "suffix (insertion) is not served",
     "best_of": "best_of is not served: every choice sampled is returned and trained on (use n)",
@@ -47,17 +52,13 @@ class TextRequest:
     @classmethod
     def parse(cls, body: Any) -> TextRequest:
         check_fields(body, TEXT_FIELDS, TEXT_REFUSED)
-        top = int_field(body, "logprobs", None, 0)
-        if top is not None and top > 0:
-            raise bad_request(
-                f"logprobs={top}: top-k log-probs are not served (logprobs=0 gives each sampled token's log-prob)",
-                param="logprobs",
-                code="unsupported_parameter",
-            )
+        top = int_field(body, "logprobs", None, 0, MAX_TEXT_LOGPROBS)
         return cls(
             model=model_of(body),
             prompt=_prompt(body.get("prompt")),
-            sampling=Sampling.parse(body, logprobs=top is not None, max_tokens=max_tokens_of(body)),
+            sampling=Sampling.parse(
+                body, logprobs=top is not None, max_tokens=max_tokens_of(body), top_logprobs=top or 0
+            ),
         )
 
     def prompt_ids(self, tokenizer: Any) -> np.ndarray:

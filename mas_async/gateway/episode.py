@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from mas_async.gateway.transcript import SOURCES
+from mas_async.metrics import REFUSED_AUTH
 from mas_async.wire.samples import Sample
 
 if TYPE_CHECKING:
@@ -56,6 +57,11 @@ class Task:
     episode_id: str
     mode: str
     """"train" (every call becomes a sample) or "eval" (nothing is recorded)."""
+    base_url: str = ""
+    """The gateway's base URL (http://host:port/v1) that the episode's clients call."""
+    api_key: str = ""
+    """The episode's API key (its session key; after the run's token on an external gateway). With `base_url`
+    it is all that an agent service outside the run needs to make the episode's calls itself."""
 
 
 @dataclass(slots=True)
@@ -103,10 +109,11 @@ class GatewayEpisode:
         self.session = session
         # No retries (a retried call would be a second sample); the gateway's connection pool, which the
         # clients of every episode share (closing a client would close it: they are left to the collector).
+        api_key = self.gateway.api_key(session)
         clients = {
             agent: AsyncOpenAI(
                 base_url=self.gateway.base_url,
-                api_key=session.key,
+                api_key=api_key,
                 max_retries=0,
                 timeout=self.client_timeout_s,
                 http_client=self.gateway.clients_http,
@@ -120,6 +127,8 @@ class GatewayEpisode:
             agents=agents,
             episode_id=self.episode_id,
             mode=self.mode,
+            base_url=self.gateway.base_url,
+            api_key=api_key,
         )
         try:
             result = await program(task, clients, **options)
@@ -165,6 +174,8 @@ class GatewayEpisode:
             "tokens": tokens,
             "multi_version_tokens": tokens if len(versions) > 1 else 0,
         }
+        if self.gateway.access.external:  # the worker's refusals since its previous episode, summed by the router
+            summary[REFUSED_AUTH] = self.gateway.access.take_refused()
         for agent in self.policy_of:
             summary[f"reward/{agent}"] = self.alpha * rewards.team + rewards.local.get(agent, 0.0)
             summary[f"gateway/calls/{agent}"] = session.turns[agent]

@@ -2,11 +2,13 @@
 
 `ChatRequest.parse(body)` reads `POST /v1/chat/completions`; `completions.TextRequest` reads the legacy
 `POST /v1/completions` with the same helpers. Both share `Sampling`: n, temperature, top_p, max_tokens /
-max_completion_tokens, stop, seed, logprobs, stream and stream_options.include_usage. A field the gateway
-would have to ignore in a way that changes what was sampled (penalties, a logit bias, a response format,
-top log-probs, a forced tool choice) is refused with a 400 that names it, unless it holds its neutral
-value (a client library may send the default). Fields that only label a request (user, metadata, store,
-...) are accepted and ignored; an unknown field is refused, as the OpenAI API does.
+max_completion_tokens, stop, seed (0 to 2**63 - 1), logprobs (with chat's top_logprobs, 0 to 20, which
+needs logprobs: true; the legacy route's logprobs integer is read in `completions.py`), stream and
+stream_options.include_usage. A field the gateway would have to ignore in a way that changes what was
+sampled (penalties, a logit bias, a response format, a forced tool choice) is refused with a 400 that
+names it, unless it holds its neutral value (a client library may send the default). Fields that only
+label a request (user, metadata, store, ...) are accepted and ignored; an unknown field is refused, as
+the OpenAI API does.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 from mas_async.gateway import tools as tool_fields
 from mas_async.gateway.errors import bad_request
+from mas_async.wire.messages import MAX_SEED
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 LABELS = frozenset({"user", "metadata", "store", "parallel_tool_calls", "service_tier"})
@@ -26,7 +29,6 @@ OFF_POLICY = {
     "frequency_penalty": "penalties change the sampling distribution, so the sample would be off-policy",
     "presence_penalty": "penalties change the sampling distribution, so the sample would be off-policy",
     "logit_bias": "a logit bias changes the sampling distribution, so the sample would be off-policy",
-    "top_logprobs": "top_logprobs is not served (logprobs=true gives each sampled token's log-prob)",
 }
 """Fields of both routes refused when set to anything but their neutral value (see `_neutral`)."""
 CHAT_REFUSED = {
@@ -43,7 +45,9 @@ CHAT_REFUSED = {
 SAMPLING_FIELDS = frozenset(
     {"n", "temperature", "top_p", "max_tokens", "stop", "seed", "logprobs", "stream", "stream_options"}
 )
-CHAT_FIELDS = SAMPLING_FIELDS | {"model", "messages", "max_completion_tokens", "tools", "tool_choice"}
+CHAT_FIELDS = SAMPLING_FIELDS | {"model", "messages", "max_completion_tokens", "tools", "tool_choice", "top_logprobs"}
+MAX_CHAT_TOP_LOGPROBS = 20
+"""Chat's top_logprobs goes up to 20, as OpenAI's (and the inference servers', `wire.messages.MAX_TOP_LOGPROBS`)."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -56,15 +60,18 @@ class Sampling:
     max_tokens: int | None = None
     stop: list[str] | None = None
     seed: int | None = None
+    """Sample choice i from a generator seeded with seed + i: the same request and seed give the same choices."""
     logprobs: bool = False
     """Return each sampled token's log-prob."""
+    top_logprobs: int = 0
+    """With logprobs, also the k most likely tokens at each position (0: none)."""
     stream: bool = False
     """Answer with server-sent events (`streaming.py`)."""
     include_usage: bool = False
     """stream_options.include_usage: a last chunk with the usage and no choices."""
 
     @classmethod
-    def parse(cls, body: dict[str, Any], *, logprobs: bool, max_tokens: int | None) -> Sampling:
+    def parse(cls, body: dict[str, Any], *, logprobs: bool, max_tokens: int | None, top_logprobs: int = 0) -> Sampling:
         stream = _bool(body, "stream")
         return cls(
             n=int_field(body, "n", 1, 1),
@@ -72,8 +79,9 @@ class Sampling:
             top_p=_number(body, "top_p", 0.0, 1.0, low_open=True),
             max_tokens=max_tokens,
             stop=_stop(body.get("stop")),
-            seed=int_field(body, "seed", None, None),
+            seed=int_field(body, "seed", None, 0, MAX_SEED),
             logprobs=logprobs,
+            top_logprobs=top_logprobs,
             stream=stream,
             include_usage=_stream_options(body.get("stream_options"), stream),
         )
@@ -100,10 +108,14 @@ class ChatRequest:
     def parse(cls, body: Any) -> ChatRequest:
         check_fields(body, CHAT_FIELDS, CHAT_REFUSED)
         tools = tool_fields.parse_tools(body.get("tools"))
+        logprobs = _bool(body, "logprobs")
+        top = int_field(body, "top_logprobs", 0, 0, MAX_CHAT_TOP_LOGPROBS)
+        if top and not logprobs:
+            raise bad_request("top_logprobs: only allowed when logprobs is true", param="top_logprobs")
         return cls(
             model=model_of(body),
             messages=_messages(body.get("messages")),
-            sampling=Sampling.parse(body, logprobs=_bool(body, "logprobs"), max_tokens=max_tokens_of(body)),
+            sampling=Sampling.parse(body, logprobs=logprobs, max_tokens=max_tokens_of(body), top_logprobs=top),
             tools=tools,
             tool_choice=tool_fields.parse_tool_choice(body.get("tool_choice"), tools),
         )
@@ -197,7 +209,7 @@ def _content(value: Any, where: str, role: str) -> str:
     raise bad_request(f"{where}.content: a string or a list of text parts is required", param=f"{where}.content")
 
 
-def int_field(body: dict[str, Any], key: str, default: int | None, low: int | None) -> Any:
+def int_field(body: dict[str, Any], key: str, default: int | None, low: int | None, high: int | None = None) -> Any:
     value = body.get(key)
     if value is None:
         return default
@@ -205,6 +217,8 @@ def int_field(body: dict[str, Any], key: str, default: int | None, low: int | No
         raise bad_request(f"{key}: an integer is required, got {value!r}", param=key)
     if low is not None and value < low:
         raise bad_request(f"{key}: must be at least {low}, got {value}", param=key)
+    if high is not None and value > high:
+        raise bad_request(f"{key}: must be at most {high}, got {value}", param=key)
     return value
 
 

@@ -7,7 +7,11 @@ at a stop string), `prompt_token_ids` (the prompt's ids, exactly as the model sa
 `weight_version` (the version of the weights that sampled it); a response carries the top-level
 `mas_async` object (episode_id, agent, turn, prompt_source). Log-probs are each sampled token's rollout
 log-prob: chat's `logprobs.content` entries, or the legacy API's `tokens` / `token_logprobs` /
-`top_logprobs` (the sampled token only) / `text_offset`.
+`top_logprobs` / `text_offset`. Alternatives come as the completion carries them (only when the request
+asked for k > 0, `sampling.py`): chat's `top_logprobs` of each entry lists the k most likely tokens
+(`token`, `logprob`, `bytes`), most likely first ([] without); the legacy `top_logprobs` of a position
+maps each of the k tokens, and the sampled one, to its log-prob (as OpenAI's and vLLM's do; the sampled
+token alone with logprobs=0). Tokens are decoded one by one, so two ids may read the same.
 """
 
 from __future__ import annotations
@@ -55,16 +59,19 @@ def chat_choice(
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
         message["tool_calls"] = calls
-    ids, lps = _ids(completion)
-    entries = [
-        {"token": token, "logprob": lp, "bytes": list(token.encode()), "top_logprobs": []}
-        for token, lp in zip(_tokens(tokenizer, ids), lps, strict=True)
-    ]
+    content = None
+    if logprobs:
+        ids, lps = _ids(completion)
+        tops = _alternatives(tokenizer, completion) or [[] for _ in ids]
+        content = [
+            {**_entry(token, lp), "top_logprobs": [_entry(t, v) for t, v in top]}
+            for token, lp, top in zip(_tokens(tokenizer, ids), lps, tops, strict=True)
+        ]
     return {
         "index": index,
         "message": message,
         "finish_reason": "tool_calls" if calls else _finish(completion),
-        "logprobs": {"content": entries} if logprobs else None,
+        "logprobs": {"content": content} if logprobs else None,
         **_extras(completion, prompt_ids),
     }
 
@@ -72,16 +79,18 @@ def chat_choice(
 def text_choice(
     tokenizer: Any, index: int, text: str, completion: Completion, prompt_ids: np.ndarray, logprobs: bool
 ) -> dict[str, Any]:
-    """A legacy completion choice (logprobs in the legacy shape, the sampled token only)."""
+    """A legacy completion choice (logprobs in the legacy shape: top_logprobs maps the alternatives the
+    completion carries, and the sampled token, to their log-probs)."""
     ids, lps = _ids(completion)
     legacy = None
     if logprobs:
         tokens = _tokens(tokenizer, ids)
         offsets = np.cumsum([0, *map(len, pieces(tokenizer, ids, text))])[:-1].tolist()
+        tops = _alternatives(tokenizer, completion) or [[] for _ in ids]
         legacy = {
             "tokens": tokens,
             "token_logprobs": lps,
-            "top_logprobs": [{t: lp} for t, lp in zip(tokens, lps, strict=True)],
+            "top_logprobs": [{**dict(top), t: lp} for t, lp, top in zip(tokens, lps, tops, strict=True)],
             "text_offset": offsets,
         }
     return {
@@ -143,6 +152,18 @@ def _ids(completion: Completion) -> tuple[list[int], list[float]]:
 
 def _tokens(tokenizer: Any, ids: list[int]) -> list[str]:
     return [tokenizer.decode([token], skip_special_tokens=False) for token in ids]
+
+
+def _entry(token: str, logprob: float) -> dict[str, Any]:
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+
+def _alternatives(tokenizer: Any, completion: Completion) -> list[list[tuple[str, float]]] | None:
+    """Each position's alternatives as (token, log-prob), most likely first; None when it carries none."""
+    if completion.top_ids is None or completion.top_logprobs is None:
+        return None
+    ids, values = np.asarray(completion.top_ids).tolist(), np.asarray(completion.top_logprobs).tolist()
+    return [list(zip(_tokens(tokenizer, row), lps, strict=True)) for row, lps in zip(ids, values, strict=True)]
 
 
 def _finish(completion: Completion) -> str:

@@ -5,12 +5,19 @@ left out or equal `rollout.temperature` (the trainer recomputes log-probs at it)
 and `max_tokens` at most `rollout.max_tokens` (also the default); `n` is at most `algorithm.k`. In
 evaluation a request may lower the temperature (0: greedy; left out: greedy when `eval.greedy`). `stop`
 strings end a choice at the token that completes the first of them: its ids stop there, its content stops
-before the string. `seed` is accepted and not applied per request (each replica samples from its own
-seeded generator). Both routes (chat and text completions) follow these rules.
+before the string (and so do the alternatives of `top_logprobs`). `seed` makes a request reproducible:
+choice i is drawn from a generator seeded with seed + i (vLLM's rule), on whatever replica and in
+whatever batch it runs, so the same prompt, seed and sampling fields give the same choices (the same
+weights assumed: a request of a later weight version samples another policy). `top_logprobs` (chat's,
+or the legacy `logprobs` integer) asks the inference server for each sampled token's k most likely
+alternatives under the distribution the token was sampled from, log_softmax(logits / temperature) (vLLM's
+processed log-probs; top_p is 1 here, so nothing is cut from it), the same one as its log-prob. Both
+routes (chat and text completions) follow these rules.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +60,8 @@ class Decoding:
     greedy: bool
     temperature: float
     max_tokens: int
+    seed: int | None = None
+    top_logprobs: int = 0
 
 
 def decoding(sampling: Sampling, mode: str, lim: Limits) -> Decoding:
@@ -71,6 +80,7 @@ def decoding(sampling: Sampling, mode: str, lim: Limits) -> Decoding:
             param="top_p",
         )
     temperature = sampling.temperature
+    asked = (sampling.seed, sampling.top_logprobs if sampling.logprobs else 0)
     if mode == "train":
         if temperature is not None and temperature != lim.temperature:
             raise bad_request(
@@ -79,15 +89,15 @@ def decoding(sampling: Sampling, mode: str, lim: Limits) -> Decoding:
                 "leave temperature out",
                 param="temperature",
             )
-        return Decoding(False, lim.temperature, max_tokens)
+        return Decoding(False, lim.temperature, max_tokens, *asked)
     if temperature is None:
-        return Decoding(lim.eval_greedy, lim.temperature, max_tokens)
+        return Decoding(lim.eval_greedy, lim.temperature, max_tokens, *asked)
     if temperature > lim.temperature:
         raise bad_request(
             f"temperature={temperature} is above this run's rollout.temperature={lim.temperature}",
             param="temperature",
         )
-    return Decoding(temperature == 0.0, temperature or lim.temperature, max_tokens)
+    return Decoding(temperature == 0.0, temperature or lim.temperature, max_tokens, *asked)
 
 
 def apply_stop(tokenizer: Any, completion: Completion, stops: list[str] | None) -> tuple[Completion, str]:
@@ -100,11 +110,14 @@ def apply_stop(tokenizer: Any, completion: Completion, stops: list[str] | None) 
         prefix = tokenizer.decode(ids[:end], skip_special_tokens=True)
         hits = [i for i in (prefix.find(s) for s in stops) if i >= 0]
         if hits:
-            cut = type(completion)(
-                np.asarray(completion.token_ids[:end]),
-                np.asarray(completion.logprobs[:end]),
-                completion.version,
-                "stop",
+            top = completion.top_ids is not None and completion.top_logprobs is not None
+            cut = dataclasses.replace(
+                completion,
+                token_ids=np.asarray(completion.token_ids[:end]),
+                logprobs=np.asarray(completion.logprobs[:end]),
+                finish_reason="stop",
+                top_ids=completion.top_ids[:end] if top else None,
+                top_logprobs=completion.top_logprobs[:end] if top else None,
             )
             return cut, prefix[: min(hits)]
     return completion, text  # unreachable: the whole text holds a stop string

@@ -2,8 +2,9 @@
 
 Routes: `POST /v1/chat/completions`, `POST /v1/completions` (legacy text completions) and `GET
 /v1/models`; both completion routes answer in one JSON object or, with `stream: true`, as server-sent
-events (`streaming.py`). A request is authenticated by its per-episode key (`session.py`) and `model`
-names an agent. A chat prompt is the agent's policy's chat template applied to the messages and tools,
+events (`streaming.py`). A request is authenticated by its per-episode key (`session.py`), and on a
+gateway served outside the run (`gateway.external`) first by the run's token (`access.py`); `model` names
+an agent. A chat prompt is the agent's policy's chat template applied to the messages and tools,
 reusing the exact ids of earlier turns (`transcript.py`); a text prompt is the tokenizer's encoding of
 the text, or the given ids (`completions.py`). The prompt then goes to the router as one `Generate` of the
 agent's policy (n choices from one request) through the env worker's `generate`, so it is balanced,
@@ -30,7 +31,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from aiohttp import web
 
+from mas_async.deployment import http_url
 from mas_async.gateway import responses, streaming
+from mas_async.gateway.access import Access
 from mas_async.gateway.completions import TextRequest
 from mas_async.gateway.errors import GatewayError, bad_request
 from mas_async.gateway.requests import ChatRequest, Sampling
@@ -44,7 +47,8 @@ __all__ = ["Gateway", "Generate", "Limits"]
 
 log = logging.getLogger("mas_async.gateway")
 
-# generate(policy, prompt_ids int32[P], n, greedy, max_tokens=..., temperature=...) -> n completions.
+# generate(policy, prompt_ids int32[P], n, greedy, max_tokens=..., temperature=..., seed=..., top_logprobs=...)
+# -> n completions (seed None: the server's generator; top_logprobs 0: no alternatives).
 Generate = Callable[..., Awaitable[list["Completion"]]]
 STOP_TIMEOUT_S = 5.0
 
@@ -63,6 +67,7 @@ class Gateway:
         host: str = "127.0.0.1",
         port: int = 0,
         generate_errors: tuple[type[BaseException], ...] = (),
+        access: Access | None = None,
     ) -> None:
         self.policy_of = dict(policy_of)
         self.tokenizers = tokenizers
@@ -73,10 +78,12 @@ class Gateway:
         self.port = port
         self.generate_errors = generate_errors
         """Exceptions of `generate` that mean the inference side refused or failed the request (-> an error reply)."""
+        self.access = access or Access()
+        """Who may call (`access.py`): the episode key alone (loopback), or the run's token with it (external)."""
         self.sessions = Sessions()
         self.base_url = ""
         """http://host:port/v1 once started."""
-        self.app = web.Application(middlewares=[_openai_errors], client_max_size=limits.max_request_bytes)
+        self.app = web.Application(middlewares=[_openai_errors, self._admit], client_max_size=limits.max_request_bytes)
         self.app.router.add_post("/v1/chat/completions", self.chat_completions)
         self.app.router.add_post("/v1/completions", self.completions)
         self.app.router.add_get("/v1/models", self.models)
@@ -93,12 +100,12 @@ class Gateway:
         await self._runner.setup()
         await web.TCPSite(self._runner, self.host, self.port).start()
         host, port = self._runner.addresses[0][:2]
-        self.base_url = f"http://{host}:{port}/v1"
+        self.base_url = http_url(host, port, "/v1")
         from openai import DefaultAsyncHttpxClient  # (the openai package is a program run's only)
 
         # No proxy from the environment: the gateway is this process's own, on the worker's interface.
         self.clients_http = DefaultAsyncHttpxClient(trust_env=False)
-        log.info("OpenAI gateway serving at %s", self.base_url)
+        log.info("OpenAI gateway serving at %s%s", self.base_url, " (the run's token required)" * self.access.external)
         return self.base_url
 
     async def stop(self) -> None:
@@ -123,6 +130,10 @@ class Gateway:
 
     def close(self, session: Session) -> None:
         self.sessions.close(session)
+
+    def api_key(self, session: Session) -> str:
+        """The API key of `session`'s clients: its key, after the run's token on an external gateway."""
+        return self.access.api_key(session.key)
 
     # -- routes ------------------------------------------------------------------------------------
 
@@ -197,10 +208,18 @@ class Gateway:
 
     # -- helpers -----------------------------------------------------------------------------------
 
+    @web.middleware
+    async def _admit(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """On an external gateway, a request without the run's token is refused here, before any route
+        (an unknown route or method included) or its body is read."""
+        self.access.admit(request.headers.get("Authorization", ""), request.remote)
+        return await handler(request)
+
     def _session(self, request: web.Request) -> Session:
-        header = request.headers.get("Authorization", "")
-        scheme, _, key = header.partition(" ")
-        return self.sessions.get(key.strip() if scheme.lower() == "bearer" else None)
+        key = self.access.episode_key(request.headers.get("Authorization", ""))
+        return self.sessions.get(key, authenticated=self.access.external)
 
     def _agent(self, model: str) -> tuple[str, str]:
         """(agent, its policy) named by a request's `model`, or a 404 listing the agents."""
@@ -236,6 +255,8 @@ class Gateway:
                 decode.greedy,
                 max_tokens=decode.max_tokens,
                 temperature=decode.temperature,
+                seed=decode.seed,
+                top_logprobs=decode.top_logprobs,
             )
             completions = await asyncio.create_task(request, context=session.context.copy())
         except self.generate_errors as e:

@@ -7,7 +7,8 @@ the first call of agent a is turn 0 of a, whatever the other agents did. A call 
 it arrives, so concurrent calls of one agent get distinct turns. Every returned choice is a `Call`; when
 the program returns, the episode credits the calls with its rewards and records them as samples
 (`episode.py`). A closed session's key is remembered (up to `ENDED_KEYS`), so a late call is told that
-its episode ended rather than that its key is unknown.
+its episode ended rather than that its key is unknown. On a gateway served outside the run the key
+comes after the run's token in the API key (`access.py`).
 """
 
 from __future__ import annotations
@@ -109,9 +110,18 @@ class Sessions:
             while len(self._ended) > ENDED_KEYS:
                 self._ended.popitem(last=False)
 
-    def get(self, key: str | None) -> Session:
-        """The open session of `key`; a 401 for a missing or unknown key, a 409 for an ended episode."""
+    def get(self, key: str | None, *, authenticated: bool = False) -> Session:
+        """The open session of `key`, or a 409 for an ended episode. A missing or unknown key is a 401 when
+        the key itself is the credential (loopback); after the run's token was checked (`authenticated`, an
+        external gateway: `access.py`) the caller is the run's, and it is a 404 naming no episode."""
         if not key:
+            if authenticated:
+                raise GatewayError(
+                    404,
+                    "the API key holds this run's token but no episode key: send '<run token>.<episode key>' "
+                    "(Task.api_key)",
+                    code="episode_not_found",
+                )
             raise GatewayError(
                 401,
                 "no API key: send the episode's key as 'Authorization: Bearer <key>' (the clients a workflow "
@@ -126,5 +136,12 @@ class Sessions:
                 409,
                 f"episode {self._ended[key]} has ended: its clients cannot make calls any more",
                 code="episode_ended",
+            )
+        if authenticated:
+            raise GatewayError(
+                404,
+                "the episode key names no open episode of this env worker (each env worker's gateway serves the "
+                "episodes it runs)",
+                code="episode_not_found",
             )
         raise GatewayError(401, "unknown API key: it names no episode of this env worker", code="invalid_api_key")

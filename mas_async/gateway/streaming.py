@@ -7,9 +7,10 @@ first of them. Everything the call can fail on (the request's fields, the episod
 is therefore known before the first byte, and answered with the usual OpenAI error JSON.
 
 The events are `data: <chunk JSON>\\n\\n` lines, then `data: [DONE]\\n\\n`. Per choice (in index order):
-the chunks that `responses.py` builds from it (a role delta, content deltas token by token, tool calls),
-then a last chunk with its `finish_reason` that also carries the choice's `token_ids`,
-`prompt_token_ids` and `weight_version` and the chunk's top-level `mas_async` object. With
+the chunks that `responses.py` builds from it (a role delta, content deltas token by token, each with its
+log-prob entry, `top_logprobs` included, when asked, tool calls), then a last chunk with its
+`finish_reason` that also carries the choice's `token_ids`, `prompt_token_ids` and `weight_version` and
+the chunk's top-level `mas_async` object. With
 `stream_options.include_usage` every chunk has `"usage": null` and a last chunk has no choices and the
 usage. The events are written in one bounded write (`SEND_TIMEOUT_S`); a client that goes away or stops
 reading only loses its stream, and the call stays recorded, as it would if it dropped a non-streamed reply.

@@ -11,7 +11,8 @@ policy's `max_batch_sequences` (one request is at most one whole batch; a workfl
 for any n up to it); max_tokens from 1 to `rollout.max_tokens`; a non-empty integer prompt of ids below
 the model's vocabulary whose length plus max_tokens fits the backend's positions; temperature from 0
 (greedy) to `rollout.temperature`, what every env worker sends; 0 < top_p <= 1; stop ids ints below
-the vocabulary, fewer than it has. Limits the model folder does not state (no config.json) are not checked.
+the vocabulary, fewer than it has; seed NO_SEED or 0..MAX_SEED; top_logprobs 0..MAX_TOP_LOGPROBS and at
+most the vocabulary. Limits the model folder does not state (no config.json) are not checked.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from mas_async.wire.messages import MAX_SEED, MAX_TOP_LOGPROBS, NO_SEED
 
 if TYPE_CHECKING:
     from mas_async.config import Config
@@ -60,6 +63,10 @@ class GenerateLimits:
             return f"Generate.temperature={msg.temperature} is outside 0..{self.max_temperature} (rollout.temperature)"
         if not 0 < msg.top_p <= 1:
             return f"Generate.top_p={msg.top_p} is outside (0, 1]"
+        if msg.seed != NO_SEED and not 0 <= msg.seed <= MAX_SEED:
+            return f"Generate.seed={msg.seed} is outside 0..{MAX_SEED} (or {NO_SEED}: none)"
+        if not 0 <= msg.top_logprobs <= min(MAX_TOP_LOGPROBS, self.vocab_size or MAX_TOP_LOGPROBS):
+            return f"Generate.top_logprobs={msg.top_logprobs} is outside 0..{MAX_TOP_LOGPROBS} (and the vocabulary)"
         if not all(isinstance(i, int) for i in msg.stop_token_ids):
             return "Generate.stop_token_ids holds a value that is not an int"
         prompt = msg.prompt_ids

@@ -18,6 +18,11 @@ class GenerationRequest:
     top_p (keep top_p = 1.0 for on-policy training).
     greedy: take the argmax instead of sampling (temperature 0 means the same).
     stop_token_ids: a sample ends after generating any of these; the stop token is part of its ids.
+    seed: None (draw from the backend's own generator), or sample i of the n draws from a generator of its
+    own seeded with seed + i (vLLM's rule for n > 1): the same request gives the same samples whatever else
+    is in the batch (up to float differences that padding may cause, which flip a draw only at a tie).
+    top_logprobs: k > 0 returns, at each position, the k most likely tokens and their log-probs under the
+    distribution the log-probs are reported in (`Completion.top_ids`, `top_logprobs`); 0 computes nothing.
     """
 
     prompt_ids: np.ndarray
@@ -27,6 +32,8 @@ class GenerationRequest:
     top_p: float = 1.0
     greedy: bool = False
     stop_token_ids: list[int] = field(default_factory=list)
+    seed: int | None = None
+    top_logprobs: int = 0
 
     def check(self, index: int, max_positions: int) -> None:
         """Raise a ValueError naming request `index` and the problem, for every backend alike."""
@@ -39,6 +46,10 @@ class GenerationRequest:
             raise ValueError(
                 f"{where}: need temperature >= 0 and 0 < top_p <= 1 (got {self.temperature}, {self.top_p})"
             )
+        if self.seed is not None and self.seed < 0:
+            raise ValueError(f"{where}: seed must be at least 0 (got {self.seed})")
+        if self.top_logprobs < 0:
+            raise ValueError(f"{where}: top_logprobs must be at least 0 (got {self.top_logprobs})")
         if len(self.prompt_ids) + self.max_tokens > max_positions:
             raise ValueError(
                 f"{where}: prompt ({len(self.prompt_ids)} tokens) + max_tokens ({self.max_tokens}) "

@@ -57,6 +57,7 @@ from mas_async.runtime.actor import DIED_AT_ENV, Peer
 from mas_async.runtime.log_limit import printable
 from mas_async.weights.group import GroupRetired, WeightGroupSpec, WeightSyncError
 from mas_async.wire.messages import (
+    NO_SEED,
     Generate,
     GenerateResult,
     Message,
@@ -262,6 +263,8 @@ class InferenceServer(Peer):
                 top_p=r.top_p,
                 greedy=r.greedy,
                 stop_token_ids=list(r.stop_token_ids),
+                seed=None if r.seed == NO_SEED else r.seed,
+                top_logprobs=r.top_logprobs,
             )  # fmt: skip
             for r in live
         ]

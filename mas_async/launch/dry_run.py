@@ -37,6 +37,10 @@ def plan_lines(config: Config, training: bool = True, nodes: int = 2) -> list[st
     finally:
         engine.close()
     listens = {**LISTENS, **{trainer_peer(p): "weight and rank stores (2 free ports)" for p in choices}}
+    if config.gateway.external:  # each env worker's OpenAI gateway, for an agent service outside the run
+        port = config.gateway.port
+        for i in range(config.cluster.env_workers):
+            listens[f"env_worker/{i}"] = f"OpenAI gateway ({f'port {port + i}' if port else '1 free port'}, run token)"
     slurm = config.cluster.engine == "slurm"
     rows = [("process", "role", "node", "address", "device", "gpu", "listens on", *(("step holds",) if slurm else ()))]
     for spec in specs:

@@ -30,7 +30,8 @@ from typing import Any
 
 from mas_async.checkpoint import complete_versions, latest_complete, load_best, policy_checkpoint
 from mas_async.config import Config, ConfigError, dump_config, load_config
-from mas_async.deployment import Deployment, replica_names, trainer_peer
+from mas_async.deployment import Deployment, http_url, replica_names, trainer_peer
+from mas_async.gateway.access import mint_token
 from mas_async.launch.engines.base import Child, Engine, Node, ProcessSpec
 from mas_async.launch.engines.local import LocalEngine
 from mas_async.launch.engines.registry import open_engine
@@ -137,7 +138,8 @@ def prepare_deployment(
     """Place every process on a node (the engine decides), record where each one is and decide what follows
     from it (`mas_async.placement`: each process's GPU, each policy's weight backend), take the listeners'
     ports on their nodes, and write deployment.json: the router listens on its node, each policy's stores on
-    its trainer rank 0's."""
+    its trainer rank 0's, and with `gateway.external` each env worker's gateway on its own node, whose
+    requests carry the run token minted here (`mas_async.gateway.access`)."""
     from mas_async.model_source import resolve_model
 
     engine = engine or LocalEngine(config)
@@ -147,6 +149,9 @@ def prepare_deployment(
     backends = weight_backends(config, places, training)  # a ConfigError before any process starts
     policies = list(config.policies)
     listeners = {"router": 1, **{trainer_peer(p): 2 for p in policies}}  # a policy's weight and rank stores
+    workers = [spec.name for spec in specs if spec.role == "env_worker"]
+    if config.gateway.external and not config.gateway.port:  # each external gateway on a free port of its node
+        listeners |= dict.fromkeys(workers, 1)
     ports: dict[str, list[int]] = {}
     # Without trainers (eval) nothing listens on a policy's ports; they are taken on the router's node.
     node_of = {name: placement.get(name, placement["router"]) for name in listeners}
@@ -155,6 +160,11 @@ def prepare_deployment(
         free = engine.free_ports(node, sum(listeners[name] for name in on_node))
         for name in on_node:
             ports[name], free = free[: listeners[name]], free[listeners[name] :]
+    gateways: dict[str, str] = {}
+    if config.gateway.external:  # (gateway.port: worker i takes port + i, as on loopback)
+        for i, name in enumerate(workers):
+            port = config.gateway.port + i if config.gateway.port else ports[name][0]
+            gateways[name] = http_url(placement[name].address, port, "/v1")
     paths = {name: str(resolve_model(spec.model, model_cache_dir())) for name, spec in config.policies.items()}
     deployment = Deployment(
         router_endpoint=f"tcp://{placement['router'].address}:{ports['router'][0]}",
@@ -167,6 +177,8 @@ def prepare_deployment(
         nodes=describe(places),
         weight_backends=backends,
         keys_dir=keys_dir,
+        gateways=gateways,
+        gateway_token=str(mint_token(run_dir)) if config.gateway.external else None,
     )
     if weights is not None:
         deployment.weights_paths = weights

@@ -36,6 +36,7 @@ from mas_async.rollout.baseline import BaselineEpisode, baseline_name
 from mas_async.rollout.episode import Episode, candidates_per_turn, greedy_decoding
 from mas_async.runtime.actor import Peer
 from mas_async.wire.messages import (
+    NO_SEED,
     EpisodeDone,
     Generate,
     GenerateResult,
@@ -113,20 +114,23 @@ class EnvWorker(Peer):
         self.stop_ids = {p: stop_token_ids(tok) for p, tok in self.tokenizers.items()}
         self.gateway: Gateway | None = None
         if config.workflow.program is not None:  # aiohttp and openai are imported by such runs only
+            from mas_async.gateway.access import listener
             from mas_async.gateway.server import Gateway, Limits
             from mas_async.gateway.workflow import ProgramWorkflow, load_program
 
             self.workflow = ProgramWorkflow(load_program(config.workflow.program), config.workflow.options)
-            gateway = config.gateway
+            # loopback (gateway.host), or gateway.external: its node's address and the run's token
+            host, port, access = listener(config, deployment, self.peer_id, index)
             self.gateway = Gateway(
                 policy_of=self.policy_of,
                 tokenizers=self.tokenizers,
                 generate=self.generate,
                 limits=Limits.of(config),
                 template_kwargs={p: spec.chat_template_kwargs for p, spec in config.policies.items()},
-                host=gateway.host,
-                port=gateway.port + index if gateway.port else 0,
+                host=host,
+                port=port,
                 generate_errors=(GenerateError,),
+                access=access,
             )
         else:
             workflow_cls = resolve(config.workflow.name, WORKFLOWS, "workflow")
@@ -174,9 +178,13 @@ class EnvWorker(Peer):
         *,
         max_tokens: int | None = None,
         temperature: float | None = None,
+        seed: int | None = None,
+        top_logprobs: int = 0,
     ) -> list[Completion]:
         """One request with n samples to an inference server of `policy`, via the router (max_tokens and
-        temperature: the run's `rollout` values unless given)."""
+        temperature: the run's `rollout` values unless given). `seed`: sample i draws from a generator
+        seeded with seed + i (None: the server's own); `top_logprobs`: k alternatives per sampled token
+        (`Completion.top_ids`, `top_logprobs`; the gateway's, never trained on)."""
         rollout = self.cfg.rollout
         max_tokens = rollout.max_tokens if max_tokens is None else max_tokens
         temperature = rollout.temperature if temperature is None else temperature
@@ -188,6 +196,7 @@ class EnvWorker(Peer):
             Generate(
                 request_id, policy, self.peer_id, deadline, np.asarray(prompt_ids, dtype=np.int32), n,
                 max_tokens, temperature, rollout.top_p, greedy, self.stop_ids[policy],
+                NO_SEED if seed is None else seed, top_logprobs,
             )
         )  # fmt: skip
         try:

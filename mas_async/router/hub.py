@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import itertools
 import json
 import logging
 import random
@@ -110,6 +111,8 @@ OWN_POLICY = (Trained, UpdateWeights, WeightsLoaded)
 MAX_COUNT = 1 << 31
 """Bound of a Groups message's sample and token counts: far above any episode's, far below what would
 overflow the sums the router sends on (msgpack integers are 64-bit)."""
+HEARTBEAT_SLICES = 10
+"""The router sends its heartbeats in this many slices of the peers, spread over each `heartbeat_s`."""
 
 
 def peer_role(name: str) -> str:
@@ -136,6 +139,8 @@ class Router(Actor):
         """The router's CURVE secret key (None: the one the launcher gave this process)."""
         self.routes: dict[bytes, bytes] = {}
         """Peer name -> the socket identity of the connection it joined with (the name itself without CURVE)."""
+        self.sent_at: dict[bytes, float] = {}
+        """Peer name -> when the router last sent it a message (time.monotonic(); `_heartbeats`)."""
         self.cfg = config
         self.deployment = deployment
         self.run_dir = run_dir
@@ -246,10 +251,11 @@ class Router(Actor):
         log.info("router bound at %s; waiting for %d peers", self.deployment.router_endpoint, len(self.table.expected))
 
     def send_to(self, identity: bytes, msg: Message) -> None:
-        self.io.send([self.routes.get(identity, identity), *encode(msg)])
+        self.forward(identity, encode(msg))
 
     def forward(self, identity: bytes, frames: list) -> None:
         self.io.send([self.routes.get(identity, identity), *frames])
+        self.sent_at[identity] = time.monotonic()
 
     def _on_frames(self, frames: list) -> None:
         route, body = frames[0].bytes, frames[1:]
@@ -263,6 +269,7 @@ class Router(Actor):
                 if peer is None:
                     self.refuse(identity, cls, "its sender never joined")
                     return
+                peer.last_seen = time.monotonic()  # (a peer that sends anything skips its heartbeats)
                 if self.routes.get(identity) != route:
                     self.refuse(identity, cls, "it came over another connection than the one its sender joined with")
                     return
@@ -282,9 +289,6 @@ class Router(Actor):
             elif cls is Groups:
                 self._hold_groups(identity, header, body)
             else:
-                # Liveness: every peer sends a Heartbeat each heartbeat_s, busy or not, so the hot path
-                # above need not stamp its messages.
-                self.table.seen(identity)
                 if cls is Hello:
                     self._on_hello(identity, decode([f.buffer for f in body]), route)  # type: ignore[arg-type]
                 elif cls is not Heartbeat:
@@ -559,15 +563,15 @@ class Router(Actor):
         )  # fmt: skip
 
     async def _watchdog(self) -> None:
-        """Take in the launcher's restarts, declare silent peers dead and drop episodes past their deadline."""
+        """Send every live peer a Heartbeat each `heartbeat_s` (a slice of them at a time: `_heartbeats`), take
+        in the launcher's restarts, declare silent peers dead and drop episodes past their deadline."""
         while True:
-            await asyncio.sleep(self.cfg.cluster.heartbeat_s)
+            for part in range(HEARTBEAT_SLICES):
+                await asyncio.sleep(self.cfg.cluster.heartbeat_s / HEARTBEAT_SLICES)
+                self._heartbeats(part)
             for record in self.restarted.new():
                 self._on_restarted(record["name"], record["pid"], record["at"])
             now = time.monotonic()
-            for ident, info in self.peers.items():
-                if info.alive:
-                    self.send_to(ident, Heartbeat(time.time()))
             for ident, info in self.table.silent(now, self.cfg.cluster.peer_timeout_s):
                 self._peer_died(ident, info)
             for book in list(self.books.values()):
@@ -577,6 +581,16 @@ class Router(Actor):
                     self._on_episode_done(
                         EpisodeDone(msg.episode_id, msg.iteration, msg.mode, msg.attempt, "timed out", {}, {})
                     )
+
+    def _heartbeats(self, part: int) -> None:
+        """A Heartbeat to every live peer of slice `part` (every HEARTBEAT_SLICES-th peer by joining order)
+        that was sent nothing else in the last `heartbeat_s` (any message tells it the router is alive),
+        encoded once: a thousand peers' heartbeats do not hold up the hot path in one burst."""
+        frames, now = encode(Heartbeat(time.time())), time.monotonic()
+        since = now - self.cfg.cluster.heartbeat_s
+        for ident, info in itertools.islice(self.peers.items(), part, None, HEARTBEAT_SLICES):
+            if info.alive and self.sent_at.get(ident, since) <= since:
+                self.forward(ident, frames)
 
     def _on_restarted(self, name: str, pid: int, died_at: float) -> None:
         """The launcher found process `name` (pid `pid`) dead at `died_at` and started it again: it is lost

@@ -1,7 +1,8 @@
 """The router's table of peers: who joined, who is alive, and which inference replica serves next.
 
-Every peer says Hello once (a repeated Hello replaces its entry) and sends a Heartbeat every
-`heartbeat_s`; `silent(now, timeout)` names the peers that stopped. The replicas routed each policy are
+Every peer says Hello once (a repeated Hello replaces its entry) and sends a message at least every
+`heartbeat_s` (a Heartbeat when it has nothing else to send; the router stamps `last_seen` on each);
+`silent(now, timeout)` names the peers that stopped. The replicas routed each policy are
 kept by requests in flight (`least_loaded.py`), so the hot path picks the least-loaded one without
 scanning any; a replica that serves several policies (a shared base, `policies.<p>.base`) is listed under
 each. Env workers are kept apart from the replicas, so finding room for episodes walks only them.
@@ -87,11 +88,6 @@ class PeerTable:
 
     def missing(self) -> list[str]:
         return sorted(self._missing)
-
-    def seen(self, identity: bytes) -> None:
-        peer = self.peers.get(identity)
-        if peer is not None:
-            peer.last_seen = time.monotonic()
 
     def pick_replica(self, policy: str) -> tuple[bytes, PeerInfo] | None:
         """The live replica of `policy` with the fewest outstanding requests (None if it has none)."""

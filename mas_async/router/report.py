@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mas_async.metrics import EpisodeStats, Keys
+from mas_async.metrics import REFUSED_AUTH, EpisodeStats, Keys
 from mas_async.router.episodes import MODES, EpisodeBook
 
 PER_AGENT = ("reward/", Keys.PARSE_PREFIX, Keys.PROGRESS_PREFIX, Keys.GATEWAY_PREFIX)
@@ -78,6 +78,9 @@ def iteration_row(
                     row[Keys.trainer(policy, key.removeprefix("trainer/"))] = value
                 elif not key.startswith("time/"):
                     row[Keys.policy(policy, key)] = value
+    refused = [stats.sums[REFUSED_AUTH] for stats in book.stats.values() if REFUSED_AUTH in stats.counts]
+    if refused:  # (only runs whose gateways are external count them)
+        row[Keys.GATEWAY_REFUSED_AUTH] = sum(refused)
     row[Keys.LATE_GROUPS] = book.late
     row[Keys.MALFORMED] = malformed
     row[Keys.REFUSED_MESSAGES] = refused_messages

@@ -10,7 +10,8 @@ with a live context.
 has keys: `mas_async.runtime.curve`). Its life: connect, send Hello (role, id, policy, capacity, protocol
 version, and when it replaces a lost process, when that one was found dead), wait for Welcome (a refused
 handshake is `HandshakeFailed`, not a hang), then run its work while a heartbeat task sends a Heartbeat
-every `heartbeat_s` and declares the router dead after `peer_timeout_s` of silence.
+every `heartbeat_s` in which it sent nothing else (any message says it is alive) and declares the router
+dead after `peer_timeout_s` of silence.
 Socket IO lives in its own tasks: the receive task decodes and dispatches, the send task drains a queue,
 so handlers never await a socket. Blocking calls (torch compute, torch.distributed collectives) go to
 threads with `asyncio.to_thread`; the loop keeps serving heartbeats meanwhile.
@@ -205,6 +206,8 @@ class Peer(Actor):
         self.curve_secret = curve_secret
         self._outbox: asyncio.Queue[list[bytes]] = asyncio.Queue()
         self._router_seen = time.monotonic()
+        self._sent_at = float("-inf")
+        """When the last message was queued for the router (time.monotonic())."""
         self.sock: zmq.asyncio.Socket | None = None
 
     async def setup(self) -> None:
@@ -248,6 +251,7 @@ class Peer(Actor):
     def send(self, msg: Message) -> None:
         """Queue a message for the router (never blocks the caller)."""
         self._outbox.put_nowait(encode(msg))
+        self._sent_at = time.monotonic()
 
     async def _send_loop(self) -> None:
         assert self.sock is not None
@@ -279,7 +283,8 @@ class Peer(Actor):
 
     async def _heartbeat_loop(self) -> None:
         while True:
-            self.send(Heartbeat(time.time()))
+            if time.monotonic() - self._sent_at >= self.heartbeat_s:
+                self.send(Heartbeat(time.time()))
             await asyncio.sleep(self.heartbeat_s)
             silent = time.monotonic() - self._router_seen
             if silent > self.peer_timeout_s:

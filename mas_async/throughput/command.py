@@ -4,10 +4,12 @@ It starts the config's deployment for rollout only (router, env workers, inferen
 replicas; no trainers; the config's models, or a checkpoint's weights with `checkpoint=RUN_DIR`), runs
 `--warmup` + `--phases` rollout phases of the config's training episodes, prints the figures
 (`mas_async.throughput.figures`) and writes them to RUN_DIR/bench.json (`mas-async plot RUN_DIR` draws
-them). `--baseline` replays the recorded prompts on each policy's engine alone and prints the overhead
-ratio per policy. `--sweep KEY=V1,V2` (one or two keys) measures each setting and prints throughput
-against it with the scaling efficiency: throughput / (value / smallest value x throughput at the
-smallest value).
+them). A workflow program's calls are measured like a node's, each credited to its episode, whoever makes
+them: the program, or an agent service outside the run calling the gateways of `gateway.external`
+(docs/gateway.md; start the service first). `--baseline` replays the recorded prompts on each policy's
+engine alone and prints the overhead ratio per policy. `--sweep KEY=V1,V2` (one or two keys) measures each
+setting and prints throughput against it with the scaling efficiency: throughput / (value / smallest value
+x throughput at the smallest value).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ import numpy as np
 from mas_async.wire.codec import MAX_HEADER_BYTES, CodecError, pack, unpack
 from mas_async.wire.samples import Completion, Sample
 
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 
 
 class Kind(IntEnum):
@@ -152,6 +152,14 @@ class Groups(Message):
     problem_episodes: int = 1  # the RunEpisode's: episodes of the iteration that run this episode's problem
 
 
+NO_SEED = -1
+"""Generate.seed of a request without one."""
+MAX_SEED = 2**63 - 1
+"""The largest Generate.seed (an int64; seed + i stays within what torch.Generator.manual_seed takes)."""
+MAX_TOP_LOGPROBS = 20
+"""The most alternatives per sampled token a Generate may ask (OpenAI's and vLLM's default limit)."""
+
+
 @dataclass(slots=True)
 class Generate(Message):
     """env worker -> router -> an inference server of `policy`: sample n completions of a prompt."""
@@ -169,6 +177,9 @@ class Generate(Message):
     top_p: float
     greedy: bool
     stop_token_ids: list
+    seed: int = NO_SEED  # 0..MAX_SEED: sample i of the n draws from a generator seeded with seed + i (vLLM's
+    # rule), so the request is reproducible whatever it is batched with; NO_SEED: the server's own generator
+    top_logprobs: int = 0  # 0..MAX_TOP_LOGPROBS alternatives per sampled token (0: none, nothing extra computed)
 
 
 @dataclass(slots=True)
@@ -180,7 +191,7 @@ class GenerateResult(Message):
     request_id: int
     origin: str
     error: str  # "" on success
-    completions: list  # [completion_to_wire(c), ...] (n entries)
+    completions: list  # [completion_to_wire(c), ...] (n entries; with alternatives only if the request asked)
 
 
 # ---- training and weight sync -------------------------------------------------------------------
@@ -350,13 +361,29 @@ def sample_from_wire(values: Any) -> Sample:
 
 
 def completion_to_wire(c: Completion) -> list[Any]:
-    return [c.token_ids, c.logprobs, c.version, c.finish_reason]
+    """[ids, logprobs, version, finish_reason], plus [top_ids int32[T*k], top_logprobs float32[T*k]] (row
+    by row) only when the completion carries alternatives: an ordinary completion costs no extra byte."""
+    values = [c.token_ids, c.logprobs, c.version, c.finish_reason]
+    if c.top_ids is not None and c.top_logprobs is not None:
+        values += [np.asarray(c.top_ids, np.int32).reshape(-1), np.asarray(c.top_logprobs, np.float32).reshape(-1)]
+    return values
 
 
 def completion_from_wire(values: Any) -> Completion:
-    if not isinstance(values, list) or len(values) != 4:
+    if not isinstance(values, list) or len(values) not in (4, 6):
         raise CodecError("malformed completion")
-    token_ids, logprobs, version, finish_reason = values
-    if not isinstance(token_ids, np.ndarray) or not isinstance(logprobs, np.ndarray):
+    token_ids, logprobs, version, finish_reason = values[:4]
+    arrays = [token_ids, logprobs, *values[4:]]
+    if not all(isinstance(a, np.ndarray) for a in arrays):
         raise CodecError("completion arrays must be packed arrays")
-    return Completion(token_ids, logprobs, int(version), str(finish_reason))
+    if len(values) == 4:
+        return Completion(token_ids, logprobs, int(version), str(finish_reason))
+    top_ids, top_logprobs = values[4:]
+    steps = len(token_ids)
+    if len(top_ids) != len(top_logprobs) or (len(top_ids) % steps if steps else len(top_ids)):
+        raise CodecError(f"completion alternatives of {len(top_ids)} ids and {len(top_logprobs)} log-probs "
+                         f"do not fill {steps} positions")  # fmt: skip
+    k = len(top_ids) // steps if steps else 0
+    shape = (steps, k)
+    return Completion(token_ids, logprobs, int(version), str(finish_reason), top_ids.reshape(shape),
+                      top_logprobs.reshape(shape))  # fmt: skip

@@ -17,12 +17,19 @@ import numpy as np
 @dataclass(slots=True)
 class Completion:
     """One sampled continuation. token_ids: int32[T]; logprobs: float32[T] (log-prob of each sampled
-    token under the sampling distribution); version: weight version of the server that produced it."""
+    token under the sampling distribution); version: weight version of the server that produced it.
+
+    top_ids: int32[T, k] and top_logprobs: float32[T, k], only when the request asked for k > 0
+    alternatives (the gateway's `top_logprobs`): at each position the k most likely tokens of the same
+    distribution the token was sampled from, most likely first (None otherwise). They are served to the
+    caller and never trained on: a `Sample` takes the sampled token's log-prob only."""
 
     token_ids: np.ndarray
     logprobs: np.ndarray
     version: int
     finish_reason: str = "length"
+    top_ids: np.ndarray | None = None
+    top_logprobs: np.ndarray | None = None
 
 
 @dataclass(slots=True)

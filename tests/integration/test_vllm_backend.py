@@ -297,6 +297,43 @@ def test_invalid_requests_are_explained(stack: Stack) -> None:
         _generate(stack, [GenerationRequest(PROMPTS[2], max_tokens=400)])
 
 
+def test_a_seed_repeats_and_the_alternatives_are_the_top_k_the_trainer_computes(stack: Stack) -> None:
+    """A seeded request samples the same tokens again, also batched with others, and its sample i is sample 0
+    of seed + i (vLLM's rule, which the hf backend follows); with top_logprobs = k every position carries the
+    k most likely tokens of log_softmax(logits / temperature) (vLLM's processed log-probs, as the hf backend
+    returns them), recomputed here with the trainer's model."""
+    k, temperature = 5, 0.7
+    seeded = GenerationRequest(PROMPTS[1], n=3, max_tokens=12, temperature=temperature, seed=77, top_logprobs=k)
+    [alone] = _generate(stack, [seeded])
+    others = [
+        GenerationRequest(PROMPTS[0], n=4, max_tokens=12),
+        GenerationRequest(PROMPTS[2], n=2, max_tokens=6, seed=3),
+    ]
+    batched = _generate(stack, [others[0], seeded, others[1]])[1]
+    assert [c.token_ids.tolist() for c in batched] == [c.token_ids.tolist() for c in alone]
+    assert len({tuple(c.token_ids.tolist()) for c in alone}) == 3
+    [[shifted]] = _generate(stack, [GenerationRequest(PROMPTS[1], max_tokens=12, temperature=temperature, seed=78)])
+    assert shifted.token_ids.tolist() == alone[1].token_ids.tolist()
+    assert shifted.top_ids is None  # no alternatives unless asked
+    [greedy] = _generate(stack, [GenerationRequest(PROMPTS[0], n=2, max_tokens=6, greedy=True, top_logprobs=2)])
+    assert all(c.top_ids.shape == (6, 2) for c in greedy)  # one vLLM sample copied into the n: with its alternatives
+    for completion in alone:
+        assert completion.top_ids.shape == completion.top_logprobs.shape == (len(completion.token_ids), k)
+        sequence = torch.from_numpy(np.concatenate([PROMPTS[1], completion.token_ids]).astype(np.int64))[None]
+        with torch.no_grad():
+            logits = stack.model(input_ids=sequence).logits[0, len(PROMPTS[1]) - 1 : -1].float()
+        logp = torch.log_softmax(logits / temperature, dim=-1)
+        values = logp.topk(k, dim=-1).values.numpy()
+        np.testing.assert_allclose(completion.top_logprobs, values, atol=1e-4)
+        # each alternative is its token's log-prob (ids of near-equal log-probs may trade places)
+        mine = logp.gather(-1, torch.from_numpy(completion.top_ids.astype(np.int64))).numpy()
+        np.testing.assert_allclose(completion.top_logprobs, mine, atol=1e-4)
+        for t, token in enumerate(completion.token_ids.tolist()):
+            if token in completion.top_ids[t].tolist():
+                index = completion.top_ids[t].tolist().index(token)
+                assert completion.logprobs[t] == pytest.approx(completion.top_logprobs[t, index], abs=1e-6)
+
+
 def test_a_receive_in_a_retired_group_stops_and_the_re_formed_group_delivers_the_next_version(stack: Stack) -> None:
     """The vLLM worker waits in a receive (an update announced, nothing sent) when the trainer retires the
     group's generation 0 (a replica was lost): the worker stops waiting, nothing is loaded; generation 1

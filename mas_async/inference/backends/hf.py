@@ -8,6 +8,14 @@ log_softmax(logits / temperature) at the sampled id, which is what the trainer r
 `mas_async.training.logprobs.completion_logprobs`; the two must agree to float precision, and that
 agreement is the evidence that the server ran exactly the trainer's weights.
 
+A request may carry a `seed`: its i-th sample then draws from a torch.Generator of its own seeded with
+seed + i (vLLM's rule for the n samples of a seeded request), so it samples the same tokens whatever else
+is in the batch; requests without one draw together from the backend's generator, as they always did. A
+request with `top_logprobs` = k > 0 also gets, at each position, the k most likely tokens of that same
+distribution, log_softmax(logits / temperature) (at temperature 1 for a greedy request; a top_p < 1 cut
+is not applied to it), which is what vLLM returns with this project's `logprobs_mode="processed_logprobs"`
+(`vllm_compat.start_engine`). A request without alternatives computes none.
+
 New weights arrive through `load_weights` (checked against `parameter_manifest` before anything is
 written), after which the server sets `version`.
 
@@ -40,8 +48,13 @@ class _Row:
 
     prompt: np.ndarray
     request: GenerationRequest
+    generator: torch.Generator | None = None
+    """The row's own generator (a request with a seed), else None: it draws from the backend's."""
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_ids: list[np.ndarray] = field(default_factory=list)
+    top_logprobs: list[np.ndarray] = field(default_factory=list)
+    """The alternatives of each position so far (a request with top_logprobs > 0 only)."""
     finish_reason: str = "length"
 
     @property
@@ -117,7 +130,9 @@ class HFBackend:
             request.check(i, self.max_positions)
         self._use(adapter)
         version = self.guest_versions[adapter] if adapter else self.version
-        rows = [_Row(np.asarray(r.prompt_ids, dtype=np.int64), r) for r in requests for _ in range(r.n)]
+        rows = [
+            _Row(np.asarray(r.prompt_ids, dtype=np.int64), r, self._seeded(r, i)) for r in requests for i in range(r.n)
+        ]
         for start in range(0, len(rows), self.max_batch_sequences):
             self._generate_batch(rows[start : start + self.max_batch_sequences])
         results: list[list[Completion]] = []
@@ -126,13 +141,22 @@ class HFBackend:
             results.append([self._completion(next(it), version) for _ in range(request.n)])
         return results
 
+    def _seeded(self, request: GenerationRequest, index: int) -> torch.Generator | None:
+        """The generator of sample `index` of a seeded request (seed + index, as vLLM seeds its n samples)."""
+        if request.seed is None or request.greedy or request.temperature == 0.0:
+            return None
+        return torch.Generator(device=self.device).manual_seed(request.seed + index)
+
     @staticmethod
     def _completion(row: _Row, version: int) -> Completion:
+        top = bool(row.request.top_logprobs)
         return Completion(
             token_ids=np.asarray(row.tokens, dtype=np.int32),
             logprobs=np.asarray(row.logprobs, dtype=np.float32),
             version=version,
             finish_reason=row.finish_reason,
+            top_ids=np.stack(row.top_ids).astype(np.int32) if top else None,
+            top_logprobs=np.stack(row.top_logprobs).astype(np.float32) if top else None,
         )
 
     @torch.inference_mode()
@@ -149,8 +173,10 @@ class HFBackend:
         logits, attention_mask, position_ids = logits[index], attention_mask[index], position_ids[index]
 
         active = list(range(len(rows)))  # rows still generating, in cache order
+        seeded = any(row.generator is not None for row in rows)
+        alternatives = any(row.request.top_logprobs for row in rows)
         while True:
-            tokens, logprobs = self._sample(logits, [rows[i] for i in active])
+            tokens, logprobs = self._sample(logits, [rows[i] for i in active], seeded, alternatives)
             keep = []
             for j, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist(), strict=True)):
                 row = rows[active[j]]
@@ -214,8 +240,12 @@ class HFBackend:
         )
         return out.logits[:, -1, :].float(), getattr(out, self._cache_kwarg), attention_mask, position_ids
 
-    def _sample(self, logits: torch.Tensor, rows: list[_Row]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Pick one token per row; return the ids and their log-probs at each row's temperature."""
+    def _sample(
+        self, logits: torch.Tensor, rows: list[_Row], seeded: bool = False, alternatives: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pick one token per row; return the ids and their log-probs at each row's temperature. `seeded`:
+        some row of the batch has its own generator; `alternatives`: some row asks for alternatives (added to
+        the rows that ask). A batch with neither samples exactly as a backend without these features."""
         greedy = torch.tensor([r.greedy for r in rows], device=logits.device)
         temperature = torch.tensor([1.0 if r.greedy else r.request.temperature for r in rows], device=logits.device)
         logp = torch.log_softmax(logits / temperature[:, None], dim=-1)
@@ -226,8 +256,25 @@ class HFBackend:
             top_p = torch.tensor([rows[i].request.top_p for i in sampled.tolist()], device=logits.device)
             if bool((top_p < 1.0).any()):
                 probs = _nucleus(probs, top_p)
-            tokens[sampled] = torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
+            if seeded:
+                tokens[sampled] = self._draw_seeded(probs, [rows[i] for i in sampled.tolist()])
+            else:
+                tokens[sampled] = torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
+        if alternatives:
+            _add_alternatives(logp, rows)
         return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+    def _draw_seeded(self, probs: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
+        """One draw per row of `probs`: a row with its own generator draws alone from it (so its draw depends
+        on nothing else in the batch), the others together from the backend's, as they would without it."""
+        drawn = torch.empty(len(rows), dtype=torch.long, device=probs.device)
+        shared = [j for j, row in enumerate(rows) if row.generator is None]
+        if shared:
+            drawn[shared] = torch.multinomial(probs[shared], 1, generator=self.generator).squeeze(-1)
+        for j, row in enumerate(rows):
+            if row.generator is not None:
+                drawn[j] = torch.multinomial(probs[j : j + 1], 1, generator=row.generator)[0, 0]
+        return drawn
 
     # --- weights ------------------------------------------------------------------------------
 
@@ -308,6 +355,21 @@ def _with_adapter_name(saved: str) -> str:
         if f".{part}.weight" in saved:
             return saved.replace(f".{part}.weight", f".{part}.{ADAPTER_NAME}.weight")
     return saved
+
+
+def _add_alternatives(logp: torch.Tensor, rows: list[_Row]) -> None:
+    """Append to each row that asks for k alternatives the k most likely ids of its row of `logp` (the
+    distribution its token was drawn from) and their log-probs, most likely first: one topk for them all."""
+    asking = [j for j, row in enumerate(rows) if row.request.top_logprobs]
+    if not asking:  # (those that asked have finished)
+        return
+    k = min(max(rows[j].request.top_logprobs for j in asking), logp.shape[-1])
+    values, ids = logp[asking].topk(k, dim=-1)
+    values, ids = values.cpu().numpy(), ids.cpu().numpy()
+    for a, j in enumerate(asking):
+        row = rows[j]
+        row.top_ids.append(ids[a, : row.request.top_logprobs])
+        row.top_logprobs.append(values[a, : row.request.top_logprobs])
 
 
 def _nucleus(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

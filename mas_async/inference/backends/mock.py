@@ -2,10 +2,13 @@
 
 `MockEngine` is a synchronous engine for `ThreadedBackend` (like the transformers one) that runs no
 model: each batch sleeps for the time a batched decoder would take, then returns random token ids with
-a uniform log-prob. It never stops early (stop tokens are never drawn), so every completion has exactly
-`max_tokens` tokens and a workload's token count is known in advance. Never use it for training: its
-tokens carry no information and it accepts any weight broadcast (`parameter_manifest()` is None and
-`load_weights` does nothing but the version still advances).
+a uniform log-prob (sample i of a request with a `seed` draws from a generator seeded with seed + i, so
+it repeats; a request asking for k alternatives gets the sampled id and the k - 1 ids after it, each with
+the same uniform log-prob, since every id of a uniform distribution is as likely). It never stops
+early (stop tokens are never drawn), so every completion has exactly `max_tokens` tokens and a
+workload's token count is known in advance. Never use it for training: its tokens carry no information
+and it accepts any weight broadcast (`parameter_manifest()` is None and `load_weights` does nothing but
+the version still advances).
 
 Its speed models a memory-bound batched decoder (the regime of LLM decoding on a GPU): one batch of B
 sequences generating T tokens takes `T * (step_s + B * token_s)` seconds, and batches larger than
@@ -150,21 +153,33 @@ class MockEngine:
         stops = np.asarray(sorted(set(request.stop_token_ids)), dtype=np.int64)
         if len(stops) >= self.vocab_size:
             raise ValueError("mock generate: every token id of the vocabulary is a stop token")
-        tokens = self.rng.integers(0, self.vocab_size, size=(request.n, request.max_tokens), dtype=np.int32)
-        redraw = np.isin(tokens, stops)
-        while redraw.any():  # never stop early: every completion has exactly max_tokens tokens
-            tokens[redraw] = self.rng.integers(0, self.vocab_size, size=int(redraw.sum()), dtype=np.int32)
-            redraw = np.isin(tokens, stops)
+        if request.seed is None:
+            tokens = self._tokens(self.rng, (request.n, request.max_tokens), stops)
+        else:
+            rngs = [np.random.default_rng(request.seed + i) for i in range(request.n)]
+            tokens = np.stack([self._tokens(rng, (request.max_tokens,), stops) for rng in rngs])
         logprob = -math.log(self.vocab_size)
+        k = min(request.top_logprobs, self.vocab_size)
         return [
             Completion(
                 token_ids=row,
                 logprobs=np.full(request.max_tokens, logprob, dtype=np.float32),
                 version=self.version,
                 finish_reason="length",
+                top_ids=((row[:, None] + np.arange(k)) % self.vocab_size).astype(np.int32) if k else None,
+                top_logprobs=np.full((request.max_tokens, k), logprob, dtype=np.float32) if k else None,
             )
             for row in tokens
         ]
+
+    def _tokens(self, rng: np.random.Generator, shape: tuple[int, ...], stops: np.ndarray) -> np.ndarray:
+        """Token ids of `shape` drawn from `rng`, none of them a stop id."""
+        tokens = rng.integers(0, self.vocab_size, size=shape, dtype=np.int32)
+        redraw = np.isin(tokens, stops)
+        while redraw.any():  # never stop early: every completion has exactly max_tokens tokens
+            tokens[redraw] = rng.integers(0, self.vocab_size, size=int(redraw.sum()), dtype=np.int32)
+            redraw = np.isin(tokens, stops)
+        return tokens
 
     def parameter_manifest(self) -> None:
         """None: the mock accepts a broadcast of any tensors."""

@@ -7,7 +7,8 @@ share the prompt's KV blocks. Each completion returns its token ids, the log-pro
 token under the sampling distribution, log_softmax(logits / temperature) (vLLM's
 "processed_logprobs"; what the hf backend returns and the trainer recomputes; with top_p < 1 vLLM
 reports the truncated distribution instead, so keep top_p = 1.0 for training), and the weight
-version of the engine.
+version of the engine; a request with `top_logprobs` = k also gets the k most likely tokens of each
+position under that distribution, and a request with a `seed` is vLLM's seeded request.
 
 Requests end only at their own stop ids (a stop token is part of the ids) or at max_tokens, exactly
 like the hf backend. Weight updates arrive from the trainer's versioned broadcast straight inside
@@ -56,7 +57,11 @@ class EngineTimeout(TimeoutError):
 
 
 def _copy(c: Completion) -> Completion:
-    return Completion(c.token_ids.copy(), c.logprobs.copy(), c.version, c.finish_reason)
+    top = c.top_ids is not None and c.top_logprobs is not None
+    return Completion(
+        c.token_ids.copy(), c.logprobs.copy(), c.version, c.finish_reason,
+        c.top_ids.copy() if top else None, c.top_logprobs.copy() if top else None,
+    )  # fmt: skip
 
 
 class VLLMBackend:
@@ -139,21 +144,27 @@ class VLLMBackend:
             final = output
         if final is None or len(final.outputs) != params.n:
             raise RuntimeError(f"vLLM returned {0 if final is None else len(final.outputs)} of {params.n} samples")
-        completions = [self._completion(o, version) for o in sorted(final.outputs, key=lambda o: o.index)]
+        outputs = sorted(final.outputs, key=lambda o: o.index)
+        completions = [self._completion(o, version, request.top_logprobs) for o in outputs]
         if params.n < request.n:  # greedy: one sample stands for n identical ones
             completions = [completions[0]] + [_copy(completions[0]) for _ in range(request.n - 1)]
         return completions
 
     @staticmethod
-    def _completion(output: CompletionOutput, version: int) -> Completion:
+    def _completion(output: CompletionOutput, version: int, top: int = 0) -> Completion:
         if output.finish_reason not in ("stop", "length"):
             raise RuntimeError(f"vLLM ended a sample with finish_reason {output.finish_reason!r}")
-        return Completion(
+        completion = Completion(
             token_ids=np.asarray(output.token_ids, dtype=np.int32),
             logprobs=np.asarray(vllm_compat.sampled_logprobs(output), dtype=np.float32),
             version=version,
             finish_reason=output.finish_reason,
         )
+        if top:
+            ids, values = vllm_compat.top_logprobs(output, top)
+            completion.top_ids = np.asarray(ids, dtype=np.int32).reshape(len(ids), top)
+            completion.top_logprobs = np.asarray(values, dtype=np.float32).reshape(len(ids), top)
+        return completion
 
     # --- weights ------------------------------------------------------------------------------
 

@@ -184,7 +184,10 @@ def sampling_params(request: GenerationRequest) -> SamplingParams:
 
     Generation stops only at the request's own stop ids (`ignore_eos`: the model's EOS is not added),
     exactly like the hf backend; a stop token is part of the returned ids. A greedy request asks for
-    one sample (vLLM refuses n > 1 without sampling): its n samples would be identical anyway.
+    one sample (vLLM refuses n > 1 without sampling): its n samples would be identical anyway. A seed is
+    vLLM's per-request seed: vLLM gives the i-th of the n samples seed + i (`ParentRequest`), as the hf
+    backend does. `top_logprobs` = k asks vLLM for k alternatives per position (`logprobs=k`: the sampled
+    token first, then the top k, under the engine's processed log-probs).
     """
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
@@ -195,9 +198,10 @@ def sampling_params(request: GenerationRequest) -> SamplingParams:
         max_tokens=request.max_tokens,
         temperature=0.0 if greedy else request.temperature,
         top_p=1.0 if greedy else request.top_p,
+        seed=None if greedy else request.seed,
         stop_token_ids=list(request.stop_token_ids),
         ignore_eos=True,
-        logprobs=0,  # only the sampled token's log-prob
+        logprobs=request.top_logprobs,  # 0: only the sampled token's log-prob
         flat_logprobs=True,
         detokenize=False,
         skip_special_tokens=False,
@@ -217,6 +221,29 @@ def sampled_logprobs(output: CompletionOutput) -> list[float]:
             raise RuntimeError("vLLM's log-probs do not belong to the sampled tokens")
         return [logprobs.logprobs[s] for s in starts]
     return [position[token].logprob for position, token in zip(logprobs, output.token_ids, strict=True)]
+
+
+def top_logprobs(output: CompletionOutput, k: int) -> tuple[list[list[int]], list[list[float]]]:
+    """The k alternatives of each position of one completion (ids, log-probs), most likely first.
+
+    vLLM lists per position the sampled token (with its rank) and then the top k (ranks 1..k): flat, the
+    entries after the position's first; as dicts, the entries of rank 1..k (the sampled token keeps its
+    rank, so it is among them only if it is in the top k)."""
+    logprobs = output.logprobs
+    ids: list[list[int]] = []
+    values: list[list[float]] = []
+    if hasattr(logprobs, "start_indices"):
+        for start, end in zip(logprobs.start_indices, logprobs.end_indices, strict=True):
+            ids.append(list(logprobs.token_ids[start + 1 : end]))
+            values.append(list(logprobs.logprobs[start + 1 : end]))
+    else:
+        for position in logprobs:
+            top = sorted((e.rank, t, e.logprob) for t, e in position.items() if e.rank is not None and e.rank <= k)
+            ids.append([token for _, token, _ in top])
+            values.append([value for _, _, value in top])
+    if any(len(row) != k for row in ids):
+        raise RuntimeError(f"vLLM returned {sorted({len(row) for row in ids})} alternatives per position, not {k}")
+    return ids, values
 
 
 RETIRED = "retired: "

@@ -12,7 +12,9 @@ import pytest
 from mas_async.wire.codec import MAX_OBJECTS, CodecError, pack, unpack
 from mas_async.wire.messages import (
     HEADERS,
+    MAX_SEED,
     MESSAGES,
+    NO_SEED,
     Generate,
     GenerateResult,
     Groups,
@@ -206,3 +208,32 @@ def test_real_messages_stay_far_below_the_object_budget():
     with pytest.raises(CodecError, match="objects"):
         unpack(many)
     assert len(unpack(many, max_objects=8 * MAX_OBJECTS)) == MAX_OBJECTS
+
+
+def test_generate_carries_a_seed_and_top_logprobs_and_defaults_to_neither():
+    assert (_generate().seed, _generate().top_logprobs) == (NO_SEED, 0)  # what a node-class request sends
+    msg = _generate()
+    msg.seed, msg.top_logprobs = MAX_SEED, 20
+    back = decode(encode(msg))
+    assert (back.seed, back.top_logprobs) == (MAX_SEED, 20)
+
+
+def test_a_completion_carries_alternatives_only_when_it_has_them():
+    ids, lp = np.array([4, 9, 2], dtype=np.int32), np.array([-0.1, -0.2, -0.3], dtype=np.float32)
+    plain = completion_to_wire(Completion(ids, lp, 5, "stop"))
+    assert len(plain) == 4  # no extra byte on an ordinary completion
+    back = completion_from_wire(unpack(pack(plain)))
+    assert back.top_ids is None and back.top_logprobs is None
+    top_ids = np.array([[4, 1], [9, 8], [3, 2]], dtype=np.int32)
+    top_lp = np.array([[-0.1, -2.0], [-0.2, -1.9], [-0.5, -0.3]], dtype=np.float32)
+    wire = completion_to_wire(Completion(ids, lp, 5, "stop", top_ids, top_lp))
+    assert len(pack(wire)) > len(pack(plain)) + 6 * 4 + 6 * 4
+    back = completion_from_wire(decode(encode(GenerateResult(7, "env_worker/0", "", [wire]))).completions[0])
+    assert back.top_ids.dtype == np.int32 and back.top_logprobs.dtype == np.float32
+    np.testing.assert_array_equal(back.top_ids, top_ids)
+    np.testing.assert_array_equal(back.top_logprobs, top_lp)
+    np.testing.assert_array_equal(back.token_ids, ids)
+    with pytest.raises(CodecError, match="do not fill"):
+        completion_from_wire([ids, lp, 5, "stop", top_ids.reshape(-1)[:5], top_lp.reshape(-1)[:5]])
+    with pytest.raises(CodecError):
+        completion_from_wire([ids, lp, 5, "stop", top_ids.reshape(-1)])

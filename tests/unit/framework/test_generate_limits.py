@@ -57,6 +57,10 @@ def _generate(**values) -> Generate:
         ({"temperature": float("nan")}, "temperature"),
         ({"temperature": -1.0}, "temperature"),
         ({"temperature": 2.0}, "temperature"),  # above rollout.temperature
+        ({"seed": -2}, "seed"),
+        ({"seed": 2**63}, "seed"),
+        ({"top_logprobs": -1}, "top_logprobs"),
+        ({"top_logprobs": 21}, "top_logprobs"),
         ({"top_p": 0.0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
         ({"stop_token_ids": ["eos"]}, "stop_token_ids"),
@@ -80,7 +84,7 @@ def test_a_request_out_of_range_gets_an_error_naming_the_field(server, values, f
 def test_a_request_in_range_is_served(server):
     async def scenario():
         await server.on_message(_generate())
-        await server.on_message(_generate(request_id=4, n=16, temperature=0.0, greedy=True))
+        await server.on_message(_generate(request_id=4, n=16, temperature=0.0, greedy=True, seed=0, top_logprobs=20))
         batches = asyncio.create_task(server._batch_loop())
         while len(server.sent) < 2:
             await asyncio.sleep(0.01)

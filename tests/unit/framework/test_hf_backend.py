@@ -12,6 +12,7 @@ from mas_async.inference.backends.hf import HFBackend
 from mas_async.inference.request import GenerationRequest
 from mas_async.tiny_model import materialise
 from mas_async.training.logprobs import completion_logprobs
+from tests.support.hf_backend import PROMPTS, prompt_ids, sharp_backend
 
 
 @pytest.fixture(scope="module")
@@ -21,21 +22,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def backend(model_dir: Path) -> HFBackend:
-    """A backend whose weights are scaled up so that outputs are far from uniform and vary."""
-    torch.set_num_threads(1)
-    backend = HFBackend(model_dir, seed=0)
-    sharp = [
-        (n, p.detach() * (1.0 if n.endswith("norm.weight") else 30.0)) for n, p in backend.model.named_parameters()
-    ]
-    backend.load_weights(sharp)
-    return backend
-
-
-def _prompt(length: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(7, 51, size=length).astype(np.int32)
-
-
-PROMPTS = [_prompt(3, 0), _prompt(11, 1), _prompt(30, 2)]
+    return sharp_backend(model_dir)
 
 
 def test_batched_greedy_equals_unbatched_with_left_padding(backend: HFBackend) -> None:
@@ -53,8 +40,8 @@ def test_batched_greedy_equals_unbatched_with_left_padding(backend: HFBackend) -
 
 
 def test_prompts_with_a_common_first_part_read_it_once_and_generate_as_alone(backend: HFBackend, monkeypatch) -> None:
-    head = _prompt(20, 5)
-    prompts = [np.concatenate([head, _prompt(n, 10 + n)]).astype(np.int32) for n in (2, 9, 5)]
+    head = prompt_ids(20, 5)
+    prompts = [np.concatenate([head, prompt_ids(n, 10 + n)]).astype(np.int32) for n in (2, 9, 5)]
     alone = [backend.generate([GenerationRequest(p, n=1, max_tokens=12, greedy=True)])[0][0] for p in prompts]
     calls = []
     forward = backend.model.forward

@@ -24,7 +24,9 @@ class InferenceDown(RuntimeError):
 
 
 class FakeInference:
-    """Answers every request with the reply `text` (+ <|im_end|>) at weight version 7, and records it."""
+    """Answers every request with the reply `text` (+ <|im_end|>) at weight version 7, and records it. A
+    request for k alternatives gets, at each position, the sampled id and the k - 1 ids after it, with the
+    sampled token's log-prob and then one less each (`alternatives`)."""
 
     def __init__(self, tokenizer: Any, text: str = "UD") -> None:
         self.tokenizer = tokenizer
@@ -36,10 +38,12 @@ class FakeInference:
         self.during: Callable[[], None] | None = None
         """Called while a request is being served (e.g. to end the episode meanwhile)."""
 
-    async def __call__(self, policy, prompt_ids, n, greedy, *, max_tokens, temperature) -> list[Completion]:
+    async def __call__(
+        self, policy, prompt_ids, n, greedy, *, max_tokens, temperature, seed=None, top_logprobs=0
+    ) -> list[Completion]:
         self.requests.append(
             {"policy": policy, "prompt_ids": prompt_ids.tolist(), "n": n, "greedy": greedy,
-             "max_tokens": max_tokens, "temperature": temperature}
+             "max_tokens": max_tokens, "temperature": temperature, "seed": seed, "top_logprobs": top_logprobs}
         )  # fmt: skip
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
@@ -47,12 +51,19 @@ class FakeInference:
             raise InferenceDown(self.fail)
         if self.during is not None:
             self.during()
-        ids = self.reply_ids()
+        ids = np.asarray(self.reply_ids(), dtype=np.int32)
         logprobs = -np.linspace(0.1, 0.5, len(ids)).astype(np.float32)
-        return [Completion(np.asarray(ids, dtype=np.int32), logprobs, 7, "stop") for _ in range(n)]
+        top = alternatives(ids, logprobs, top_logprobs) if top_logprobs else (None, None)
+        return [Completion(ids, logprobs, 7, "stop", *top) for _ in range(n)]
 
     def reply_ids(self) -> list[int]:
         return [*self.tokenizer.encode(self.text, add_special_tokens=False), IM_END_ID]
+
+
+def alternatives(ids: np.ndarray, logprobs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The fake's k alternatives of each position: the sampled id and the k - 1 ids after it, with log-probs
+    from the sampled token's down by 1 each."""
+    return (ids[:, None] + np.arange(k)).astype(np.int32), (logprobs[:, None] - np.arange(k)).astype(np.float32)
 
 
 def gateway_of(fake: FakeInference, limits: Limits = LIMITS) -> Gateway:

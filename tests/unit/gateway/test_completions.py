@@ -29,8 +29,9 @@ def test_a_text_prompt_is_tokenised_without_a_template_and_recorded_as_a_fresh_t
         tokenizer = build_tokenizer()
         prompt = tokenizer.encode("GO L")
         assert fake.requests == [
-            {"policy": "ph", "prompt_ids": prompt, "n": 2, "greedy": False, "max_tokens": 4, "temperature": 1.0}
-        ]
+            {"policy": "ph", "prompt_ids": prompt, "n": 2, "greedy": False, "max_tokens": 4, "temperature": 1.0,
+             "seed": None, "top_logprobs": 0}
+        ]  # fmt: skip
         assert reply.object == "text_completion" and reply.model == "horizontal"
         choice = reply.choices[0]
         assert [c.text for c in reply.choices] == ["UD", "UD"] and choice.finish_reason == "stop"
@@ -105,7 +106,12 @@ def test_a_streamed_text_completion_matches_the_unstreamed_one() -> None:
         ({"prompt": ""}, "prompt", "non-empty"),
         ({"prompt": [5, 9999]}, "prompt", "outside the vocabulary"),
         ({"prompt": None}, "prompt", "required"),
-        ({"logprobs": 2}, "logprobs", "top-k"),
+        ({"logprobs": 6}, "logprobs", "at most 5"),
+        ({"logprobs": -1}, "logprobs", "at least 0"),
+        ({"top_logprobs": 2}, "top_logprobs", "chat field"),
+        ({"seed": -1}, "seed", "at least 0"),
+        ({"seed": 2**63}, "seed", "at most 9223372036854775807"),
+        ({"seed": 1.5}, "seed", "integer"),
         ({"logprobs": True}, "logprobs", "integer"),
         ({"echo": True}, "echo", "not served"),
         ({"suffix": "X"}, "suffix", "not served"),

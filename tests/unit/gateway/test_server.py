@@ -28,7 +28,7 @@ def test_the_openai_client_gets_a_completion_with_its_exact_tokens_and_version()
         assert [c.finish_reason for c in reply.choices] == ["stop", "stop"]
         [request] = fake.requests
         assert request == {"policy": "pv", "prompt_ids": request["prompt_ids"], "n": 2, "greedy": False,
-                           "max_tokens": 4, "temperature": 1.0}  # fmt: skip
+                           "max_tokens": 4, "temperature": 1.0, "seed": None, "top_logprobs": 0}  # fmt: skip
         choice = reply.choices[0]
         sampled = [*build_tokenizer().encode("UD", add_special_tokens=False), IM_END_ID]
         assert choice.token_ids == sampled

@@ -291,8 +291,10 @@ def test_a_replica_killed_while_samples_of_two_versions_are_in_flight_with_bound
     it leaves the weight group, its replacement catches up and serves. No sample outside the window, none
     refused, every sample's log-probs match the trainer's recompute under the version that made it."""
     run_dir, iterations, batch = tmp_path / "run", 8, 4
+    # A broadcast that waits on the killed replica ends at trainer.weight_sync_timeout_s, then goes again
+    # without it: a bound well inside this test's own (300 s, the default's).
     args = [f"run.iterations={iterations}", f"rollout.batch_size={batch}", "algorithm.k=4", "eval.every=0",
-            "rollout.max_staleness=1", "policies.vertical.replicas=2"]  # fmt: skip
+            "rollout.max_staleness=1", "policies.vertical.replicas=2", "trainer.weight_sync_timeout_s=60"]  # fmt: skip
     proc = start_train(CONFIG, run_dir, *args)
     try:
         child_pids(run_dir)

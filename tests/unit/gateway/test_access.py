@@ -7,8 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import shutil
 import stat
+import subprocess
+import tempfile
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import httpx
 import pytest
@@ -46,6 +51,30 @@ def test_the_token_is_minted_private_and_new_at_each_start(tmp_path) -> None:
     (tmp_path / "bad").write_text("a.b\n")
     with pytest.raises(TokenError, match="does not hold a gateway token"):
         read_token(tmp_path / "bad")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("runuser") is None, reason="needs root to run as nobody")
+def test_another_user_cannot_read_the_token_even_through_an_open_folder() -> None:
+    """As the unprivileged user `nobody`, in a run folder anyone may enter: the keys folder (0700) stops the
+    read, and with that folder opened up the file's own mode (0600) still does."""
+    run_dir = Path(tempfile.mkdtemp(prefix="token-", dir="/tmp"))
+    try:
+        run_dir.chmod(0o755)
+        path = mint_token(run_dir)
+
+        def nobody_reads() -> subprocess.CompletedProcess:
+            return subprocess.run(["runuser", "-u", "nobody", "--", "cat", str(path)], capture_output=True, text=True,
+                                  timeout=30)  # fmt: skip
+
+        for keys_mode in (0o700, 0o755):
+            path.parent.chmod(keys_mode)
+            denied = nobody_reads()
+            assert denied.returncode != 0 and "Permission denied" in denied.stderr, (keys_mode, denied)
+            assert read_token(path) not in denied.stdout
+        path.chmod(0o644)  # (the check above can fail: a readable token is read)
+        assert nobody_reads().stdout.strip() == read_token(path)
+    finally:
+        shutil.rmtree(run_dir)
 
 
 def test_the_api_key_is_the_token_then_the_episode_key() -> None:

@@ -16,8 +16,14 @@ and tasks on uvloop, one DEALER socket per simulated peer, each joining with a H
   sends at the end of an episode: its Groups (T * K samples of P + tokens_per_turn tokens) and EpisodeDone;
 - the trainer: counts the samples the router forwards (and checks each TrainStep's expected count), and
   answers TrainStep(v) after `--step-ms` with UpdateWeights(v+1) and Trained(v+1), so iterations go on;
-- every peer sends a Heartbeat each `cluster.heartbeat_s` (1 s) in which it sent nothing else, as the real
+- every peer sends a Heartbeat each `cluster.heartbeat_s` (`--heartbeat-s`, 1 s) in which it sent nothing else, as the real
   ones do.
+
+With `--leases` (the default; `cluster.leases: true` in the router's config) each replica also binds a
+direct socket and says its endpoint in its Hello; the router leases replicas to env workers (`Lease`), and an
+env worker sends each Generate straight to the leased replica with the fewest of its requests outstanding,
+which answers straight back: the router sees episodes, groups, steps and heartbeats, not requests.
+`--no-leases` measures the routed path (every Generate and result through the router).
 
 The run keeps `rollout.max_staleness` = `--staleness` (1) iterations ahead open, each iteration a batch of
 half the concurrent episodes, so rollouts go on across steps (strict mode drains every iteration).
@@ -27,7 +33,7 @@ episodes would send if the control plane added nothing, L = E / cycle, cycle = s
 (with the defaults, 4,096 episodes offer ~6,900 requests/s), on ceil(E / C) env workers (`--episodes-per-worker`
 C). So that replicas never queue (the router is what is measured), a replica of a point serves max(B, ceil(E / replicas))
 requests at once, each at the same service time. Per point, over a measured window after a warm-up:
-requests/s through the router; router CPU per request (user + system of the router process, delta over the
+requests/s (through the router, or straight to the replicas with leases); router CPU per request (user + system of the router process, delta over the
 window / requests answered in it); the latency the control plane adds to each request, measured per
 request (the end-to-end time seen by the env worker minus the service time its replica measured for it,
 receipt to send), p50 and p99; requests in transit (Little's law: requests/s * mean added latency); router
@@ -87,6 +93,7 @@ from mas_async.wire.messages import (
     WeightsLoaded,
     decode,
     encode,
+    samples_to_wire,
 )
 from mas_async.wire.samples import Sample
 
@@ -156,22 +163,28 @@ def plan_point(args: argparse.Namespace, replicas: int, episodes: int) -> dict[s
 
 class Link:
     """One simulated peer's DEALER socket to the router, identity = the peer's name (a CURVE client with the
-    peer's own key when the run has keys). No high-water mark: a simulated peer never drops or blocks on a
-    message, so what queues is the router's. LINGER 0: closed at once at the end. Driven as the router
-    drives its own socket: the (edge-triggered) descriptor is watched with `add_reader`, every wake-up takes
-    every queued message, and every send schedules one more look, since a send may consume the notification."""
+    peer's own key when the run has keys), or to a replica's direct socket (`server_key`: the replica's
+    public key). No high-water mark: a simulated peer never drops or blocks on a message, so what queues is
+    the router's. LINGER 0: closed at once at the end. Driven as the router drives its own socket: the
+    (edge-triggered) descriptor is watched with `add_reader`, every wake-up takes every queued message, and
+    every send schedules one more look, since a send may consume the notification."""
 
-    def __init__(self, ctx: zmq.Context, name: str, endpoint: str, keys: tuple[str, str] | None, handler: Any) -> None:
-        sock = ctx.socket(zmq.DEALER)
+    def __init__(
+        self, ctx: zmq.Context, name: str, endpoint: str, keys: tuple[str, str] | None, handler: Any,
+        server_key: str | None = None,
+    ) -> None:  # fmt: skip
+        sock = _socket(ctx, zmq.DEALER)
         sock.setsockopt(zmq.IDENTITY, name.encode())
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, 0)
-        sock.setsockopt(zmq.RCVHWM, 0)
         if keys is not None:
             secure_client(sock, keys[0], keys[1])
+            if server_key is not None:  # a replica's direct socket (leases), not the router's
+                sock.curve_serverkey = server_key.encode()
         sock.connect(endpoint)
-        self.sock = sock
         self.name = name
+        self._watch(sock, handler)
+
+    def _watch(self, sock: zmq.Socket, handler: Any) -> None:
+        self.sock = sock
         self.handler = handler
         self.loop = asyncio.get_running_loop()
         self.fd = sock.getsockopt(zmq.FD)
@@ -202,6 +215,32 @@ class Link:
         self.sock.close(linger=0)
 
 
+class DirectSocket(Link):
+    """A simulated replica's ROUTER socket for the Generates that env workers send it straight (leases):
+    bound on loopback at a free port (`endpoint`), a CURVE server with the replica's own key when the run
+    has keys. Unlike the real replica's, no ZAP handler checks the client's key (any client that knows the
+    replica's public key is let in: the crypto is what costs, and it is the same); the handler gets
+    [routing id, *frames] and answers with `send([routing id, *frames])`."""
+
+    def __init__(self, ctx: zmq.Context, secret: str | None, handler: Any) -> None:
+        sock = _socket(ctx, zmq.ROUTER)
+        if secret is not None:
+            sock.curve_secretkey = secret.encode()
+            sock.curve_publickey = zmq.curve_public(secret.encode())
+            sock.curve_server = True
+        self.endpoint = f"tcp://127.0.0.1:{sock.bind_to_random_port('tcp://127.0.0.1')}"
+        self.name = "direct"
+        self._watch(sock, handler)
+
+
+def _socket(ctx: zmq.Context, kind: int) -> zmq.Socket:
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    return sock
+
+
 # ---- the simulated peers ----------------------------------------------------------------------------
 
 
@@ -218,8 +257,13 @@ class SimPeer:
         self.link = Link(sim.ctx, name, sim.endpoint, sim.keys_of(name), self.on_frames)
         self.welcomed = sim.loop.create_future()
 
+    endpoint = ""
+    """A replica's direct endpoint (leases), said in its Hello."""
+
     def hello(self) -> None:
-        hello = Hello(self.role, self.name, self.policy, self.capacity, PROTOCOL_VERSION, os.getpid())
+        hello = Hello(
+            self.role, self.name, self.policy, self.capacity, PROTOCOL_VERSION, os.getpid(), 0.0, self.endpoint
+        )
         self.link.send(encode(hello))
 
     def on_frames(self, frames: list) -> None:
@@ -247,28 +291,46 @@ class SimReplica(SimPeer):
         super().__init__(sim, name, batch)
         self.batch, self.service, self.payload = batch, service, result_payload
         self.active = 0
-        self.waiting: deque[tuple[int, str, float]] = deque()
+        self.waiting: deque[tuple[int, str, float, bytes | None]] = deque()
+        self.direct: DirectSocket | None = None
+        if sim.spec["leases"]:
+            keys = sim.keys_of(name)
+            self.direct = DirectSocket(sim.ctx, None if keys is None else keys[1], self.on_direct)
+            self.endpoint = self.direct.endpoint
+
+    def on_direct(self, frames: list) -> None:
+        """A Generate straight from an env worker: [routing id, kind, header, payload]."""
+        if frames[1].bytes[0] == Kind.GENERATE:
+            self.accept(frames[2], frames[0].bytes)
+
+    def accept(self, header: Any, route: bytes | None) -> None:
+        request_id, _policy, origin, _deadline = unpack(header.buffer)
+        request = (request_id, origin, time.perf_counter(), route)
+        if self.active < self.batch:
+            self.start(request)
+        else:
+            self.waiting.append(request)
 
     def on_message(self, kind: int, frames: list) -> None:
         if kind == Kind.GENERATE:
-            request_id, _policy, origin, _deadline = unpack(frames[1].buffer)
-            request = (request_id, origin, time.perf_counter())
-            if self.active < self.batch:
-                self.start(request)
-            else:
-                self.waiting.append(request)
+            self.accept(frames[1], None)
         elif kind == Kind.UPDATE_WEIGHTS:
             msg = decode([f.buffer for f in frames])
             self.link.send(encode(WeightsLoaded(POLICY, msg.version, self.name, "")))  # type: ignore[attr-defined]
 
-    def start(self, request: tuple[int, str, float]) -> None:
+    def start(self, request: tuple[int, str, float, bytes | None]) -> None:
         self.active += 1
         self.sim.loop.call_later(self.service, self.finish, request)
 
-    def finish(self, request: tuple[int, str, float]) -> None:
-        request_id, origin, received = request
-        self.link.send([RESULT, pack([request_id, origin, ""]), self.payload])
-        self.sim.served.append((origin, request_id, time.perf_counter() - received))
+    def finish(self, request: tuple[int, str, float, bytes | None]) -> None:
+        request_id, origin, received, route = request
+        result = [RESULT, pack([request_id, origin, ""]), self.payload]
+        if route is None:
+            self.link.send(result)
+        else:
+            assert self.direct is not None
+            self.direct.send([route, *result])
+        self.sim.served.append((origin, request_id, time.perf_counter() - received, route is not None))
         self.active -= 1
         if self.waiting:
             self.start(self.waiting.popleft())
@@ -290,17 +352,56 @@ class SimEnvWorker(SimPeer):
         request = Generate(0, POLICY, name, 0.0, prompt, spec["k"], spec["tokens_per_turn"], 1.0, 1.0, False, [0])
         self.generate_payload = encode(request)[2]
         self.tasks: set[asyncio.Task] = set()
+        self.leased: dict[str, Link] = {}
+        """Replica name -> this worker's link to its direct socket (leases)."""
+        self.outstanding: dict[str, int] = {}
+        """Replica name -> requests sent to it and not answered yet."""
+        self.sent_to: dict[int, str] = {}
+        """Request id -> the replica it was sent to straight."""
 
     def on_message(self, kind: int, frames: list) -> None:
         if kind == Kind.GENERATE_RESULT:
-            request_id = unpack(frames[1].buffer)[0]
-            future = self.pending.pop(request_id, None)
-            if future is not None and not future.done():
-                future.set_result(time.perf_counter())
+            self.on_result(frames)
+        elif kind == Kind.LEASE:
+            self.lease(decode([f.buffer for f in frames]))
         elif kind == Kind.RUN_EPISODE:
             task = self.sim.loop.create_task(self.episode(decode([f.buffer for f in frames])))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
+
+    def on_result(self, frames: list) -> None:
+        request_id = unpack(frames[1].buffer)[0]
+        replica = self.sent_to.pop(request_id, None)
+        if replica is not None and replica in self.outstanding:
+            self.outstanding[replica] -= 1
+        future = self.pending.pop(request_id, None)
+        if future is not None and not future.done():
+            future.set_result(time.perf_counter())
+
+    def lease(self, msg: Any) -> None:
+        """The replicas this worker may send to straight: links to the new ones, the gone ones closed (the
+        simulation loses no replica, so nothing is in flight to them)."""
+        names = {name: endpoint for name, endpoint in msg.replicas}
+        for name in [n for n in self.leased if n not in names]:
+            self.leased.pop(name).close()
+            self.outstanding.pop(name, None)
+        keys = self.sim.keys_of(self.name)
+        for name, endpoint in names.items():
+            if name not in self.leased:
+                server = self.sim.keys_of(name)
+                server_key = None if server is None else zmq.curve_public(server[1].encode()).decode()
+                self.leased[name] = Link(self.sim.ctx, self.name, endpoint, keys, self.on_frames, server_key)
+                self.outstanding[name] = 0
+
+    def send_generate(self, request_id: int, frames: list) -> None:
+        """Straight to the leased replica with the fewest of this worker's requests, else via the router."""
+        if not self.outstanding:
+            self.link.send(frames)
+            return
+        replica = min(self.outstanding, key=self.outstanding.__getitem__)
+        self.outstanding[replica] += 1
+        self.sent_to[request_id] = replica
+        self.leased[replica].send(frames)
 
     async def episode(self, msg: Any) -> None:
         spec, sim = self.sim.spec, self.sim
@@ -312,7 +413,7 @@ class SimEnvWorker(SimPeer):
                 self.pending[request_id] = future
                 sent = time.perf_counter()
                 header = pack([request_id, POLICY, self.name, time.time() + REQUEST_TIMEOUT_S])
-                self.link.send([GENERATE, header, self.generate_payload])
+                self.send_generate(request_id, [GENERATE, header, self.generate_payload])
                 try:
                     async with asyncio.timeout(REQUEST_TIMEOUT_S):
                         answered = await future
@@ -373,20 +474,26 @@ class Sim:
         self.endpoint = spec["endpoint"]
         self.loop = asyncio.get_running_loop()
         self.ctx = zmq.Context()
+        self.ctx.set(zmq.MAX_SOCKETS, 16384)  # (libzmq's default, 1,023, is less than a point's sockets with leases)
         self.requests: list[tuple[str, int, float, float]] = []
-        self.served: list[tuple[str, int, float]] = []
+        self.served: list[tuple[str, int, float, bool]] = []
+        """(origin, request id, service time measured at the replica, whether it came straight)."""
         self.samples: list[tuple[float, int]] = []
         self.lag: list[tuple[float, float]] = []
         self.queued: list[tuple[float, int]] = []
         self.errors = self.mismatches = self.steps = 0
         self.shutdown_reason = ""
-        sample = Sample(
-            "e/a/0", "e", "p", "a", POLICY, 0, np.zeros(spec["prompt_tokens"], np.int32),
-            np.zeros(spec["tokens_per_turn"], np.int32), np.zeros(spec["tokens_per_turn"], np.float32), 0, 0.0,
-        )  # fmt: skip
-        from mas_async.wire.messages import sample_to_wire
-
-        wire = [sample_to_wire(sample)] * spec["samples"]
+        # An episode's samples as the env worker sends them: T turns of K candidates, the K of a turn sharing
+        # its prompt (sent once: `samples_to_wire`), each turn's prompt its own.
+        samples = [
+            Sample(
+                f"e/a/{turn}", "e", "p", "a", POLICY, turn, np.full(spec["prompt_tokens"], turn, np.int32),
+                np.zeros(spec["tokens_per_turn"], np.int32), np.zeros(spec["tokens_per_turn"], np.float32), 0, 0.0,
+            )
+            for turn in range(spec["turns"])
+            for _ in range(spec["k"])
+        ]  # fmt: skip
+        wire = samples_to_wire(samples)
         self.groups_payload = encode(Groups(POLICY, 0, "", 0, 0, 0, wire))[2]
 
     def keys_of(self, name: str) -> tuple[str, str] | None:
@@ -430,6 +537,12 @@ class Sim:
                 task.cancel()
         for peer in peers:
             peer.link.close()
+        for worker in workers:
+            for link in worker.leased.values():
+                link.close()
+        for replica in replicas:
+            if replica.direct is not None:
+                replica.direct.close()
         self.ctx.term()
         return {
             "requests": self.requests,
@@ -487,7 +600,9 @@ def start_router(args: argparse.Namespace, run_dir: Path, plan: dict[str, Any]) 
         f"cluster.env_workers={plan['env_workers']}",
         f"policies.{POLICY}.replicas={plan['replicas']}",
         "cluster.peer_timeout_s=120",
+        f"cluster.heartbeat_s={args.heartbeat_s}",
         f"cluster.curve={str(args.curve).lower()}",
+        f"cluster.leases={str(args.leases).lower()}",
         "trainer.checkpoint_every=0",
         "metrics.tensorboard=false",
     ]
@@ -536,6 +651,7 @@ def measure_point(args: argparse.Namespace, replicas: int, episodes: int, run_di
     spawn = mp.get_context("spawn")
     out, stop = spawn.Queue(), spawn.Event()
     endpoint, keys, router = start_router(args, run_dir, plan)
+    _wait_bound(endpoint, router, run_dir)  # (before the replicas bind ports of their own: none may take its port)
     sims: list[Any] = []
     reports: dict[int, dict[str, Any]] = {}
     try:
@@ -555,7 +671,8 @@ def measure_point(args: argparse.Namespace, replicas: int, episodes: int, run_di
             "service_s": service_s(args),
             "replica_batch": plan["replica_batch"],
             "step_s": args.step_ms / 1000,
-            "heartbeat_s": 1.0,
+            "heartbeat_s": args.heartbeat_s,
+            "leases": args.leases,
             "max_s": args.warmup + args.seconds + JOIN_TIMEOUT_S + 60,
         }
         for index in range(procs):
@@ -623,6 +740,24 @@ def measure_point(args: argparse.Namespace, replicas: int, episodes: int, run_di
     return _figures(args, plan, reports, t0, t1, (cpu1 - cpu0, main1 - main0), sim_cpu1 - sim_cpu0, rss)
 
 
+def _wait_bound(endpoint: str, router: subprocess.Popen, run_dir: Path, timeout_s: float = JOIN_TIMEOUT_S) -> None:
+    """Wait until the router listens at `endpoint` (a TCP connection is accepted), within `timeout_s`."""
+    import socket
+
+    host, port = endpoint.removeprefix("tcp://").rsplit(":", 1)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if router.poll() is not None:
+            raise RuntimeError(f"the router exited ({router.returncode}):\n{_log_tail(run_dir)}")
+        try:
+            socket.create_connection((host, int(port)), timeout=1.0).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the router did not listen at {endpoint} within {timeout_s:g}s") from None
+            time.sleep(0.05)
+
+
 def _log_tail(run_dir: Path) -> str:
     log = run_dir / "logs" / "router.log"
     return log.read_text(errors="replace")[-3000:] if log.exists() else ""
@@ -642,7 +777,8 @@ def _figures(
     process's CPU seconds in the window, and its main thread's."""
     window = t1 - t0
     router_cpu, main_cpu = router_cpus
-    served = {(origin, rid): s for r in reports.values() for origin, rid, s in r["served"]}
+    served = {(origin, rid): s for r in reports.values() for origin, rid, s, _ in r["served"]}
+    straight = [direct for r in reports.values() for *_, direct in r["served"]]
     requests = [q for r in reports.values() for q in r["requests"]]
     answered = sum(1 for _, _, _, done in requests if t0 <= done < t1)
     added, e2e, service = [], [], []
@@ -662,6 +798,7 @@ def _figures(
         "window_s": window,
         "requests": answered,
         "rps": rps,
+        "direct_fraction": sum(straight) / len(straight) if straight else float("nan"),
         "router_cpu_s": router_cpu,
         "router_cores": router_cpu / window,
         "router_cpu_us_per_request": router_cpu / answered * 1e6 if answered else float("nan"),
@@ -758,6 +895,7 @@ def report(args: argparse.Namespace, points: list[dict[str, Any]], calibration_s
         f"env step lognormal median {args.env_step_ms:g} ms sigma {args.env_step_sigma:g}; service "
         f"{service_s(args) * 1000:.0f} ms/request (B={args.batch}, {args.tokens_per_s_per_gpu:g} tokens/s/GPU); cycle "
         f"{cycle_s(args) * 1000:.0f} ms; staleness {args.staleness}; CURVE {'on' if args.curve else 'off'}; "
+        f"leases {'on: Generate straight to the replicas' if args.leases else 'off: Generate through the router'}; "
         f"{args.procs} simulator processes; window {args.seconds:g} s after {args.warmup:g} s"
     )
     head = (
@@ -772,6 +910,7 @@ def report(args: argparse.Namespace, points: list[dict[str, Any]], calibration_s
             f"{p['sim_cores']:>5.2f} "
             f"{p['added_p50_ms']:>7.2f} {p['added_p99_ms']:>7.2f} {p['in_transit']:>7.1f} {p['router_rss_mb']:>7.0f} "
             f"{p['samples_per_s']:>9.0f} {p['sim_lag_p99_ms']:>7.2f}"
+            + (f"  {p['direct_fraction']:.0%} straight" if p["direct_fraction"] < 1 and args.leases else "")
             + (f"  errors {p['errors']}" if p["errors"] else "")
             + (f"  sample mismatches {p['sample_mismatches']}" if p["sample_mismatches"] else "")
         )
@@ -845,7 +984,7 @@ def plot(points: list[dict[str, Any]], path: Path, bound_ms: float, cpu_target: 
     axes[0].plot([0, top], [0, top], ":", color="grey", label="offered")
     axes[1].axhline(bound_ms, ls="--", color="red", label=f"{bound_ms:g} ms bound")
     axes[2].axhline(cpu_target, ls="--", color="red", label=f"{cpu_target:g} core target")
-    titles = ("requests/s through the router", "added latency p99 (ms)", "router CPU (cores)")
+    titles = ("requests/s", "added latency p99 (ms)", "router CPU (cores)")
     for ax, title in zip(axes, titles, strict=True):
         ax.set_xlabel("offered load (requests/s)")
         ax.set_title(title)
@@ -876,6 +1015,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--step-ms", type=float, default=100.0, help="the simulated trainer's step")
     p.add_argument("--procs", type=int, default=2, help="simulator processes the peers are packed into")
     p.add_argument("--curve", action=argparse.BooleanOptionalAction, default=True, help="CURVE on every socket")
+    p.add_argument(
+        "--leases", action=argparse.BooleanOptionalAction, default=True,
+        help="cluster.leases: env workers send Generate straight to the replicas the router leases them",
+    )  # fmt: skip
+    p.add_argument("--heartbeat-s", type=float, default=1.0, help="cluster.heartbeat_s, of the router and the peers")
     p.add_argument("--warmup", type=float, default=3.0, help="seconds after every peer joined, before counting")
     p.add_argument("--seconds", type=float, default=6.0, help="the measured window per point")
     p.add_argument("--gpus", type=int, default=1024, help="the deployment checked")

@@ -148,6 +148,11 @@ class WorkflowConfig(_Section):
     """A workflow written against the OpenAI API: an async function "module:function" that gets the
     episode's task and one `openai.AsyncOpenAI` client per agent, and returns the rewards; every call goes
     through the run's gateway and is recorded as that agent's turn (docs/gateway.md). Give this or `name`."""
+    scorer: str | None = None
+    """Under `algorithm.sampling: tree`, required with `program`: an async function "module:function",
+    `async def score(task, agent, messages, choice) -> float`. Each training call of the program (n=1) is
+    sampled as `algorithm.k` candidates, the scorer scores each, the best one is returned to the program, and
+    all K are trained on with their scores as rewards (docs/gateway.md). Refused under parallel sampling."""
     options: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments for the workflow's constructor (e.g. max_turns), or for the program's function."""
 
@@ -165,10 +170,10 @@ class EnvConfig(_Section):
 
 class AlgorithmConfig(_Section):
     sampling: Literal["tree", "parallel"] = "tree"
-    """tree: K candidates per agent per turn from one request (n=K), each scored on its own env clone,
-    the best committed (AT-GRPO); one episode per problem, so it needs grouping agent_turn. parallel: K
-    independent episodes per problem, one sample per call (pair it with grouping agent or trajectory:
-    agent_turn groups then hold one sample each)."""
+    """tree: K candidates per agent per turn from one request (n=K), each scored on its own env clone (a
+    workflow.program's: by `workflow.scorer`), the best committed (AT-GRPO); one episode per problem, so
+    it needs grouping agent_turn. parallel: K independent episodes per problem, one sample per call (pair
+    it with grouping agent or trajectory: agent_turn groups then hold one sample each)."""
     k: int = Field(4, ge=1)
     """Candidates per agent per turn (tree) or episodes per problem (parallel): the group size, so at
     least 2 (with 1 every advantage is 0)."""
@@ -502,6 +507,19 @@ class ClusterConfig(_Section):
     writes a key pair per run into RUN_DIR/keys (mode 0700, files 0600) and the router accepts only peers
     holding the run's client key; refused handshakes are logged and counted (router/refused_handshakes).
     false: plain sockets (anyone who can reach the router's port can talk to it)."""
+    leases: bool = False
+    """Take the data path off the router (docs/scale.md, "Leases"): each inference replica binds a socket of
+    its own on its node's address, the router leases the live replicas of each policy to the env workers, and
+    a worker sends its Generates straight to the leased replica with the fewest of its requests outstanding
+    (through the router only while a policy has no live replica). The router keeps versions, the update gate,
+    episodes and the weight groups; every sample still carries its version, which the trainer checks.
+    false: every Generate and its result pass through the router."""
+    lease_replicas: int = Field(4, ge=1)
+    """With `leases`: how many of a policy's replicas each env worker is leased: this many (all of them, when
+    the policy has fewer), or ceil(replicas / env workers) when that is more, so that every replica is some
+    worker's. A worker's replicas are consecutive in the ring of the policy's replicas from its own place in
+    it, so each replica is leased to as many workers as any other, and a worker holds a link to its few
+    replicas only (not one to each of a thousand)."""
 
     @model_validator(mode="after")
     def _placement_names_nodes_and_roles(self) -> ClusterConfig:
@@ -655,8 +673,9 @@ class Config(_Section):
                 "'module:function' written against the OpenAI API, docs/gateway.md)"
             )
         if wf.program is not None:
-            if ":" not in wf.program:
-                raise ValueError(f"workflow.program is {wf.program!r}: give it as 'module:function'")
+            for key, path in (("program", wf.program), ("scorer", wf.scorer)):
+                if path is not None and ":" not in path:
+                    raise ValueError(f"workflow.{key} is {path!r}: give it as 'module:function'")
             given = sorted(agent for agent, spec in self.agents.items() if spec.node is not None)
             if given:
                 raise ValueError(
@@ -672,6 +691,11 @@ class Config(_Section):
         missing = sorted(agent for agent, spec in self.agents.items() if spec.node is None)
         if missing:
             raise ValueError(f"agents {missing} name no node; workflow.name={wf.name!r} plays a node per agent")
+        if wf.scorer is not None:
+            raise ValueError(
+                f"workflow.scorer scores the candidates of a workflow.program's calls, but workflow.name={wf.name!r} "
+                "plays nodes, which score each candidate on its own env clone; drop workflow.scorer"
+            )
         if self.gateway.external:
             raise ValueError(
                 f"gateway.external=true serves the gateway of a workflow.program, but workflow.name={wf.name!r} "
@@ -737,11 +761,20 @@ class Config(_Section):
                 f"algorithm.k={algo.k} with algorithm.sampling={algo.sampling} gives {where}, so every group "
                 "holds one sample and every advantage is 0; use algorithm.k >= 2"
             )
-        if self.workflow.program is not None and algo.sampling == "tree":
+        program = self.workflow.program
+        if program is not None and algo.sampling == "tree" and self.workflow.scorer is None:
             raise ValueError(
-                "workflow.program runs an async function that makes its own calls, so the gateway cannot sample K "
-                "candidates of one state and score each on its own env clone; set algorithm.sampling=parallel "
-                "(K episodes per problem: each agent's calls at one turn form a group across them)"
+                "algorithm.sampling=tree with workflow.program needs workflow.scorer ('module:function', async def "
+                "score(task, agent, messages, choice) -> float): the program makes its own calls and steps its own "
+                "env, so the gateway cannot score a call's K candidates on env clones itself; give workflow.scorer, "
+                "or set algorithm.sampling=parallel (K episodes per problem: each agent's calls at one turn form a "
+                "group across them)"
+            )
+        if program is not None and algo.sampling == "parallel" and self.workflow.scorer is not None:
+            raise ValueError(
+                f"workflow.scorer={self.workflow.scorer!r} picks the best of a call's K candidates under tree "
+                "sampling, but algorithm.sampling=parallel samples one choice per call (its K is episodes per "
+                "problem) and would never call it; drop workflow.scorer or set algorithm.sampling=tree"
             )
         if algo.sampling == "parallel" and algo.grouping == "agent_turn" and self.workflow.program is None:
             raise ValueError(

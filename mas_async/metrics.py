@@ -54,14 +54,25 @@ class Keys:
     does not send, or with values the run cannot have (see router/hub.py)."""
     REFUSED_HANDSHAKES = "router/refused_handshakes"
     """ZeroMQ handshakes the router refused so far (a peer without the run's CURVE key; see runtime/handshakes.py)."""
+    ROUTED_REQUESTS = "router/routed_requests"
+    """Generate requests the router forwarded to a replica in the iteration (with `cluster.leases` only those
+    sent while their policy had no live replica leased; see router/leases.py)."""
+    DIRECT_REQUESTS = "leases/direct_requests"
+    """`cluster.leases` only: Generate requests the env workers sent straight to a leased replica, as their
+    EpisodeDone messages reported them since the previous row (router/leases.py)."""
+    STALE_RESULTS = "leases/stale_results"
+    """`cluster.leases` only: results the env workers dropped because their request was no longer that
+    replica's (it had left the lease and the request went again, or its caller gave up), since the previous row."""
     LOGPROB_DIFF = "logprob_abs_diff"
     VERSION_MISMATCH = "version_mismatch"
     REISSUED_EPISODES = "faults/reissued_episodes"
     """Episodes of a lost env worker that went back to the queue in the iteration (run again from their start)."""
     REISSUED_REQUESTS = "faults/reissued_requests"
-    """Generate requests of a lost inference replica sent again to a live one (or held for its replacement)."""
+    """Generate requests of a lost inference replica sent again to a live one (or held for its replacement): by
+    the router, and with `cluster.leases` by the env workers whose lease it left."""
     RECOVERY_S = "faults/recovery_s"
-    """The longest recovery completed in the iteration: from a process found dead to its replacement's first result."""
+    """The longest recovery completed in the iteration: from a process found dead to its replacement's first
+    result (with `cluster.leases`, a replica's: to its replacement leased, serving again)."""
 
     PARSE_PREFIX = "parse/"
     PROGRESS_PREFIX = "progress_rate/"

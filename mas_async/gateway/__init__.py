@@ -11,6 +11,7 @@ reusing the exact token ids of earlier turns (`transcript.py`), and the request 
 `Generate` like any other, so it gets the same balancing, update gate and version tags. The answer is
 OpenAI's object plus the exact ids and weight version (`responses.py`), a reply's Hermes tool calls parsed
 into `message.tool_calls`. Every call is recorded as the agent's turn; when the program returns, the
-episode turns the calls into samples with the program's rewards (`episode.py`, `workflow.py`).
+episode turns the calls into samples with the program's rewards (`episode.py`, `workflow.py`). Under tree
+sampling a training call is K candidates scored by the program's scorer, the best returned (`tree.py`).
 docs/gateway.md is the user's guide.
 """

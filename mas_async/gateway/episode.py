@@ -14,10 +14,19 @@ reward), or a dict with "team" (else the env's), "local" ({agent: reward}) and "
 parallel sampling the K episodes of a problem are its K draws, so agent a's t-th calls across them form
 one group and GRPO's advantages compare like with like (a group of one gets advantage 0). The episode's
 return, for `grouping: trajectory`, is alpha * team + the sum of the local rewards.
+
+Under tree sampling (`tree.py`) a training call is K candidates of one state, and each is credited as the
+node classes credit theirs: with its own score, the scorer's (which, like a node class's score on its env
+clone, may include a team term), in the group "<episode_id>/<agent>/<turn>" of K samples of this episode
+(its K draws are its candidates: a problem run twice in an iteration keeps two groups). The episode's
+rewards, constant over the K candidates of a call, would cancel in every agent_turn advantage, so they are
+not added; they still give the episode's return, success and reward/<agent>. A scorer's failure fails the
+episode (`ScoreError`), whatever the program did with its call's error.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -26,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from mas_async.gateway.transcript import SOURCES
+from mas_async.gateway.tree import ScoreError
 from mas_async.metrics import REFUSED_AUTH
 from mas_async.wire.samples import Sample
 
@@ -110,12 +120,15 @@ class GatewayEpisode:
         # No retries (a retried call would be a second sample); the gateway's connection pool, which the
         # clients of every episode share (closing a client would close it: they are left to the collector).
         api_key = self.gateway.api_key(session)
+        tree = self.gateway.limits.tree if self.mode == "train" else None
+        # A tree-sampled call also awaits the scoring of its K candidates, each within tree.timeout_s.
+        timeout = self.client_timeout_s + (tree.timeout_s if tree is not None else 0.0)
         clients = {
             agent: AsyncOpenAI(
                 base_url=self.gateway.base_url,
                 api_key=api_key,
                 max_retries=0,
-                timeout=self.client_timeout_s,
+                timeout=timeout,
                 http_client=self.gateway.clients_http,
             )
             for agent in agents
@@ -130,10 +143,20 @@ class GatewayEpisode:
             base_url=self.gateway.base_url,
             api_key=api_key,
         )
+        if tree is not None:
+            scorer = self.gateway.scorer
+            assert scorer is not None, "a gateway with tree sampling loads its scorer"
+            session.score = functools.partial(scorer, task)
         try:
             result = await program(task, clients, **options)
+        except Exception:
+            if session.failure is not None:  # the program saw the scorer's failure as its call's error
+                raise ScoreError(session.failure) from None
+            raise
         finally:
             self.gateway.close(session)
+        if session.failure is not None:  # (a program that caught its call's error and went on)
+            raise ScoreError(session.failure)
         self.rewards = read_rewards(result, self.env, agents)
         if self.mode == "train":
             self.samples = self._samples(session, self.rewards)
@@ -142,9 +165,16 @@ class GatewayEpisode:
         episode_return = self.alpha * rewards.team + sum(rewards.local.values())
         samples = []
         for call in session.calls:
+            if call.score is None:  # parallel sampling: credited with the episode's rewards
+                group = f"{self.problem_id}/{call.agent}/{call.turn}"
+                reward = self.alpha * rewards.team + rewards.local.get(call.agent, 0.0)
+                info = {"index": call.index, "prompt_source": call.prompt_source}
+            else:  # a tree-sampled call's candidate: its own score, in the group of its episode's state
+                group, reward = f"{self.episode_id}/{call.agent}/{call.turn}", call.score
+                info = {"index": call.index, "prompt_source": call.prompt_source, "chosen": call.chosen}
             samples.append(
                 Sample(
-                    group=f"{self.problem_id}/{call.agent}/{call.turn}",
+                    group=group,
                     episode_id=self.episode_id,
                     problem_id=self.problem_id,
                     agent=call.agent,
@@ -154,16 +184,17 @@ class GatewayEpisode:
                     completion_ids=np.asarray(call.completion.token_ids, dtype=np.int32),
                     logprobs=np.asarray(call.completion.logprobs, dtype=np.float32),
                     version=call.completion.version,
-                    reward=self.alpha * rewards.team + rewards.local.get(call.agent, 0.0),
+                    reward=reward,
                     episode_return=episode_return,
-                    info={"index": call.index, "prompt_source": call.prompt_source},
+                    info=info,
                 )
             )
         return samples
 
     def finish(self) -> dict[str, Any]:
         """The episode's metrics: success, reward/<agent>, turns, tokens, and the gateway's counts per agent
-        (calls, and the prompt sources: reused, prefix_mismatch (an edited history), retokenized)."""
+        (calls, and the prompt sources: reused, prefix_mismatch (an edited history), retokenized; under tree
+        sampling the mean score of its candidates, gateway/score/<agent>)."""
         session, rewards = self.session, self.rewards
         assert session is not None and rewards is not None, "finish() before play()"
         tokens = sum(len(c.completion.token_ids) for c in session.calls)
@@ -176,9 +207,15 @@ class GatewayEpisode:
         }
         if self.gateway.access.external:  # the worker's refusals since its previous episode, summed by the router
             summary[REFUSED_AUTH] = self.gateway.access.take_refused()
+        scores: dict[str, list[float]] = {}
+        for call in session.calls:
+            if call.score is not None:
+                scores.setdefault(call.agent, []).append(call.score)
         for agent in self.policy_of:
             summary[f"reward/{agent}"] = self.alpha * rewards.team + rewards.local.get(agent, 0.0)
             summary[f"gateway/calls/{agent}"] = session.turns[agent]
+            if agent in scores:  # tree sampling: the mean score of the agent's candidates
+                summary[f"gateway/score/{agent}"] = float(np.mean(scores[agent]))
             for source in SOURCES:
                 if source != "fresh":
                     name = "prefix_mismatch" if source == "edited" else source

@@ -2,7 +2,8 @@
 
 Sampling follows the run, so that a training sample is on-policy: in training, `temperature` must be
 left out or equal `rollout.temperature` (the trainer recomputes log-probs at it), `top_p` left out or 1,
-and `max_tokens` at most `rollout.max_tokens` (also the default); `n` is at most `algorithm.k`. In
+and `max_tokens` at most `rollout.max_tokens` (also the default); `n` is at most `algorithm.k` (and 1 for
+a training call under tree sampling, whose K candidates the gateway samples itself: `tree.py`). In
 evaluation a request may lower the temperature (0: greedy; left out: greedy when `eval.greedy`). `stop`
 strings end a choice at the token that completes the first of them: its ids stop there, its content stops
 before the string (and so do the alternatives of `top_logprobs`). `seed` makes a request reproducible:
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from mas_async.gateway.errors import bad_request
+from mas_async.gateway.tree import TreeSampling
 
 if TYPE_CHECKING:
     from mas_async.gateway.requests import Sampling
@@ -40,6 +42,9 @@ class Limits:
     eval_greedy: bool
     max_calls: int
     max_request_bytes: int
+    tree: TreeSampling | None = None
+    """Tree sampling of training calls (algorithm.sampling=tree with a workflow.scorer, `tree.py`); None: each
+    call samples the n choices it asks."""
 
     @classmethod
     def of(cls, config: Any) -> Limits:
@@ -50,6 +55,7 @@ class Limits:
             eval_greedy=config.eval.greedy,
             max_calls=config.gateway.max_calls_per_episode,
             max_request_bytes=config.gateway.max_request_bytes,
+            tree=TreeSampling.of(config),
         )
 
 

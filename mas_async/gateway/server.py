@@ -11,7 +11,9 @@ agent's policy (n choices from one request) through the env worker's `generate`,
 gated by the weight version and tagged like any other request, under the run's sampling rules
 (`sampling.py`). Every choice is recorded as the agent's turn before the response is sent, and carries
 the usual fields plus `token_ids`, `prompt_token_ids` and `weight_version` (`responses.py`); a chat
-reply's Hermes tool calls become `message.tool_calls` (`tools.py`).
+reply's Hermes tool calls become `message.tool_calls` (`tools.py`). In a tree-sampled training episode a
+chat call is K candidates from one request, scored by the program's scorer, and only the best is returned
+and continues the agent's transcript (`tree.py`).
 
 Why aiohttp: its server runs as tasks of the loop that already runs the worker's episodes and sockets
 (no thread, no second loop), its handlers are plain coroutines with no request-model layer of its own,
@@ -39,6 +41,8 @@ from mas_async.gateway.errors import GatewayError, bad_request
 from mas_async.gateway.requests import ChatRequest, Sampling
 from mas_async.gateway.sampling import Decoding, Limits, apply_stop, decoding
 from mas_async.gateway.session import Call, Session, Sessions
+from mas_async.gateway.tree import ScoreError, TreeSampling, best, score_candidates
+from mas_async.gateway.workflow import load_scorer
 
 if TYPE_CHECKING:
     from mas_async.wire.samples import Completion
@@ -80,6 +84,8 @@ class Gateway:
         """Exceptions of `generate` that mean the inference side refused or failed the request (-> an error reply)."""
         self.access = access or Access()
         """Who may call (`access.py`): the episode key alone (loopback), or the run's token with it (external)."""
+        self.scorer = load_scorer(limits.tree.scorer) if limits.tree is not None else None
+        """The run's `workflow.scorer` under tree sampling (`tree.py`): each training episode binds it to its task."""
         self.sessions = Sessions()
         self.base_url = ""
         """http://host:port/v1 once started."""
@@ -147,6 +153,14 @@ class Gateway:
         chat = ChatRequest.parse(await _body(request))
         agent, policy = self._agent(chat.model)
         decode = decoding(chat.sampling, session.mode, self.limits)
+        tree = self._tree(session)
+        if tree is not None and chat.sampling.n > 1:
+            raise bad_request(
+                f"n={chat.sampling.n}: under algorithm.sampling=tree each training call is sampled as "
+                f"algorithm.k={tree.k} candidates, scored by workflow.scorer, and the best one is returned; ask "
+                "one choice (leave n out)",
+                param="n",
+            )
         transcript = session.transcript(agent)
         try:
             if chat.tools and not transcript.renders_tools():
@@ -160,18 +174,24 @@ class Gateway:
             raise
         except Exception as e:  # a template that cannot render these messages (jinja raises its own errors)
             raise bad_request(f"the chat template of policy {policy!r} cannot render these messages: {e}") from None
-        turn, outputs = await self._sample(session, agent, prompt_ids, source, chat.sampling, decode)
+        n = chat.sampling.n if tree is None else tree.k
+        turn, outputs, calls = await self._sample(session, agent, prompt_ids, source, chat.sampling, decode, n)
         tokenizer = self.tokenizers[policy]
-        choices = []
-        for index, (completion, text) in enumerate(outputs):
-            choice = responses.chat_choice(
+        choices = [
+            responses.chat_choice(
                 tokenizer, index, text, completion, prompt_ids, chat.sampling.logprobs, chat.parses_tools
             )
+            for index, (completion, text) in enumerate(outputs)
+        ]
+        about = _about(session, agent, turn, source)
+        if tree is not None:
+            chosen = await self._choose(session, tree, agent, turn, chat.messages, choices, calls)
+            about["tree"] = {"scores": [c.score for c in calls], "chosen": chosen}
+            choices, outputs = [{**choices[chosen], "index": 0}], [outputs[chosen]]
+        session.calls += calls
+        for choice, (completion, _) in zip(choices, outputs, strict=True):
             transcript.add(chat.messages, choice["message"], prompt_ids, np.asarray(completion.token_ids), chat.tools)
-            choices.append(choice)
-        response = responses.envelope(
-            "chat.completion", agent, choices, prompt_ids, _about(session, agent, turn, source)
-        )
+        response = responses.envelope("chat.completion", agent, choices, prompt_ids, about)
         if not chat.sampling.stream:
             return web.json_response(response)
         events = streaming.chunks(
@@ -189,9 +209,16 @@ class Gateway:
         agent, policy = self._agent(text_request.model)
         sampling = text_request.sampling
         decode = decoding(sampling, session.mode, self.limits)
+        if self._tree(session) is not None:
+            raise bad_request(
+                "/v1/completions is not served in training under algorithm.sampling=tree: each training call is "
+                "sampled as algorithm.k candidates and workflow.scorer scores them against a chat call's "
+                "messages; use chat completions (or algorithm.sampling=parallel)"
+            )
         tokenizer = self.tokenizers[policy]
         prompt_ids = text_request.prompt_ids(tokenizer)
-        turn, outputs = await self._sample(session, agent, prompt_ids, "fresh", sampling, decode)
+        turn, outputs, calls = await self._sample(session, agent, prompt_ids, "fresh", sampling, decode, sampling.n)
+        session.calls += calls
         choices = [
             responses.text_choice(tokenizer, index, text, completion, prompt_ids, sampling.logprobs)
             for index, (completion, text) in enumerate(outputs)
@@ -241,9 +268,11 @@ class Gateway:
         source: str,
         sampling: Sampling,
         decode: Decoding,
-    ) -> tuple[int, list[tuple[Completion, str]]]:
-        """Take the agent's turn, sample n choices of `prompt_ids`, cut them at the stop strings and record
-        each as a `Call`; returns the turn and the (completion, text) of each choice."""
+        n: int,
+    ) -> tuple[int, list[tuple[Completion, str]], list[Call]]:
+        """Take the agent's turn, sample n choices of `prompt_ids` in one request and cut them at the stop
+        strings; returns the turn, the (completion, text) of each choice and its `Call`, for the route to
+        record once the call is answered."""
         policy = self.policy_of[agent]
         turn = session.admit(agent)
         session.sources[(agent, source)] += 1
@@ -251,7 +280,7 @@ class Gateway:
             request = self.generate(
                 policy,
                 prompt_ids,
-                sampling.n,
+                n,
                 decode.greedy,
                 max_tokens=decode.max_tokens,
                 temperature=decode.temperature,
@@ -267,9 +296,51 @@ class Gateway:
         if session.closed:
             raise GatewayError(409, f"episode {session.episode_id} ended during this call", code="episode_ended")
         outputs = [apply_stop(self.tokenizers[policy], c, sampling.stop) for c in completions]
-        for index, (completion, text) in enumerate(outputs):
-            session.calls.append(Call(agent, policy, turn, index, prompt_ids, completion, text, source))
-        return turn, outputs
+        calls = [
+            Call(agent, policy, turn, index, prompt_ids, completion, text, source)
+            for index, (completion, text) in enumerate(outputs)
+        ]
+        return turn, outputs, calls
+
+    def _tree(self, session: Session) -> TreeSampling | None:
+        """The tree sampling of `session`'s calls: a training episode's when the run tree-samples (the
+        episode then binds the scorer to its task); else None."""
+        return self.limits.tree if session.score is not None else None
+
+    async def _choose(
+        self,
+        session: Session,
+        tree: TreeSampling,
+        agent: str,
+        turn: int,
+        messages: list[dict[str, Any]],
+        choices: list[dict[str, Any]],
+        calls: list[Call],
+    ) -> int:
+        """Score the K candidates of a tree-sampled call (`tree.py`), mark their Calls, and return the index
+        of the best; a scorer's failure fails the episode (a 500 now, every later call refused)."""
+        assert session.score is not None
+        where = f"turn {turn} of agent {agent!r} (episode {session.episode_id})"
+        try:
+            scores = await score_candidates(
+                session.score,
+                agent,
+                messages,
+                [choice["message"] for choice in choices],
+                timeout_s=tree.timeout_s,
+                context=session.context,
+                turn=turn,
+                where=where,
+            )
+        except ScoreError as e:
+            session.failure = str(e)  # (the env worker logs the episode's failure)
+            raise GatewayError(500, f"the episode failed: {e}", type="server_error", code="scorer_failed") from None
+        if session.closed:
+            raise GatewayError(409, f"episode {session.episode_id} ended during this call", code="episode_ended")
+        chosen = best(scores)
+        for index, (call, score) in enumerate(zip(calls, scores, strict=True)):
+            call.score, call.chosen = score, index == chosen
+        return chosen
 
 
 async def _body(request: web.Request) -> Any:

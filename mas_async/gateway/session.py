@@ -4,11 +4,12 @@ The env worker opens one `Session` per episode of a `workflow.program` and gives
 its key (the API key, sent as `Authorization: Bearer <key>`), so every call is attributed to (episode,
 agent, turn) by the key and the `model` field. An agent's turns are numbered by its calls in the episode:
 the first call of agent a is turn 0 of a, whatever the other agents did. A call reserves its turn when
-it arrives, so concurrent calls of one agent get distinct turns. Every returned choice is a `Call`; when
-the program returns, the episode credits the calls with its rewards and records them as samples
-(`episode.py`). A closed session's key is remembered (up to `ENDED_KEYS`), so a late call is told that
-its episode ended rather than that its key is unknown. On a gateway served outside the run the key
-comes after the run's token in the API key (`access.py`).
+it arrives, so concurrent calls of one agent get distinct turns. Every returned choice is a `Call` (under
+tree sampling every candidate, with its score, the returned one `chosen`); when the program returns, the
+episode credits the calls with its rewards and records them as samples (`episode.py`). A closed session's
+key is remembered (up to `ENDED_KEYS`), so a late call is told that its episode ended rather than that its
+key is unknown. On a gateway served outside the run the key comes after the run's token in the API key
+(`access.py`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from mas_async.gateway.transcript import Transcript
 if TYPE_CHECKING:
     import numpy as np
 
+    from mas_async.gateway.tree import Score
     from mas_async.wire.samples import Completion
 
 ENDED_KEYS = 65536
@@ -43,6 +45,10 @@ class Call:
     completion: Completion
     text: str
     prompt_source: str
+    score: float | None = None
+    """Under tree sampling, the scorer's score of this candidate (`tree.py`); None otherwise."""
+    chosen: bool = True
+    """Whether the program was given this choice (under tree sampling: the best of the K candidates only)."""
 
 
 @dataclass
@@ -65,6 +71,12 @@ class Session:
     sources: Counter[tuple[str, str]] = field(default_factory=Counter)
     """(agent, prompt source) -> calls: fresh, reused, edited (a prefix mismatch), retokenized."""
     closed: bool = False
+    score: Score | None = None
+    """The scorer bound to the episode's task in a tree-sampled training episode (`tree.py`): each call is
+    then K candidates, the best one returned; None: each call samples the n choices it asks."""
+    failure: str | None = None
+    """Why the episode failed inside the gateway (its scorer failed): its later calls are refused, and the
+    episode raises it when the program returns (`GatewayEpisode.play`)."""
     context: contextvars.Context = field(default_factory=contextvars.copy_context)
     """The context variables of the episode's task, where the session is opened (its iteration, its place,
     a bench's record of its id): the generate request of each call runs in a copy of them, as part of the
@@ -72,7 +84,9 @@ class Session:
     _transcripts: dict[str, Transcript] = field(default_factory=dict)
 
     def admit(self, agent: str) -> int:
-        """Take the next turn of `agent`, or refuse a call over the episode's limit."""
+        """Take the next turn of `agent`, or refuse a call over the episode's limit or of a failed episode."""
+        if self.failure is not None:
+            raise GatewayError(500, f"episode {self.episode_id} has failed: {self.failure}", type="server_error")
         if self.requests >= self.max_calls:
             raise GatewayError(
                 400,

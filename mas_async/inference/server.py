@@ -4,7 +4,9 @@ In training, the servers of a policy also serve the policies that share its base
 each request names its policy, each policy has its own adapters, weight group and version, and a batch
 holding several policies' requests runs one policy at a time.
 
-Requests queue as they arrive; the batching task takes everything queued and hands it to the backend
+Requests come from the router, and with `cluster.leases` also straight from the env workers on the
+replica's own socket (`direct.py`); both are served alike, and each result goes back the way its request
+came. Requests queue as they arrive; the batching task takes everything queued and hands it to the backend
 as one batch (dynamic batching; a backend with continuous batching, like vLLM, may have several batches
 in flight). A backend that runs one batch at a time first waits for the rest of the wave of requests
 the episodes are sending (`WaveGather`). Every completion carries the `weight_version` of the weights
@@ -48,6 +50,7 @@ from mas_async.config import Config
 from mas_async.deployment import Deployment
 from mas_async.devices import use_device
 from mas_async.inference.backends.base import InferenceBackend, make_backend
+from mas_async.inference.direct import DirectRequests
 from mas_async.inference.gate import UpdateGate
 from mas_async.inference.limits import GenerateLimits
 from mas_async.inference.request import GenerationRequest
@@ -137,6 +140,24 @@ class InferenceServer(Peer):
         """(policy, catch-up generation) -> set once the version sent there is loaded."""
         self.replacement = bool(os.environ.get(DIED_AT_ENV))
         """This process replaces a lost replica: it joins the generation the router re-forms, not the first."""
+        self.direct: DirectRequests | None = None
+        """With `cluster.leases`: the socket the env workers send their requests to directly."""
+
+    async def setup(self) -> None:
+        """With `cluster.leases`, bind the direct socket first: its endpoint goes into the Hello."""
+        if self.cfg.cluster.leases:
+            assert self.ctx is not None
+            address = self.deployment.address(self.peer_id)
+            self.direct = DirectRequests(self.ctx, address, self.keys_dir, self._take, self.curve_secret)
+            self.endpoint = self.direct.start(self.spawn)
+        await super().setup()
+
+    async def cleanup(self) -> None:
+        if self.direct is not None:
+            log.info(
+                "took %d requests directly (%d refused, %d malformed, %d refused handshakes)",
+                self.direct.taken, self.direct.refused, self.direct.malformed, self.direct.refusals.count,
+            )  # fmt: skip
 
     async def main(self) -> None:
         if not self.deployment.training:  # mas-async eval: fixed weights, no trainer to listen to
@@ -191,16 +212,7 @@ class InferenceServer(Peer):
 
     async def on_message(self, msg: Message) -> None:
         if isinstance(msg, Generate):
-            error = self.limits.check(msg) or self._serves(msg.policy)
-            if error:
-                self.refused += 1
-                if n := self.warnings.due("refused"):
-                    log.warning("refused a request of %s (%d so far): %s", printable(msg.origin), n, error)
-                self.send(GenerateResult(msg.request_id, msg.origin, error, []))
-                return
-            self._queue.append(msg)
-            self._wakeup.set()
-            self.gather.arrived()
+            self._take(msg)
         elif isinstance(msg, UpdateWeights) and msg.policy in self.weight_groups:
             self.spawn(self._update(msg.policy, msg.version, msg.generation), f"update-{msg.policy}-v{msg.version}")
         elif isinstance(msg, ReformWeightGroup) and msg.policy in self.weight_groups:
@@ -209,6 +221,24 @@ class InferenceServer(Peer):
                 self.spawn(self._reform(msg), f"reform-{msg.policy}-{msg.generation}")
         else:
             self.unexpected(msg)
+
+    def _take(self, msg: Generate) -> None:
+        """Queue a request (from the router or the direct socket), or answer it with the error in its values."""
+        error = self.limits.check(msg) or self._serves(msg.policy)
+        if error:
+            self.refused += 1
+            if n := self.warnings.due("refused"):
+                log.warning("refused a request of %s (%d so far): %s", printable(msg.origin), n, error)
+            self._reply(msg, GenerateResult(msg.request_id, msg.origin, error, []))
+            return
+        self._queue.append(msg)
+        self._wakeup.set()
+        self.gather.arrived()
+
+    def _reply(self, request: Generate, result: GenerateResult) -> None:
+        """Send `result` back the way `request` came: on the direct socket's connection, or to the router."""
+        if self.direct is None or not self.direct.reply(request, result):
+            self.send(result)
 
     def _serves(self, policy: str) -> str:
         """ "" when this server serves `policy`, else why not."""
@@ -238,7 +268,9 @@ class InferenceServer(Peer):
             live = []
             for req in batch:
                 if req.deadline < now:
-                    self.send(GenerateResult(req.request_id, req.origin, "deadline passed before generation", []))
+                    self._reply(
+                        req, GenerateResult(req.request_id, req.origin, "deadline passed before generation", [])
+                    )
                 else:
                     live.append(req)
             if not live:
@@ -279,7 +311,9 @@ class InferenceServer(Peer):
                 f"(the latest deadline plus rollout.request_timeout_s)"
             ) from None
         for req, completions in zip(live, results, strict=True):
-            self.send(GenerateResult(req.request_id, req.origin, "", [completion_to_wire(c) for c in completions]))
+            self._reply(
+                req, GenerateResult(req.request_id, req.origin, "", [completion_to_wire(c) for c in completions])
+            )
 
     async def _update(self, policy: str, version: int, generation: int) -> None:
         backend = self.backend_of(policy)

@@ -2,10 +2,11 @@
 
 It holds the tokenizers (not the models): prompts are tokenised here with each policy's chat template
 and the token ids are the truth from then on. Every generate request goes through the router to an
-inference server of the agent's policy, with a request id and a deadline. When an episode ends, its
-recorded groups go to the router as one Groups message per policy (routed to that policy's trainer),
-then an EpisodeDone with the episode's summary. An exception in an episode (a bug in a node, an env or
-a workflow) fails that episode only: it is reported in EpisodeDone.error and counted as dropped, and
+inference server of the agent's policy, with a request id and a deadline; with `cluster.leases` it goes
+straight to a replica the router leased to this worker (`leases.py`, `replica_link.py`). When an episode
+ends, its recorded groups go to the router as one Groups message per policy (routed to that policy's
+trainer), then an EpisodeDone with the episode's summary. An exception in an episode (a bug in a node, an
+env or a workflow) fails that episode only: it is reported in EpisodeDone.error and counted as dropped, and
 the worker lives on. A "baseline/<name>" episode is played by the env's reference policy <name>
 (`BaselineEpisode`): no request, no groups, only its EpisodeDone. With a `workflow.program` (agents
 written against the OpenAI API) the worker also serves the OpenAI-compatible gateway
@@ -34,17 +35,22 @@ from mas_async.config import Config
 from mas_async.deployment import Deployment
 from mas_async.rollout.baseline import BaselineEpisode, baseline_name
 from mas_async.rollout.episode import Episode, candidates_per_turn, greedy_decoding
+from mas_async.rollout.leases import ROUTER, LeaseClient
+from mas_async.rollout.replica_link import ReplicaLink
 from mas_async.runtime.actor import Peer
+from mas_async.wire.codec import CodecError
 from mas_async.wire.messages import (
     NO_SEED,
     EpisodeDone,
     Generate,
     GenerateResult,
     Groups,
+    Lease,
     Message,
     RunEpisode,
     completion_from_wire,
-    sample_to_wire,
+    decode,
+    samples_to_wire,
 )
 
 if TYPE_CHECKING:
@@ -141,6 +147,18 @@ class EnvWorker(Peer):
         self._ids = itertools.count(random.SystemRandom().getrandbits(48))
         self._pending: dict[int, asyncio.Future[list[Completion]]] = {}
         self._episodes: dict[str, asyncio.Task] = {}
+        self.leases: LeaseClient | None = None
+        """With `cluster.leases`: where each request goes (a leased replica, or the router)."""
+        if config.cluster.leases:
+            self.leases = LeaseClient(connect=self._link, via_router=self.send_frames)
+
+    def _link(self, replica: str, endpoint: str) -> ReplicaLink:
+        """A new link to a leased replica's direct socket."""
+        assert self.ctx is not None
+        return ReplicaLink(
+            self.ctx, replica, endpoint, worker=self.peer_id, keys_dir=self.keys_dir, on_frames=self._on_direct,
+            spawn=self.spawn, secret=self.curve_secret,
+        )  # fmt: skip
 
     async def setup(self) -> None:
         if self.gateway is not None:  # serving before the first RunEpisode can arrive
@@ -159,15 +177,38 @@ class EnvWorker(Peer):
             self._episodes[msg.episode_id] = task
             task.add_done_callback(lambda _t, e=msg.episode_id: self._episodes.pop(e, None))
         elif isinstance(msg, GenerateResult):
-            future = self._pending.pop(msg.request_id, None)
-            if future is None or future.done():
-                return  # the request timed out already
-            if msg.error:
-                future.set_exception(GenerateError(msg.error))
-            else:
-                future.set_result([completion_from_wire(c) for c in msg.completions])
+            self._on_result(ROUTER, msg)
+        elif isinstance(msg, Lease) and self.leases is not None:
+            self.leases.update(msg)
         else:
             self.unexpected(msg)
+
+    def _on_direct(self, replica: str, frames: list) -> None:
+        """A message from a leased replica's direct socket: only a GenerateResult is taken."""
+        try:
+            msg = decode([f.buffer for f in frames])
+        except CodecError as e:
+            self.malformed += 1
+            if n := self.warnings.due("malformed direct"):
+                log.warning("dropped a malformed message from %s (%d so far): %s", replica, n, e)
+            return
+        if isinstance(msg, GenerateResult):
+            self._on_result(replica, msg)
+        elif n := self.warnings.due(("unexpected direct", type(msg))):
+            log.warning("dropped an unexpected %s from %s (%d so far)", type(msg).__name__, replica, n)
+
+    def _on_result(self, source: str, msg: GenerateResult) -> None:
+        """The result of a request, from the router (ROUTER) or a leased replica: taken only from where the
+        request is now (`LeaseClient.accept`), and only while it is waited for."""
+        if self.leases is not None and not self.leases.accept(source, msg.request_id):
+            return  # counted as stale
+        future = self._pending.pop(msg.request_id, None)
+        if future is None or future.done():
+            return  # the request timed out already
+        if msg.error:
+            future.set_exception(GenerateError(msg.error))
+        else:
+            future.set_result([completion_from_wire(c) for c in msg.completions])
 
     async def generate(
         self,
@@ -181,10 +222,10 @@ class EnvWorker(Peer):
         seed: int | None = None,
         top_logprobs: int = 0,
     ) -> list[Completion]:
-        """One request with n samples to an inference server of `policy`, via the router (max_tokens and
-        temperature: the run's `rollout` values unless given). `seed`: sample i draws from a generator
-        seeded with seed + i (None: the server's own); `top_logprobs`: k alternatives per sampled token
-        (`Completion.top_ids`, `top_logprobs`; the gateway's, never trained on)."""
+        """One request with n samples to an inference server of `policy`, via the router or a leased replica
+        (max_tokens and temperature: the run's `rollout` values unless given). `seed`: sample i draws from a
+        generator seeded with seed + i (None: the server's own); `top_logprobs`: k alternatives per sampled
+        token (`Completion.top_ids`, `top_logprobs`; the gateway's, never trained on)."""
         rollout = self.cfg.rollout
         max_tokens = rollout.max_tokens if max_tokens is None else max_tokens
         temperature = rollout.temperature if temperature is None else temperature
@@ -192,13 +233,14 @@ class EnvWorker(Peer):
         future: asyncio.Future[list[Completion]] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
         deadline = time.time() + rollout.request_timeout_s
-        self.send(
-            Generate(
-                request_id, policy, self.peer_id, deadline, np.asarray(prompt_ids, dtype=np.int32), n,
-                max_tokens, temperature, rollout.top_p, greedy, self.stop_ids[policy],
-                NO_SEED if seed is None else seed, top_logprobs,
-            )
+        msg = Generate(
+            request_id, policy, self.peer_id, deadline, np.asarray(prompt_ids, dtype=np.int32), n, max_tokens,
+            temperature, rollout.top_p, greedy, self.stop_ids[policy], NO_SEED if seed is None else seed, top_logprobs,
         )  # fmt: skip
+        if self.leases is None:
+            self.send(msg)
+        else:
+            self.leases.submit(msg)
         try:
             return await asyncio.wait_for(future, rollout.request_timeout_s)
         except TimeoutError:
@@ -207,6 +249,8 @@ class EnvWorker(Peer):
             ) from None
         finally:
             self._pending.pop(request_id, None)
+            if self.leases is not None:
+                self.leases.forget(request_id)
 
     def arrival(self, iteration: int) -> int:
         """The place of an episode of `iteration` that just came among that iteration's episodes here."""
@@ -232,7 +276,7 @@ class EnvWorker(Peer):
             for sample in episode.samples:
                 by_policy[sample.policy].append(sample)
             for policy, samples in by_policy.items():
-                wire = [sample_to_wire(s) for s in samples]
+                wire = samples_to_wire(samples)
                 tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
                 episode = (msg.iteration, msg.episode_id, msg.attempt)
                 self.send(Groups(policy, *episode, len(samples), tokens, wire, msg.problem_episodes))
@@ -243,7 +287,8 @@ class EnvWorker(Peer):
         finally:
             if env is not None:
                 env.close()
-        self.send(EpisodeDone(msg.episode_id, msg.iteration, msg.mode, msg.attempt, error, summary, counts))
+        leased = self.leases.take_counts() if self.leases is not None else {}
+        self.send(EpisodeDone(msg.episode_id, msg.iteration, msg.mode, msg.attempt, error, summary, counts, leased))
 
     def _episode(self, msg: RunEpisode, env) -> Episode | GatewayEpisode:
         """The episode context of `msg`: the model plays ("train", "eval"), or a reference policy of the

@@ -32,6 +32,9 @@ first Hello), from the replacement's Hello, or from silence, whichever comes fir
 its policy's weight group at once (`membership.py`: the next generation holds the live replicas, and the
 version clock waits only for them); its replacement joins when it says Hello, catches up to the version
 the others hold, and gets requests once it reported it (docs/faults.md).
+With `cluster.leases` the data path leaves the router (`leases.py`): each env worker is told which replicas
+of each policy it may send its Generates to, directly, and the router routes only the requests of a policy
+that has no live replica (its workers send them here; they wait for the replacement as above).
 Peer liveness lives in `PeerTable`, the metrics row in `report.py`, lost processes in `faults.py`; the
 router writes RUN_DIR/metrics.jsonl.
 """
@@ -60,6 +63,7 @@ from mas_async.router.clock import ClockError, StepTimeout, VersionClock
 from mas_async.router.episodes import EpisodeBook, EpisodeTask, plan_episodes
 from mas_async.router.faults import FaultLog, replaced_alone, run_restart_from_env
 from mas_async.router.idle import IdleTimer
+from mas_async.router.leases import LeaseBook, endpoint_error
 from mas_async.router.lost_peers import RESTARTED_FILE, LostPeers, record_lost_peer
 from mas_async.router.membership import WeightGroups, replica_index
 from mas_async.router.peers import PeerInfo, PeerTable
@@ -152,6 +156,18 @@ class Router(Actor):
         again to another replica if that one is lost)."""
         self._parked: dict[str, list[tuple[bytes, Any, list]]] = {}
         """policy -> requests waiting for a replica (every replica of the policy is being replaced)."""
+        self.routed = 0
+        """Generate requests of env workers forwarded to a replica since the last row."""
+        self.leases = (
+            LeaseBook(
+                {p: config.policies[config.server_policy(p, deployment.training)].replicas for p in config.policies},
+                config.cluster.env_workers,
+                config.cluster.lease_replicas,
+            )
+            if config.cluster.leases
+            else None
+        )
+        """With `cluster.leases`: the replicas' endpoints and the leases the env workers hold."""
         training = deployment.training
         self.groups = WeightGroups(
             {p: config.policies[config.server_policy(p, training)].replicas for p in config.policies}
@@ -283,6 +299,7 @@ class Router(Actor):
                 if header.origin.encode() != identity:
                     self.refuse(identity, cls, "its origin is not its sender")
                     return
+                self.routed += 1
                 self._route_generate(identity, header, body)
             elif cls is GenerateResult:
                 self._route_result(identity, header, body)
@@ -370,6 +387,8 @@ class Router(Actor):
 
     def _handle(self, identity: bytes, msg: Message) -> None:
         if isinstance(msg, EpisodeDone):
+            if msg.leases:
+                self._count_leased(identity, msg.leases)
             self._on_episode_done(msg)
         elif isinstance(msg, UpdateWeights):
             for ident in self.table.of_policy("inference", msg.policy, alive=True):
@@ -400,6 +419,9 @@ class Router(Actor):
             return
         if msg.protocol != PROTOCOL_VERSION:
             raise RuntimeError(f"{name} speaks protocol {msg.protocol}, the router {PROTOCOL_VERSION}")
+        if self.leases is not None and msg.role == "inference" and (why := endpoint_error(msg.endpoint)):
+            self.refuse(identity, Hello, why)
+            return
         previous = self.peers.get(identity)
         # A replacement of a lost process: another pid, or the launcher says so (died_at) even when the lost
         # one never joined. (The same process saying Hello again joins again, as it was.)
@@ -417,11 +439,19 @@ class Router(Actor):
         served = self.cfg.served_policies(msg.policy, self.deployment.training) if msg.role == "inference" else []
         info = PeerInfo(msg.role, msg.policy, msg.capacity, msg.pid, policies=tuple(served))
         self.routes[identity] = identity if route is None else route
+        if self.leases is not None and msg.role == "inference":
+            self.leases.joined(identity, msg.endpoint)
         self.table.join(identity, info, serving)
         self.send_to(identity, Welcome(PROTOCOL_VERSION))
         log.info("%s joined (pid %d); %d/%d peers", name, msg.pid, len(self.peers), len(self.table.expected))
+        leasing = self.leases is not None and self.leases.started  # (at the start every worker gets them at once)
         self._check_all_joined()
+        if msg.role == "inference":  # (a replacement of a training run is leased once it caught up)
+            self._renew_leases(serving=identity if replacement and serving else None)
         if msg.role == "env_worker":
+            if leasing and self.leases is not None:
+                for lease in self.leases.every(self.table, identity):
+                    self.send_to(identity, lease)
             self._dispatch()  # a replacement takes queued episodes (its predecessor's among them) at once
         elif replacement and not serving:  # ready: it joins the weight group, catching up first
             for policy in info.policies:
@@ -437,9 +467,36 @@ class Router(Actor):
 
     def _check_all_joined(self) -> None:
         """The run may start once every peer joined, but for those whose first process died before its Hello
-        (their replacements join when they are ready)."""
-        if self.table.all_joined_but(self.replacing):
-            self.all_joined.set()
+        (their replacements join when they are ready); with leases, every env worker gets them then."""
+        if self.all_joined.is_set() or not self.table.all_joined_but(self.replacing):
+            return
+        self.all_joined.set()
+        if self.leases is not None:
+            self.leases.started = True
+            for worker in self.table.live_workers():
+                for lease in self.leases.every(self.table, worker):
+                    self.send_to(worker, lease)
+
+    def _renew_leases(self, serving: bytes | None = None) -> None:
+        """Send each live env worker its leases whose replicas changed (none before the run starts).
+        `serving`: a replacement replica that serves from now on: with leases its first result goes to an env
+        worker, not through the router, so its recovery ends here, as it is leased again."""
+        if self.leases is None or not self.leases.started:
+            return
+        for worker, lease in self.leases.changed(self.table, self.table.live_workers()):
+            self.send_to(worker, lease)
+        if serving is None or not self.faults.recovering(serving):
+            return
+        if (recovered := self.faults.result_from(serving)) is not None:
+            log.info("recovered from a lost replica in %.1fs (%s is leased again)", recovered, serving.decode())
+
+    def _count_leased(self, worker: bytes, counts: dict) -> None:
+        """An env worker's lease counts since its previous EpisodeDone (`router/leases.py`); counts that are
+        not counts are dropped and counted (the episode is taken all the same)."""
+        if self.leases is None or not self.leases.count(counts, MAX_COUNT):
+            self.refuse(worker, EpisodeDone, "its lease counts are not counts of this run")
+            return
+        self.faults.reissued_to_replicas(counts.get("resent", 0))
 
     def _send_order(self, order: ReformWeightGroup, only: bytes | None = None) -> None:
         """Send a weight group's order to its trainer (rank 0) and its members that joined (or to `only`)."""
@@ -487,6 +544,7 @@ class Router(Actor):
             log.info("%s serves %s v%d", name, msg.policy, msg.version)
             self.groups.caught_up(msg.policy, replica_index(name))
             self.clock.add_load(msg.policy, name)
+            self._renew_leases(serving=identity)
             for origin, header, frames in self._parked.pop(msg.policy, []):
                 self._route_generate(origin, header, frames)
         self._check_step_done()
@@ -632,6 +690,7 @@ class Router(Actor):
                 del self._pending[(origin, header.request_id)]
                 self._route_generate(origin, header, frames)
             self.table.set_outstanding(ident, 0)
+            self._renew_leases()
             self.faults.reissued_to_replicas(len(requests))
             log.error("%s (pid %d) is lost (%s); its %d requests were sent again", ident.decode(), info.pid, why,
                       len(requests))  # fmt: skip
@@ -784,6 +843,9 @@ class Router(Actor):
         row[Keys.TRAINER_IDLE_S] = wait_s
         row[Keys.INFERENCE_IDLE_S] = self.idle.take(now, busy=any(b.generating() for b in self.books.values()))
         row.update(self.faults.take())
+        row[Keys.ROUTED_REQUESTS], self.routed = self.routed, 0
+        if self.leases is not None:
+            row.update(self.leases.take())
         row[Keys.POISONED] = len(book.poisoned)
         del self.books[iteration]
         self.metrics.write(row)

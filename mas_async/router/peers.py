@@ -102,6 +102,10 @@ class PeerTable:
         for policy in info.routed:
             self._replicas[policy].add(identity, requests)
 
+    def live_workers(self) -> list[bytes]:
+        """Every live env worker."""
+        return [ident for ident, info in self._workers.items() if info.alive]
+
     def free_workers(self) -> list[tuple[int, bytes]]:
         """(episodes in flight, identity) of every live env worker with room for another episode."""
         return [(info.outstanding, ident) for ident, info in self._workers.items() if self.takes_episodes(info)]

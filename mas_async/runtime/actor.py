@@ -8,10 +8,10 @@ with a live context.
 
 `Peer` is an actor with one DEALER socket connected to the router (a CURVE client when the deployment
 has keys: `mas_async.runtime.curve`). Its life: connect, send Hello (role, id, policy, capacity, protocol
-version, and when it replaces a lost process, when that one was found dead), wait for Welcome (a refused
-handshake is `HandshakeFailed`, not a hang), then run its work while a heartbeat task sends a Heartbeat
-every `heartbeat_s` in which it sent nothing else (any message says it is alive) and declares the router
-dead after `peer_timeout_s` of silence.
+version, when it replaces a lost process, when that one was found dead, and an inference replica's direct
+endpoint with `cluster.leases`), wait for Welcome (a refused handshake is `HandshakeFailed`, not a hang),
+then run its work while a heartbeat task sends a Heartbeat every `heartbeat_s` in which it sent nothing
+else (any message says it is alive) and declares the router dead after `peer_timeout_s` of silence.
 Socket IO lives in its own tasks: the receive task decodes and dispatches, the send task drains a queue,
 so handlers never await a socket. Blocking calls (torch compute, torch.distributed collectives) go to
 threads with `asyncio.to_thread`; the loop keeps serving heartbeats meanwhile.
@@ -209,6 +209,9 @@ class Peer(Actor):
         self._sent_at = float("-inf")
         """When the last message was queued for the router (time.monotonic())."""
         self.sock: zmq.asyncio.Socket | None = None
+        self.endpoint = ""
+        """Where this process takes messages of its own (an inference replica's direct socket with
+        `cluster.leases`), said in its Hello; set before `setup` runs. "": nowhere but from the router."""
 
     async def setup(self) -> None:
         assert self.ctx is not None
@@ -229,6 +232,7 @@ class Peer(Actor):
                         PROTOCOL_VERSION,
                         os.getpid(),
                         float(os.environ.get(DIED_AT_ENV) or 0.0),
+                        self.endpoint,
                     )  # fmt: skip
                 )
             )
@@ -250,7 +254,11 @@ class Peer(Actor):
 
     def send(self, msg: Message) -> None:
         """Queue a message for the router (never blocks the caller)."""
-        self._outbox.put_nowait(encode(msg))
+        self.send_frames(encode(msg))
+
+    def send_frames(self, frames: list) -> None:
+        """Queue an encoded message for the router (never blocks the caller)."""
+        self._outbox.put_nowait(frames)
         self._sent_at = time.monotonic()
 
     async def _send_loop(self) -> None:

@@ -1,9 +1,10 @@
 """CURVE security for the ZeroMQ sockets of a run: one key pair per process, and one identity per key.
 
-Every message of a run travels between the router's ROUTER socket (the only listener) and the DEALER of
-a peer (env worker, inference server, trainer). With `cluster.curve` on (the default, loopback included),
-the launcher makes a key pair for the router and one for every process of the deployment each time it
-starts the run (`prepare_keys`), and writes only the public keys:
+Every message of a run travels between the router's ROUTER socket and the DEALER of a peer (env worker,
+inference server, trainer); with `cluster.leases` an env worker's Generates also travel between its DEALER
+and an inference replica's own ROUTER socket (`mas_async.inference.direct`). With `cluster.curve` on (the
+default, loopback included), the launcher makes a key pair for the router and one for every process of the
+deployment each time it starts the run (`prepare_keys`), and writes only the public keys:
 
     RUN_DIR/keys/           mode 0700
       public.json           mode 0600: {"router": z85 public key, "peers": {process name: z85 public key}}
@@ -21,7 +22,8 @@ the process its key was issued to: libzmq attaches that name to every message of
 `User-Id` property, and the router takes it, not the socket identity the sender chose, as the sender
 (a Hello whose peer id is another, and anything sent over another connection than the one a name
 joined with, is refused and counted). Refused handshakes are counted and logged by
-`mas_async.runtime.handshakes`.
+`mas_async.runtime.handshakes`. A replica's direct socket is a CURVE server with the replica's own key
+pair, and its context's `RunAuthenticator` admits the env workers' keys alone, each as its process.
 """
 
 from __future__ import annotations
@@ -126,21 +128,27 @@ def public_keys(keys_dir: str | Path) -> dict:
 
 
 def secure_server(sock: zmq.Socket, keys_dir: str | Path, secret: str | None = None) -> None:
-    """Make `sock` a CURVE server with the router's key pair (`secret`, else this process's own) before it
-    binds. Which clients it accepts is decided by the context's `RunAuthenticator`."""
+    """Make `sock` a CURVE server with the key pair `secret` (the router's; else this process's own: an
+    inference replica's direct socket, `cluster.leases`) before it binds. Which clients it accepts is
+    decided by the context's `RunAuthenticator`."""
     secret = secret or own_secret()
     sock.curve_secretkey = secret.encode()
     sock.curve_publickey = zmq.curve_public(secret.encode())
     sock.curve_server = True
 
 
-def secure_client(sock: zmq.Socket, keys_dir: str | Path, secret: str | None = None) -> None:
-    """Make `sock` a CURVE client with the key pair `secret` (else this process's own) and the router's
-    public key (before it connects)."""
+def secure_client(sock: zmq.Socket, keys_dir: str | Path, secret: str | None = None, server: str = ROUTER) -> None:
+    """Make `sock` a CURVE client with the key pair `secret` (else this process's own) that connects to
+    `server`: the router, or a process of the run by name (an inference replica's direct socket), whose
+    public key it then requires of the other end (before it connects)."""
     secret = secret or own_secret()
+    keys = public_keys(keys_dir)
+    server_key = keys["router"] if server == ROUTER else keys["peers"].get(server)
+    if not isinstance(server_key, str):
+        raise CurveKeyError(f"{Path(keys_dir) / PUBLIC_FILE} holds no public key of {server!r}")
     sock.curve_secretkey = secret.encode()
     sock.curve_publickey = zmq.curve_public(secret.encode())
-    sock.curve_serverkey = public_keys(keys_dir)["router"].encode()
+    sock.curve_serverkey = server_key.encode()
 
 
 class RunAuthenticator(Authenticator):
@@ -153,13 +161,20 @@ class RunAuthenticator(Authenticator):
     than passing unchecked. Its answer names the process (`curve_user_id`): the User-Id of every message
     of the connection.
 
+    `roles` narrows who is admitted to the processes of those roles (an inference replica's direct socket
+    admits the env workers alone); None admits every process of the run (the router).
+
     Every refused key is remembered with its peer's address (`refused`, newest last) for the log line of
-    the router's refusal counter.
+    the refusal counter.
     """
 
-    def __init__(self, ctx: zmq.Context, keys_dir: str | Path) -> None:
+    def __init__(self, ctx: zmq.Context, keys_dir: str | Path, roles: tuple[str, ...] | None = None) -> None:
         super().__init__(ctx, log=logging.getLogger("mas_async.curve.zap"))
-        self.names = {key.encode(): name for name, key in public_keys(keys_dir)["peers"].items()}
+        self.names = {
+            key.encode(): name
+            for name, key in public_keys(keys_dir)["peers"].items()
+            if roles is None or name.split("/", 1)[0] in roles
+        }
         """z85 public key -> the one process name it may act as."""
         self.refused: deque[tuple[str, str]] = deque(maxlen=1024)
         """(peer address, its z85 public key) of each refused key."""

@@ -58,7 +58,7 @@ from mas_async.wire.messages import (
     ReformWeightGroup,
     Trained,
     TrainStep,
-    sample_from_wire,
+    samples_from_wire,
 )
 from mas_async.wire.samples import Sample
 
@@ -161,7 +161,7 @@ class Trainer(Peer):
         if isinstance(msg, Groups):
             if msg.iteration > self.stepped:  # each episode's groups of this policy come in one message
                 self.episodes[msg.iteration][msg.episode_id] += 1
-            samples = [sample_from_wire(s) for s in msg.samples]
+            samples = samples_from_wire(msg.samples)
             self.receive(samples, msg.iteration, msg.episode_id, msg.problem_episodes)
         elif isinstance(msg, TrainStep):
             self.spawn(self._step(msg), f"step-{msg.iteration}")

@@ -25,7 +25,7 @@ import numpy as np
 from mas_async.wire.codec import MAX_HEADER_BYTES, CodecError, pack, unpack
 from mas_async.wire.samples import Completion, Sample
 
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 
 
 class Kind(IntEnum):
@@ -38,6 +38,7 @@ class Kind(IntEnum):
     GROUPS = 12
     GENERATE = 20
     GENERATE_RESULT = 21
+    LEASE = 22
     TRAIN_STEP = 30
     TRAINED = 31
     UPDATE_WEIGHTS = 32
@@ -68,6 +69,8 @@ class Hello(Message):
     protocol: int
     pid: int
     died_at: float = 0.0  # a restarted process: unix time its predecessor was found dead (0: first start)
+    endpoint: str = ""  # an inference server's direct endpoint, "tcp://<node address>:<port>", with cluster.leases
+    # (env workers send it Generates there, `Lease`); "" otherwise
 
 
 @dataclass(slots=True)
@@ -132,6 +135,9 @@ class EpisodeDone(Message):
     error: str  # "" when the episode ran; else why it failed (it is counted as dropped)
     summary: dict  # success, reward/<agent>, turns, tokens
     samples: dict  # policy -> number of samples sent in Groups for this episode
+    leases: dict = dataclasses.field(default_factory=dict)  # cluster.leases: what the worker's lease client
+    # did since its previous EpisodeDone, {"direct": Generates sent straight to a replica, "resent": requests of
+    # a replica that left its lease sent again, "stale": results dropped (no longer that replica's)}; {} otherwise
 
 
 @dataclass(slots=True)
@@ -148,7 +154,7 @@ class Groups(Message):
     attempt: int
     n_samples: int
     n_tokens: int  # prompt + completion tokens of the samples: the router balances trainer ranks by it
-    samples: list  # [sample_to_wire(s), ...]
+    samples: list  # samples_to_wire(samples): a prompt shared with an earlier sample is sent once
     problem_episodes: int = 1  # the RunEpisode's: episodes of the iteration that run this episode's problem
 
 
@@ -162,7 +168,8 @@ MAX_TOP_LOGPROBS = 20
 
 @dataclass(slots=True)
 class Generate(Message):
-    """env worker -> router -> an inference server of `policy`: sample n completions of a prompt."""
+    """env worker -> router -> an inference server of `policy`: sample n completions of a prompt (with
+    cluster.leases: env worker -> a replica its `Lease` names, directly)."""
 
     KIND = Kind.GENERATE
     HEADER = 4
@@ -184,7 +191,8 @@ class Generate(Message):
 
 @dataclass(slots=True)
 class GenerateResult(Message):
-    """inference server -> router -> env worker `origin`: the n completions of request `request_id`."""
+    """inference server -> router -> env worker `origin`: the n completions of request `request_id` (a request
+    that came directly: back on the connection it came over)."""
 
     KIND = Kind.GENERATE_RESULT
     HEADER = 3
@@ -192,6 +200,19 @@ class GenerateResult(Message):
     origin: str
     error: str  # "" on success
     completions: list  # [completion_to_wire(c), ...] (n entries; with alternatives only if the request asked)
+
+
+@dataclass(slots=True)
+class Lease(Message):
+    """router -> env worker (cluster.leases): the live replicas of `policy` the worker sends its Generates to,
+    straight to their endpoints; the complete set, sent when the worker joins and whenever it changes (a
+    replica joins, is lost, or its replacement serves). Empty: none is live now, the worker's Generates of
+    `policy` go through the router (which holds them while the replicas are replaced)."""
+
+    KIND = Kind.LEASE
+    HEADER = 1
+    policy: str
+    replicas: list  # [[replica name, endpoint "tcp://<address>:<port>"], ...]
 
 
 # ---- training and weight sync -------------------------------------------------------------------
@@ -268,7 +289,7 @@ MESSAGES: dict[int, type[Message]] = {
     cls.KIND: cls
     for cls in (
         Hello, Welcome, Heartbeat, Shutdown, RunEpisode, EpisodeDone, Groups,
-        Generate, GenerateResult, TrainStep, Trained, UpdateWeights, WeightsLoaded, ReformWeightGroup,
+        Generate, GenerateResult, Lease, TrainStep, Trained, UpdateWeights, WeightsLoaded, ReformWeightGroup,
     )
 }  # fmt: skip
 
@@ -358,6 +379,40 @@ def sample_from_wire(values: Any) -> Sample:
         if not isinstance(getattr(sample, name), np.ndarray):
             raise CodecError(f"sample.{name} must be a packed array")
     return sample
+
+
+_PROMPT = _SAMPLE_FIELDS.index("prompt_ids")
+
+
+def samples_to_wire(samples: list[Sample]) -> list[list[Any]]:
+    """`sample_to_wire` of each sample, but a prompt equal to an earlier sample's is sent as that sample's
+    index: a tree group's K candidates share one prompt, so an episode's prompts go once each, not K times."""
+    first: dict[bytes, int] = {}
+    wire = []
+    for index, sample in enumerate(samples):
+        values = sample_to_wire(sample)
+        prompt = np.ascontiguousarray(sample.prompt_ids)
+        key = prompt.dtype.str.encode() + prompt.tobytes()
+        if key in first:
+            values[_PROMPT] = first[key]
+        else:
+            first[key] = index
+        wire.append(values)
+    return wire
+
+
+def samples_from_wire(values: Any) -> list[Sample]:
+    """The samples of `samples_to_wire`: a prompt sent as an index is that earlier sample's (the same array)."""
+    if not isinstance(values, list):
+        raise CodecError("malformed samples")
+    samples: list[Sample] = []
+    for entry in values:
+        if isinstance(entry, list) and len(entry) == len(_SAMPLE_FIELDS) and type(entry[_PROMPT]) is int:
+            if not 0 <= entry[_PROMPT] < len(samples):
+                raise CodecError("a sample's prompt refers to no earlier sample")
+            entry = [*entry[:_PROMPT], samples[entry[_PROMPT]].prompt_ids, *entry[_PROMPT + 1 :]]
+        samples.append(sample_from_wire(entry))
+    return samples
 
 
 def completion_to_wire(c: Completion) -> list[Any]:

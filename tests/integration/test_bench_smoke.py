@@ -217,7 +217,9 @@ def test_scale_smoke(tmp_path: Path) -> None:
     points = figures["points"]
     assert len(points) == 2
     for point in points:
-        # Requests went through the router and were answered within the window, and the router worked for them.
+        # With leases (the bench's default) every request went straight to a leased replica, none via the router.
+        assert point["direct_fraction"] == 1.0
+        # Requests were answered within the window, and the router worked for the episodes.
         assert point["requests"] > 0 and point["rps"] > 0
         assert point["router_cpu_s"] > 0 and point["router_cpu_us_per_request"] > 0
         # Added latency is measured per request: end-to-end minus the replica's own service time.
@@ -236,3 +238,11 @@ def test_scale_smoke(tmp_path: Path) -> None:
     assert check["rate_rps"] == 1024 * 3000 / (100 * 4)  # the smoke run keeps the checked deployment's knobs
     assert check["router_cores"] > 0 and check["max_gpus_one_core"] > 0
     assert (tmp_path / "scale.png").stat().st_size > 0
+
+
+def test_scale_smoke_without_leases(tmp_path: Path) -> None:
+    """`--no-leases`: every request through the router."""
+    _, figures = _run("scale.py", tmp_path, "--no-leases")
+    for point in figures["points"]:
+        assert point["direct_fraction"] == 0.0
+        assert point["requests"] > 0 and point["sample_mismatches"] == 0 and point["errors"] == 0

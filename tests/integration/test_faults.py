@@ -13,6 +13,8 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from bench.slow_backend import FIRST_ENV, REPLACEMENT_ENV
 from mas_async.metrics import Keys
 from tests.integration.launch import alive, child_pids, cleanup, kill_when, start_train, wait_for_rows
@@ -142,14 +144,18 @@ def test_env_workers_and_replicas_killed_at_random_lose_and_repeat_nothing(tmp_p
     assert router_log.count("re-forming the weight group of") >= 1
 
 
-def test_a_lone_replica_killed_during_a_weight_update_is_replaced_alone_and_joins_the_next_version(tmp_path):
+@pytest.mark.parametrize("leases", [False, True], ids=["routed", "leases"])
+def test_a_lone_replica_killed_during_a_weight_update_is_replaced_alone_and_joins_the_next_version(tmp_path, leases):
     """The policy's only replica is SIGKILLed as its trainer begins a step: the trainer's send cannot reach
     it, the router holds the policy's requests, the replacement (the same process role, a new pid) joins
     a re-formed weight group and loads the version the trainer sends there, never the broadcast that was
-    in flight; the run goes on without a restart and every iteration is there once."""
+    in flight; the run goes on without a restart and every iteration is there once. With `cluster.leases`
+    the lease of the policy is empty meanwhile: the workers send its requests through the router, which
+    holds them for the replacement; once that serves, it is leased again and served directly."""
     run_dir, iterations, batch = tmp_path / "run", 6, 4
     args = [f"run.iterations={iterations}", f"rollout.batch_size={batch}", "algorithm.k=4", "eval.every=3",
-            "eval.size=4", "policies.vertical.replicas=1", "policies.horizontal.replicas=1"]  # fmt: skip
+            "eval.size=4", "policies.vertical.replicas=1", "policies.horizontal.replicas=1",
+            f"cluster.leases={str(leases).lower()}"]  # fmt: skip
     proc = start_train(CONFIG, run_dir, *args)
     try:
         child_pids(run_dir)
@@ -178,6 +184,32 @@ def test_a_lone_replica_killed_during_a_weight_update_is_replaced_alone_and_join
     assert "re-forming the weight group of vertical: generation 1, replicas []" in router_log
     trainer_log = (run_dir / "logs" / "trainer-vertical.log").read_text(errors="replace")
     assert "replicas [0] of vertical caught up to v3 (generation 2)" in trainer_log
+    if leases:
+        _check_leased(run_dir, rows)
+        assert sum(r[Keys.ROUTED_REQUESTS] for r in rows) > 0  # vertical's, while it had no replica leased
+        assert re.search(
+            r"recovered from a lost replica in [\d.]+s \(inference/vertical/0 is leased again\)", router_log
+        )
+
+
+def _check_leased(run_dir: Path, rows: list[dict]) -> None:
+    """A run with `cluster.leases` that lost a replica: every request the workers sent directly was taken by a
+    replica or was sent again when its replica left the lease (each counted once), and the rows' re-sent
+    requests are those the workers' logs and the router's log name."""
+    direct = sum(r[Keys.DIRECT_REQUESTS] for r in rows)
+    taken = 0
+    for log_path in (run_dir / "logs").glob("inference-*.log"):
+        taken += sum(int(n) for n in re.findall(r"took (\d+) requests directly", log_path.read_text(errors="replace")))
+    resent_by_workers = sum(
+        int(n)
+        for log_path in (run_dir / "logs").glob("env_worker-*.log")
+        for n in re.findall(r"; (\d+) requests sent again", log_path.read_text(errors="replace"))
+    )
+    router_log = (run_dir / "logs" / "router.log").read_text(errors="replace")
+    resent_by_router = sum(int(n) for n in re.findall(r"its (\d+) requests were sent again", router_log))
+    assert sum(r[Keys.REISSUED_REQUESTS] for r in rows) == resent_by_workers + resent_by_router
+    assert direct > 0 and taken > 0 and taken <= direct  # (the killed replica never said what it took)
+    assert sum(r[Keys.STALE_RESULTS] for r in rows) <= resent_by_workers
 
 
 def _run_restarted_after(tmp_path: Path, name: str, watched: str, pattern: str, delay_s: float = 0.0) -> None:
@@ -285,16 +317,20 @@ def test_an_episode_that_kills_its_env_worker_is_dropped_after_its_attempts_and_
     assert re.search(r"episode train\d-\d \(problem train3\) is not run: the problem was poisoned", router_log)
 
 
-def test_a_replica_killed_while_samples_of_two_versions_are_in_flight_with_bounded_staleness(tmp_path):
+@pytest.mark.parametrize("leases", [False, True], ids=["routed", "leases"])
+def test_a_replica_killed_while_samples_of_two_versions_are_in_flight_with_bounded_staleness(tmp_path, leases):
     """rollout.max_staleness=1: while the step from v3 runs, iteration 4's episodes sample at v3, then at v4
     once it is loaded. inference/vertical/0 is SIGKILLed as that step begins: its requests go to replica 1,
     it leaves the weight group, its replacement catches up and serves. No sample outside the window, none
-    refused, every sample's log-probs match the trainer's recompute under the version that made it."""
+    refused, every sample's log-probs match the trainer's recompute under the version that made it. With
+    `cluster.leases` the workers send the lost replica's requests again, to replica 1, the one left in the
+    lease, and the replacement is leased again once it serves."""
     run_dir, iterations, batch = tmp_path / "run", 8, 4
     # A broadcast that waits on the killed replica ends at trainer.weight_sync_timeout_s, then goes again
     # without it: a bound well inside this test's own (300 s, the default's).
     args = [f"run.iterations={iterations}", f"rollout.batch_size={batch}", "algorithm.k=4", "eval.every=0",
-            "rollout.max_staleness=1", "policies.vertical.replicas=2", "trainer.weight_sync_timeout_s=60"]  # fmt: skip
+            "rollout.max_staleness=1", "policies.vertical.replicas=2", "trainer.weight_sync_timeout_s=60",
+            f"cluster.leases={str(leases).lower()}"]  # fmt: skip
     proc = start_train(CONFIG, run_dir, *args)
     try:
         child_pids(run_dir)
@@ -317,3 +353,9 @@ def test_a_replica_killed_while_samples_of_two_versions_are_in_flight_with_bound
     assert stale > 0, "no sample of the version before was trained on: the versions never overlapped"
     router_log = (run_dir / "logs" / "router.log").read_text(errors="replace")
     assert re.search(r"inference/vertical/0 serves vertical v\d+", router_log)
+    if leases:
+        _check_leased(run_dir, rows)
+        assert sum(r[Keys.ROUTED_REQUESTS] for r in rows) == 0  # replica 1 was leased throughout
+        assert re.search(
+            r"recovered from a lost replica in [\d.]+s \(inference/vertical/0 is leased again\)", router_log
+        )

@@ -16,15 +16,19 @@ CONFIG = "configs/examples/openai_movers.yaml"
 FAST = ["run.iterations=2", "rollout.batch_size=2", "algorithm.k=2", "eval.every=2", "eval.size=2"]
 
 
-def test_the_openai_movers_train_on_policy(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    proc = start_train(CONFIG, run_dir, *FAST, "workflow.options.max_turns=3")
+def _train(config: str, run_dir: Path, *overrides: str) -> list[dict]:
+    """Train `config` quickly (`FAST`) through real processes; the rows of its metrics.jsonl."""
+    proc = start_train(config, run_dir, *FAST, *overrides)
     try:
         out, _ = proc.communicate(timeout=300)
     finally:
         cleanup(proc, run_dir)
     assert proc.returncode == 0, out
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_the_openai_movers_train_on_policy(tmp_path: Path) -> None:
+    rows = _train(CONFIG, tmp_path / "run", "workflow.options.max_turns=3")
     train = [r for r in rows if "policy/vertical/version" in r]
     assert len(train) == 2, rows
     for i, row in enumerate(train):
@@ -42,3 +46,30 @@ def test_the_openai_movers_train_on_policy(tmp_path: Path) -> None:
     # The held-out evaluation after the last iteration runs the program too (greedy, nothing recorded).
     evaluated = [r for r in rows if "eval/episodes" in r]
     assert evaluated and all(r["eval/episodes"] == 2 and r["eval/dropped"] == 0 for r in evaluated), rows
+
+
+TREE_CONFIG = "configs/examples/openai_movers_tree.yaml"
+
+
+def test_the_openai_movers_train_on_policy_with_tree_sampling(tmp_path: Path) -> None:
+    """The same program tree-sampled (configs/examples/openai_movers_tree.yaml): each training call is K
+    candidates scored by the example's scorer, all trained on, the chosen one continuing the transcript."""
+    rows = _train(TREE_CONFIG, tmp_path / "run", "workflow.options.max_turns=2")
+    train = [r for r in rows if "policy/vertical/version" in r]
+    assert len(train) == 2, rows
+    for i, row in enumerate(train):
+        assert row["rollout/dropped"] == 0 and row["rollout/episodes"] == 2  # 2 problems x 1 episode
+        for policy in ("vertical", "horizontal"):
+            assert row[f"policy/{policy}/version"] == i
+            assert row[f"policy/{policy}/version_mismatch"] == 0
+            assert row[f"policy/{policy}/logprob_abs_diff"] < 1e-4
+            # K = 2 candidates of every call of the 2 episodes are samples
+            calls = row[f"gateway/calls/{policy}"]
+            assert calls >= 1 and abs(row[f"policy/{policy}/samples"] - 2 * 2 * calls) < 1e-9, row
+            assert f"gateway/score/{policy}" in row
+            # the chosen candidate continues the transcript: every later call reuses its ids, none edited
+            assert row[f"gateway/prefix_mismatch/{policy}"] == 0, row
+            assert abs(row[f"gateway/reused/{policy}"] - (calls - 1)) < 1e-9, row
+    evaluated = [r for r in rows if "eval/episodes" in r]
+    assert evaluated and all(r["eval/episodes"] == 2 and r["eval/dropped"] == 0 for r in evaluated), rows
+    assert all("eval/gateway/score/vertical" not in r for r in evaluated)  # evaluation is not tree-sampled

@@ -42,6 +42,8 @@ def test_three_iterations_role_specialised(tmp_path):
             assert row[f"policy/{policy}/entropy"] > 0  # measured with entropy_coef 0 (the default)
             assert f"policy/{policy}/kl" not in row  # kl_coef 0: there is no reference to measure it against
         assert row["rollout/episodes"] == 4 and row["rollout/dropped"] == 0 and row["rollout/turns"] >= 1
+        assert row["router/routed_requests"] > 0  # every request through the router (cluster.leases is off)
+        assert not [key for key in row if key.startswith("leases/")]  # not measured without leases: absent
         assert 0.0 <= row["team/success_rate"] <= 1.0
         assert 0.0 <= row["eval/progress_rate/vertical"] <= 1.0
     assert "eval/team_success_rate" in rows[3] and "team/success_rate" not in rows[3]

@@ -15,11 +15,14 @@ from mas_async.wire.messages import (
     MAX_SEED,
     MESSAGES,
     NO_SEED,
+    PROTOCOL_VERSION,
+    EpisodeDone,
     Generate,
     GenerateResult,
     Groups,
     Hello,
     Kind,
+    Lease,
     completion_from_wire,
     completion_to_wire,
     decode,
@@ -27,6 +30,8 @@ from mas_async.wire.messages import (
     peek,
     sample_from_wire,
     sample_to_wire,
+    samples_from_wire,
+    samples_to_wire,
 )
 from mas_async.wire.samples import Completion, Sample
 
@@ -69,6 +74,32 @@ def test_sample_round_trip():
     back = sample_from_wire(decode(encode(msg)).samples[0])
     assert back.group == s.group and back.version == 2 and back.reward == 0.25 and back.info == {"x": 1}
     np.testing.assert_array_equal(back.prompt_ids, s.prompt_ids)
+
+
+def test_an_episodes_samples_send_each_prompt_once_and_come_back_equal():
+    """`samples_to_wire`: the K candidates of a turn share its prompt, which is sent once (the others name the
+    sample that carries it); every sample comes back equal, and a reference to no earlier sample is refused."""
+
+    def sample(turn: int, k: int) -> Sample:
+        prompt = np.arange(400, dtype=np.int32) + turn  # a copy per candidate, equal within a turn
+        completion = np.array([k, turn], dtype=np.int32)
+        return Sample(f"e/a/{turn}", "e", "p", "a", "pv", turn, prompt, completion, np.zeros(2, np.float32), 0, k)
+
+    samples = [sample(turn, k) for turn in range(3) for k in range(4)]
+    msg = Groups("pv", 0, "e", 0, len(samples), 0, samples_to_wire(samples))
+    frames = encode(msg)
+    alone = encode(Groups("pv", 0, "e", 0, len(samples), 0, [sample_to_wire(s) for s in samples]))
+    assert len(frames[2]) < 0.4 * len(alone[2])  # 3 prompts of 1.6 KB sent instead of 12
+    back = samples_from_wire(decode(frames).samples)
+    assert len(back) == len(samples)
+    for got, sent in zip(back, samples, strict=True):
+        np.testing.assert_array_equal(got.prompt_ids, sent.prompt_ids)
+        np.testing.assert_array_equal(got.completion_ids, sent.completion_ids)
+        assert (got.group, got.turn, got.reward) == (sent.group, sent.turn, sent.reward)
+    wire = samples_to_wire(samples)
+    wire[0][6] = 3  # the first sample's prompt "refers" to a later one
+    with pytest.raises(CodecError, match="no earlier sample"):
+        samples_from_wire(wire)
 
 
 def test_peek_reads_the_header_without_the_payload():
@@ -237,3 +268,23 @@ def test_a_completion_carries_alternatives_only_when_it_has_them():
         completion_from_wire([ids, lp, 5, "stop", top_ids.reshape(-1)[:5], top_lp.reshape(-1)[:5]])
     with pytest.raises(CodecError):
         completion_from_wire([ids, lp, 5, "stop", top_ids.reshape(-1)])
+
+
+def test_a_lease_a_replica_s_endpoint_and_a_worker_s_lease_counts_round_trip():
+    """cluster.leases (protocol 8): the router's Lease to the env workers, the endpoint in a replica's Hello and
+    the lease counts of an EpisodeDone; each is a field appended last, so a peer without them sends the defaults."""
+    lease = Lease(
+        "vertical", [["inference/vertical/0", "tcp://10.0.0.2:40111"], ["inference/vertical/1", "tcp://[::1]:5"]]
+    )
+    cls, header = peek(encode(lease))
+    assert cls is Lease and tuple(header) == ("vertical",)
+    assert decode(encode(lease)) == lease and decode(encode(Lease("vertical", []))).replicas == []
+    hello = Hello("inference", "inference/vertical/0", "vertical", 8, PROTOCOL_VERSION, 12, 0.0, "tcp://10.0.0.2:40111")
+    assert decode(encode(hello)).endpoint == "tcp://10.0.0.2:40111"
+    assert Hello("env_worker", "env_worker/0", "", 2, PROTOCOL_VERSION, 13).endpoint == ""
+    assert len(peek(encode(hello))[1]) == 6  # the router reads a Hello whole; its header is as it was
+    done = EpisodeDone("train0-0", 0, "train", 0, "", {}, {"vertical": 4}, {"direct": 3, "resent": 1, "stale": 1})
+    assert decode(encode(done)).leases == {"direct": 3, "resent": 1, "stale": 1}
+    assert EpisodeDone("train0-0", 0, "train", 0, "", {}, {}).leases == {}
+    with pytest.raises(CodecError, match="Lease.replicas"):
+        decode([bytes([Kind.LEASE]), pack(["vertical"]), pack(["not a list"])])

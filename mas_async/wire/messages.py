@@ -328,10 +328,16 @@ def _check(cls: type[Message], values: list, start: int) -> None:
             raise CodecError(f"{cls.__name__}.{name}: expected {expected}, got {type(value).__name__}")
 
 
+_NAMES = {kind: tuple(f.name for f in dataclasses.fields(cls)) for kind, cls in MESSAGES.items()}
+"""kind -> the message's field names, in order (`dataclasses.fields` costs more than the packing it feeds)."""
+_KIND_FRAMES = {kind: bytes([kind]) for kind in MESSAGES}
+
+
 def encode(msg: Message) -> list[bytes]:
     """Message -> frames [kind, header, payload]."""
-    values = [getattr(msg, f.name) for f in dataclasses.fields(msg)]
-    return [bytes([msg.KIND]), pack(values[: msg.HEADER]), pack(values[msg.HEADER :])]
+    kind = msg.KIND
+    values = [getattr(msg, name) for name in _NAMES[kind]]
+    return [_KIND_FRAMES[kind], pack(values[: msg.HEADER]), pack(values[msg.HEADER :])]
 
 
 def peek(frames: list) -> tuple[type[Message], Any]:

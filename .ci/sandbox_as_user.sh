@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run the sandbox's tests (tests/unit/sandbox) as an unprivileged user, with the same expectations as the
-# root run of `make test`: bubblewrap must isolate programs either way (docs/sandbox.md). Then a code-env
+# root run of `make test`: bubblewrap must isolate programs either way (docs/sandbox.md); and the tests of
+# the sockets' authentication (CURVE keys and handshakes, a replica's direct socket). Then a code-env
 # training run as that user (configs/code_tiny.yaml, 2 iterations and the final evaluation), checked:
 # every iteration trained on-policy, and the env's reference solution scores 1.0 and its stub 0.0 on the
 # held-out problems, so the sandbox ran and judged programs for that user.
@@ -44,7 +45,7 @@ as_user() {
     runuser -u "$TEST_USER" -- env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$work" TMPDIR="$work" \
         PYTHONPATH="$checkout" PYTHONDONTWRITEBYTECODE=1 "$interpreter" "$@"
 }
-as_user -m pytest -q -p no:cacheprovider tests/unit/sandbox "$@"
+as_user -m pytest -q -p no:cacheprovider tests/unit/sandbox tests/unit/framework/test_curve.py tests/unit/framework/test_direct_socket.py "$@"
 echo "a code-env training run as $TEST_USER"
 as_user -m mas_async train configs/code_tiny.yaml run.iterations=2 eval.size=4 run.output_dir="$work/run" \
     > "$work/train.out" 2>&1 || { tail -50 "$work/train.out"; exit 1; }

@@ -29,10 +29,11 @@ from mas_async.deployment import Deployment, free_ports
 from mas_async.router.hub import Router
 from mas_async.runtime import curve
 from mas_async.runtime.actor import Peer
-from mas_async.runtime.curve import SECRET_ENV, generate_keys, issued_secret, own_secret, prepare_keys, secure_client
+from mas_async.runtime.curve import SECRET_ENV, generate_keys, own_secret, prepare_keys, secure_client
 from mas_async.runtime.handshakes import HandshakeFailed
 from mas_async.wire.messages import PROTOCOL_VERSION, Hello, Message, Shutdown, Trained, encode
 from tests.support.paths import ROOT
+from tests.support.run_keys import issue_keys, until
 
 WAIT_S = 5.0
 """Bound of every wait in these tests; each normally takes milliseconds."""
@@ -47,10 +48,7 @@ def _config(*overrides: str):
 
 
 def _keys(run_dir: Path) -> tuple[str, dict[str, str]]:
-    """The keys of a start of the run: its folder and every process's secret key."""
-    keys_dir = prepare_keys(_config(), run_dir, NAMES)
-    assert keys_dir is not None
-    return keys_dir, {name: issued_secret(keys_dir, name) for name in NAMES}
+    return issue_keys(_config(), run_dir, NAMES)
 
 
 class _Worker(Peer):
@@ -102,11 +100,7 @@ async def _join(peer: Peer) -> None:
 
 
 async def _until(condition, what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {WAIT_S}s: {what}")
-        await asyncio.sleep(0.01)
+    await until(condition, what, WAIT_S)
 
 
 def test_each_process_has_its_own_key_and_no_secret_is_written(tmp_path: Path, monkeypatch) -> None:

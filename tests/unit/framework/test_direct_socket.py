@@ -20,9 +20,10 @@ import zmq.asyncio
 from mas_async.config import load_config
 from mas_async.inference.direct import DirectRequests
 from mas_async.rollout.replica_link import ReplicaLink
-from mas_async.runtime.curve import issued_secret, prepare_keys, secure_client
+from mas_async.runtime.curve import secure_client
 from mas_async.wire.messages import Generate, GenerateResult, Heartbeat, decode, encode
 from tests.support.paths import ROOT
+from tests.support.run_keys import issue_keys, until
 
 WAIT_S = 5.0
 """Bound of every wait in these tests; each normally takes milliseconds."""
@@ -31,9 +32,7 @@ NAMES = ["router", "trainer/vertical", "env_worker/0", "env_worker/1", REPLICA]
 
 
 def _keys(run_dir: Path) -> tuple[str, dict[str, str]]:
-    keys_dir = prepare_keys(load_config(ROOT / "configs/plan_path_tiny.yaml"), run_dir, NAMES)
-    assert keys_dir is not None
-    return keys_dir, {name: issued_secret(keys_dir, name) for name in NAMES}
+    return issue_keys(load_config(ROOT / "configs/plan_path_tiny.yaml"), run_dir, NAMES)
 
 
 def _generate(request_id: int, origin: str) -> Generate:
@@ -42,11 +41,7 @@ def _generate(request_id: int, origin: str) -> Generate:
 
 
 async def _until(condition, what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {WAIT_S}s: {what}")
-        await asyncio.sleep(0.01)
+    await until(condition, what, WAIT_S)
 
 
 class _Side:

@@ -1,5 +1,6 @@
-"""A live gateway for the gateway's tests: fake inference that records every request, and `serve`, which
-runs a test against a started gateway with one open session and always stops it."""
+"""A live gateway for the gateway's tests: fake inference that records every request; `serve`, which
+runs a test against a started gateway with one open session and always stops it; and `play_program`, which
+plays one episode of a workflow program through a started gateway."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ from typing import Any
 import httpx
 import numpy as np
 
+from envs.plan_path import PlanPathEnv
+from mas_async.gateway.episode import GatewayEpisode
 from mas_async.gateway.server import Gateway, Limits
 from mas_async.gateway.session import Session
+from mas_async.gateway.workflow import ProgramWorkflow
 from mas_async.tiny_model import IM_END_ID, build_tokenizer
 from mas_async.wire.samples import Completion
 
@@ -118,3 +122,44 @@ def refused(response: httpx.Response, status: int) -> dict[str, Any]:
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["message"]
     return error
+
+
+def plan_path_env() -> PlanPathEnv:
+    """A Plan-Path env reset to the first size-4 training problem."""
+    env = PlanPathEnv()
+    env.reset(options={"problem": PlanPathEnv.problems("train", 1, sizes=[4])[0]})
+    return env
+
+
+def play_program(
+    program: Any, fake: FakeInference, *, limits: Limits, mode: str = "train", options: Any = None, scorer: Any = None
+) -> GatewayEpisode:
+    """Play one episode (train0-3 of problem p9, a size-4 Plan-Path problem) of `program` through a started
+    gateway answered by `fake`; with `scorer`, the gateway's tree scorer is replaced by it. Bounded (60 s);
+    the gateway is stopped whatever happens, after checking the episode's session was closed."""
+    env = plan_path_env()
+
+    async def main() -> GatewayEpisode:
+        gateway = gateway_of(fake, limits)
+        if scorer is not None:
+            gateway.scorer = scorer  # (the gateway loaded the tree's own; the test's records its calls)
+        await gateway.start()
+        episode = GatewayEpisode(
+            gateway=gateway,
+            episode_id="train0-3",
+            problem_id="p9",
+            problem={},
+            env=env,
+            policy_of=POLICY_OF,
+            alpha=2.0,
+            mode=mode,
+            client_timeout_s=10.0,
+        )
+        try:
+            await asyncio.wait_for(ProgramWorkflow(program, options or {}).run(episode), 60)
+        finally:
+            assert gateway.sessions.open == {}, "the episode's session is closed whatever happens"
+            await gateway.stop()
+        return episode
+
+    return asyncio.run(main())

@@ -3,59 +3,22 @@ gateway with fake inference, and every call becomes a sample of its agent's turn
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from typing import Any
 
 import pytest
 
-from envs.plan_path import PlanPathEnv
 from mas_async.gateway.episode import GatewayEpisode, RewardError, read_rewards
-from mas_async.gateway.server import Gateway
-from mas_async.gateway.workflow import ProgramError, ProgramWorkflow, load_program
+from mas_async.gateway.workflow import ProgramError, load_program
 from mas_async.tiny_model import build_tokenizer
-from tests.unit.gateway.fakes import LIMITS, POLICY_OF, FakeInference, InferenceDown
-
-
-def _env() -> PlanPathEnv:
-    env = PlanPathEnv()
-    env.reset(options={"problem": PlanPathEnv.problems("train", 1, sizes=[4])[0]})
-    return env
+from tests.unit.gateway.fakes import LIMITS, POLICY_OF, FakeInference, plan_path_env, play_program
 
 
 def play(program: Any, mode: str = "train", **options: Any) -> tuple[GatewayEpisode, FakeInference]:
     """Play one episode of `program` through a started gateway whose inference always answers U."""
-    tokenizer = build_tokenizer()
-    fake = FakeInference(tokenizer, text="U")
-
-    async def main() -> GatewayEpisode:
-        gateway = Gateway(
-            policy_of=POLICY_OF,
-            tokenizers={"pv": tokenizer, "ph": tokenizer},
-            generate=fake,
-            limits=dataclasses.replace(LIMITS, max_calls=64),
-            generate_errors=(InferenceDown,),
-        )
-        await gateway.start()
-        episode = GatewayEpisode(
-            gateway=gateway,
-            episode_id="train0-3",
-            problem_id="p9",
-            problem={},
-            env=_env(),
-            policy_of=POLICY_OF,
-            alpha=2.0,
-            mode=mode,
-            client_timeout_s=10.0,
-        )
-        try:
-            await asyncio.wait_for(ProgramWorkflow(program, options).run(episode), 60)
-        finally:
-            assert gateway.sessions.open == {}, "the episode's session is closed whatever happens"
-            await gateway.stop()
-        return episode
-
-    return asyncio.run(main()), fake
+    fake = FakeInference(build_tokenizer(), text="U")
+    episode = play_program(program, fake, limits=dataclasses.replace(LIMITS, max_calls=64), mode=mode, options=options)
+    return episode, fake
 
 
 def test_the_example_program_records_each_call_as_its_agents_turn() -> None:
@@ -121,7 +84,7 @@ def test_a_failing_program_fails_its_episode_and_closes_its_session() -> None:
 
 
 def test_rewards_are_read_or_refused_with_a_sentence() -> None:
-    env = _env()
+    env = plan_path_env()
     agents = ("vertical", "horizontal")
     assert read_rewards(None, env, agents).team == env.team_reward()
     assert read_rewards(0.25, env, agents).team == 0.25

@@ -17,12 +17,11 @@ import pytest
 
 from envs.plan_path import PlanPathEnv
 from mas_async.gateway.episode import GatewayEpisode
-from mas_async.gateway.server import Gateway
 from mas_async.gateway.tree import ScoreError, TreeSampling, best
-from mas_async.gateway.workflow import ProgramError, ProgramWorkflow, load_scorer
+from mas_async.gateway.workflow import ProgramError, load_scorer
 from mas_async.tiny_model import IM_END_ID, build_tokenizer
 from mas_async.wire.samples import Completion
-from tests.unit.gateway.fakes import LIMITS, POLICY_OF, FakeInference, InferenceDown
+from tests.unit.gateway.fakes import LIMITS, FakeInference, plan_path_env, play_program
 
 MOVES = ["U", "D", "L", "R"]
 """The scripted engine's K = 4 candidates of every request, in order."""
@@ -66,49 +65,14 @@ class Scorer:
         return self.scores[choice["content"]]
 
 
-def _env() -> PlanPathEnv:
-    env = PlanPathEnv()
-    env.reset(options={"problem": PlanPathEnv.problems("train", 1, sizes=[4])[0]})
-    return env
-
-
 def play(
     program: Any, scorer: Any, mode: str = "train", tree: TreeSampling = TREE
 ) -> tuple[GatewayEpisode, Candidates]:
     """Play one episode of `program` through a started gateway that tree-samples training calls with
     `scorer`; the engine answers every request's candidates with MOVES. Bounded: never hangs."""
-    tokenizer = build_tokenizer()
-    fake = Candidates(tokenizer, MOVES)
-
-    async def main() -> GatewayEpisode:
-        gateway = Gateway(
-            policy_of=POLICY_OF,
-            tokenizers={"pv": tokenizer, "ph": tokenizer},
-            generate=fake,
-            limits=dataclasses.replace(LIMITS, max_calls=64, tree=tree),
-            generate_errors=(InferenceDown,),
-        )
-        gateway.scorer = scorer  # (the gateway loaded the tree's own; the test's records its calls)
-        await gateway.start()
-        episode = GatewayEpisode(
-            gateway=gateway,
-            episode_id="train0-3",
-            problem_id="p9",
-            problem={},
-            env=_env(),
-            policy_of=POLICY_OF,
-            alpha=2.0,
-            mode=mode,
-            client_timeout_s=10.0,
-        )
-        try:
-            await asyncio.wait_for(ProgramWorkflow(program, {}).run(episode), 60)
-        finally:
-            assert gateway.sessions.open == {}, "the episode's session is closed whatever happens"
-            await gateway.stop()
-        return episode
-
-    return asyncio.run(main()), fake
+    fake = Candidates(build_tokenizer(), MOVES)
+    limits = dataclasses.replace(LIMITS, max_calls=64, tree=tree)
+    return play_program(program, fake, limits=limits, mode=mode, scorer=scorer), fake
 
 
 def two_calls(replies: list[Any]) -> Any:
@@ -309,7 +273,7 @@ def test_the_scorer_is_loaded_from_module_function_or_refused_with_a_sentence() 
 def test_the_example_scorer_scores_a_move_on_a_clone() -> None:
     from nodes.examples.openai_movers import score
 
-    env = _env()
+    env = plan_path_env()
     task = _task(env)
     before = (env.position, env.distance())
     scores = {move: asyncio.run(score(task, "vertical", GO, {"role": "assistant", "content": move})) for move in "UDx"}

@@ -511,8 +511,10 @@ class ClusterConfig(_Section):
     """Take the data path off the router (docs/scale.md, "Leases"): each inference replica binds a socket of
     its own on its node's address, the router leases the live replicas of each policy to the env workers, and
     a worker sends its Generates straight to the leased replica with the fewest of its requests outstanding
-    (through the router only while a policy has no live replica). The router keeps versions, the update gate,
-    episodes and the weight groups; every sample still carries its version, which the trainer checks.
+    (through the router only while a policy has no live replica), and each episode's Groups straight to the
+    trainer rank its RunEpisode names, which trains them once the router accepts the episode. The router keeps
+    versions, the update gate, episodes (which attempt counts) and the weight groups; every sample still
+    carries its version, which the trainer checks.
     false: every Generate and its result pass through the router."""
     lease_replicas: int = Field(4, ge=1)
     """With `leases`: how many of a policy's replicas each env worker is leased: this many (all of them, when

@@ -60,6 +60,9 @@ class Keys:
     DIRECT_REQUESTS = "leases/direct_requests"
     """`cluster.leases` only: Generate requests the env workers sent straight to a leased replica, as their
     EpisodeDone messages reported them since the previous row (router/leases.py)."""
+    DIRECT_GROUPS = "leases/direct_groups"
+    """`cluster.leases` only: episodes' Groups the env workers sent straight to a trainer and the router
+    accepted (one per episode and policy) since the previous row (training/direct_groups.py)."""
     STALE_RESULTS = "leases/stale_results"
     """`cluster.leases` only: results the env workers dropped because their request was no longer that
     replica's (it had left the lease and the request went again, or its caller gave up), since the previous row."""

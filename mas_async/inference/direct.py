@@ -1,21 +1,11 @@
 """An inference replica's own socket (`cluster.leases`): env workers send their Generates to it directly,
 and each result goes back on the connection its request came over (router/leases.py says who may send).
 
-Socket: ROUTER bound on the replica's node address (`Deployment.address`) at a port the OS picks; the
-endpoint goes into the replica's Hello, and the router leases it to the env workers. It is driven by
-`RouterSocket` (plain pyzmq calls woken by the event loop, as the router's own socket). ROUTER_MANDATORY:
-a result for a connection that has gone (its worker was lost) is logged and dropped, never queued for ever;
-at a worker's high-water mark results wait in an outbox, in order. Nothing is sent on this socket before
-a worker's request came over it, so there is no slow joiner to wait for.
-
-With the deployment's keys it is a CURVE server holding the replica's own key pair (the one its public key
-in RUN_DIR/keys/public.json is), and the ZAP handler of the replica's context (`RunAuthenticator`, env
-worker keys only; started before the bind, so no handshake goes unchecked) admits only the env workers,
-each as its process: libzmq gives every message of the connection that name as its User-Id. A refused
-handshake is counted and logged (`RefusedHandshakes`). Without keys (`cluster.curve` false) a worker's
-connection is named by its socket identity, the worker's name (ROUTER_HANDOVER lets a restarted worker take
-it over). Either way a Generate is taken only if its `origin` is the connection's process; anything else,
-and what does not decode, is dropped and counted (`refused`, `malformed`) with rate-limited warnings.
+The socket is a `DirectSocket` (runtime/direct_socket.py: bound on the replica's node address, CURVE with
+the replica's own key, only env workers admitted, each as its process). A Generate is taken only if its
+`origin` is the connection's process; anything else is dropped and counted (`refused`, `malformed`). At a
+worker's high-water mark results wait in an outbox, in order. Nothing is sent on this socket before a
+worker's request came over it, so there is no slow joiner to wait for.
 
 A request taken is handed to the server (`on_request`) exactly as one the router forwarded: same queue,
 same limits, same update gate, same version tags. `reply` sends its result back on its connection.
@@ -23,33 +13,13 @@ same limits, same update gate, same version tags. `reply` sends its result back 
 
 from __future__ import annotations
 
-import asyncio
-import logging
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable
 
-import zmq
 import zmq.asyncio
 
-from mas_async.runtime.actor import make_socket
-from mas_async.runtime.curve import RunAuthenticator, secure_server
+from mas_async.runtime.direct_socket import DirectSocket, Spawn
 from mas_async.runtime.handshakes import RefusedHandshakes
-from mas_async.runtime.log_limit import LogLimit, printable
-from mas_async.runtime.router_socket import RouterSocket
-from mas_async.wire.codec import CodecError
-from mas_async.wire.messages import Generate, GenerateResult, decode, encode
-
-log = logging.getLogger("mas_async.inference.direct")
-
-Spawn = Callable[[Coroutine[Any, Any, Any], str], asyncio.Task]
-
-SENDERS = ("env_worker",)
-"""The roles whose keys the direct socket admits."""
-
-
-def bind_endpoint(address: str) -> str:
-    """The endpoint to bind on `address` at a port the OS picks (an IPv6 address in brackets)."""
-    return f"tcp://[{address}]:*" if ":" in address else f"tcp://{address}:*"
+from mas_async.wire.messages import Generate, GenerateResult, Message, encode
 
 
 class DirectRequests:
@@ -63,98 +33,52 @@ class DirectRequests:
         on_request: Callable[[Generate], None],
         secret: str | None = None,
     ) -> None:
-        self.ctx = ctx
-        self.address = address
-        """The node address the socket binds to."""
-        self.keys_dir = keys_dir
-        self.secret = secret
-        """The replica's CURVE secret key (None: the one the launcher gave this process)."""
+        self.socket = DirectSocket(ctx, address, keys_dir, self._on_message, secret, what="requests")
         self.on_request = on_request
-        self.endpoint = ""
-        """Where the socket listens, "tcp://<address>:<port>" (once `start` ran)."""
         self.taken = 0
         """Requests taken so far."""
-        self.refused = 0
-        """Well-formed messages dropped so far: not a Generate, or its origin is not its connection's process."""
-        self.malformed = 0
-        """Messages dropped so far because they did not decode (or came without a User-Id)."""
-        self.refusals = RefusedHandshakes()
-        """ZeroMQ handshakes refused so far (keys that are not an env worker's of the run)."""
         self._routes: dict[tuple[str, int], bytes] = {}
         """(origin, request id) -> the connection (socket identity) the request came over."""
-        self._warnings = LogLimit()
-        self.io: RouterSocket | None = None
+
+    @property
+    def endpoint(self) -> str:
+        """Where the socket listens, "tcp://<address>:<port>" (once `start` ran)."""
+        return self.socket.endpoint
+
+    @property
+    def refused(self) -> int:
+        """Well-formed messages dropped so far: not a Generate, or its origin is not its connection's process."""
+        return self.socket.refused
+
+    @property
+    def malformed(self) -> int:
+        """Messages dropped so far because they did not decode (or came without a User-Id)."""
+        return self.socket.malformed
+
+    @property
+    def refusals(self) -> RefusedHandshakes:
+        """ZeroMQ handshakes refused so far (keys that are not an env worker's of the run)."""
+        return self.socket.refusals
 
     def start(self, spawn: Spawn) -> str:
         """Bind and start receiving (supervised tasks made with `spawn`); returns the endpoint."""
-        sock = make_socket(self.ctx, zmq.ROUTER)
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        authenticator = None
-        if self.keys_dir is None:
-            sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
-        else:
-            secure_server(sock, self.keys_dir, self.secret)
-            authenticator = RunAuthenticator(self.ctx, self.keys_dir, roles=SENDERS)
-            authenticator.start()
-            spawn(authenticator.serve(), "direct-zap")
-        spawn(self.refusals.watch(sock, authenticator), "direct-refused-handshakes")
-        if ":" in self.address:
-            sock.setsockopt(zmq.IPV6, 1)
-        sock.bind(bind_endpoint(self.address))
-        self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._sock = sock  # owns the socket (closed with the context)
-        self.io = RouterSocket(zmq.Socket.shadow(sock.underlying), self._on_frames)
-        spawn(self.io.run(), "direct-receive")
-        log.info("taking requests directly at %s", self.endpoint)
-        return self.endpoint
+        return self.socket.start(spawn)
 
     def reply(self, request: Generate, result: GenerateResult) -> bool:
         """Send `result` back on the connection `request` came over; False if it did not come directly."""
         route = self._routes.pop((request.origin, request.request_id), None)
         if route is None:
             return False
-        assert self.io is not None
-        self.io.send([route, *encode(result)])
+        self.socket.send(route, encode(result))
         return True
 
-    def _on_frames(self, frames: list) -> None:
-        route, body = frames[0].bytes, frames[1:]
-        sender = self._sender(route, body)
-        if sender is None:
-            return
-        try:
-            msg = decode([f.buffer for f in body])
-        except CodecError as e:
-            self.malformed += 1
-            if n := self._warnings.due("malformed"):
-                log.warning("dropped a malformed message from %s (%d so far): %s", printable(sender), n, e)
-            return
+    def _on_message(self, sender: str, route: bytes, msg: Message) -> None:
         if not isinstance(msg, Generate):
-            self._refuse(sender, f"a {type(msg).__name__} is not a request")
+            self.socket.refuse(sender, f"a {type(msg).__name__} is not a request")
             return
         if msg.origin != sender:
-            self._refuse(sender, "its origin is not its sender")
+            self.socket.refuse(sender, "its origin is not its sender")
             return
         self._routes[(msg.origin, msg.request_id)] = route
         self.taken += 1
         self.on_request(msg)
-
-    def _sender(self, route: bytes, body: list) -> str | None:
-        """The process that sent over connection `route`: its key's (the User-Id ZAP gave the connection), or
-        without CURVE its socket identity; None, counted as malformed, when a CURVE message has no User-Id."""
-        if self.keys_dir is None:
-            return route.decode("utf-8", "replace")
-        try:
-            return body[0].get("User-Id")
-        except (zmq.ZMQError, IndexError, AttributeError):
-            self.malformed += 1
-            if n := self._warnings.due("no user id"):
-                log.warning("dropped a message from %s without a User-Id (%d so far)", printable(route), n)
-            return None
-
-    def _refuse(self, sender: str, why: str) -> None:
-        """Drop a well-formed message; counted, and logged rate-limited (`why` keys the rate limit)."""
-        self.refused += 1
-        if n := self._warnings.due(why):
-            log.warning("dropped a message from %s on the direct socket: %s (%d such so far, %d refused in all)",
-                        printable(sender), why, n, self.refused)  # fmt: skip

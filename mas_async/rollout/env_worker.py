@@ -3,12 +3,13 @@
 It holds the tokenizers (not the models): prompts are tokenised here with each policy's chat template
 and the token ids are the truth from then on. Every generate request goes through the router to an
 inference server of the agent's policy, with a request id and a deadline; with `cluster.leases` it goes
-straight to a replica the router leased to this worker (`leases.py`, `replica_link.py`). When an episode
+straight to a replica the router leased to this worker (`leases.py`, `direct_link.py`). When an episode
 ends, its recorded groups go to the router as one Groups message per policy (routed to that policy's
-trainer), then an EpisodeDone with the episode's summary. An exception in an episode (a bug in a node, an
-env or a workflow) fails that episode only: it is reported in EpisodeDone.error and counted as dropped, and
-the worker lives on. A "baseline/<name>" episode is played by the env's reference policy <name>
-(`BaselineEpisode`): no request, no groups, only its EpisodeDone. With a `workflow.program` (agents
+trainer; with `cluster.leases` straight to the trainer rank its RunEpisode names, which trains them once
+the router accepts the episode), then an EpisodeDone with the episode's summary. An exception in an
+episode (a bug in a node, an env or a workflow) fails that episode only: it is reported in
+EpisodeDone.error and counted as dropped, and the worker lives on. A "baseline/<name>" episode is played
+by the env's reference policy <name> (`BaselineEpisode`): no request, no groups, only its EpisodeDone. With a `workflow.program` (agents
 written against the OpenAI API) the worker also serves the OpenAI-compatible gateway
 (`mas_async.gateway`) on its own event loop, and each episode is a `GatewayEpisode` whose program calls it.
 """
@@ -32,11 +33,11 @@ from mas_async import sandbox
 from mas_async.api.priority import episode_iteration, episode_ordinal
 from mas_async.api.registry import ENVS, NODES, WORKFLOWS, resolve
 from mas_async.config import Config
-from mas_async.deployment import Deployment
+from mas_async.deployment import Deployment, trainer_peer
 from mas_async.rollout.baseline import BaselineEpisode, baseline_name
+from mas_async.rollout.direct_link import DirectLink
 from mas_async.rollout.episode import Episode, candidates_per_turn, greedy_decoding
 from mas_async.rollout.leases import ROUTER, LeaseClient
-from mas_async.rollout.replica_link import ReplicaLink
 from mas_async.runtime.actor import Peer
 from mas_async.wire.codec import CodecError
 from mas_async.wire.messages import (
@@ -48,8 +49,10 @@ from mas_async.wire.messages import (
     Lease,
     Message,
     RunEpisode,
+    Trainers,
     completion_from_wire,
     decode,
+    encode,
     samples_to_wire,
 )
 
@@ -151,11 +154,13 @@ class EnvWorker(Peer):
         """With `cluster.leases`: where each request goes (a leased replica, or the router)."""
         if config.cluster.leases:
             self.leases = LeaseClient(connect=self._link, via_router=self.send_frames)
+        self.trainers: dict[str, DirectLink] = {}
+        """With `cluster.leases`: trainer name -> the link to its direct socket (`Trainers`), for the Groups."""
 
-    def _link(self, replica: str, endpoint: str) -> ReplicaLink:
+    def _link(self, replica: str, endpoint: str) -> DirectLink:
         """A new link to a leased replica's direct socket."""
         assert self.ctx is not None
-        return ReplicaLink(
+        return DirectLink(
             self.ctx, replica, endpoint, worker=self.peer_id, keys_dir=self.keys_dir, on_frames=self._on_direct,
             spawn=self.spawn, secret=self.curve_secret,
         )  # fmt: skip
@@ -180,8 +185,28 @@ class EnvWorker(Peer):
             self._on_result(ROUTER, msg)
         elif isinstance(msg, Lease) and self.leases is not None:
             self.leases.update(msg)
+        elif isinstance(msg, Trainers) and self.leases is not None:
+            self._connect_trainers(msg)
         else:
             self.unexpected(msg)
+
+    def _connect_trainers(self, msg: Trainers) -> None:
+        """Connect to every trainer's direct socket (the router sends them once, when this worker joins)."""
+        for entry in msg.endpoints:
+            if not (isinstance(entry, list) and len(entry) == 2 and all(isinstance(v, str) for v in entry)):
+                log.warning("dropped a Trainers message: an entry is not [trainer name, endpoint]")
+                return
+        for name, endpoint in msg.endpoints:
+            if name.startswith("trainer/") and endpoint.startswith("tcp://") and name not in self.trainers:
+                self.trainers[name] = self._link(name, endpoint)
+
+    def _send_groups(self, groups: Groups, rank: int) -> None:
+        """An episode's groups of a policy: straight to its trainer rank when linked, else through the router."""
+        link = self.trainers.get(trainer_peer(groups.policy, rank))
+        if link is None:
+            self.send(groups)
+        else:
+            link.send(encode(groups))
 
     def _on_direct(self, replica: str, frames: list) -> None:
         """A message from a leased replica's direct socket: only a GenerateResult is taken."""
@@ -279,7 +304,8 @@ class EnvWorker(Peer):
                 wire = samples_to_wire(samples)
                 tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
                 episode = (msg.iteration, msg.episode_id, msg.attempt)
-                self.send(Groups(policy, *episode, len(samples), tokens, wire, msg.problem_episodes))
+                groups = Groups(policy, *episode, len(samples), tokens, wire, msg.problem_episodes)
+                self._send_groups(groups, msg.trainer_ranks.get(policy, 0))
                 counts[policy] = len(samples)
         except Exception as e:  # a failed episode is reported and counted, never a dead worker
             error = f"{type(e).__name__}: {e}"

@@ -1,7 +1,7 @@
 """The env worker's side of leases (`cluster.leases`, docs/scale.md): which replica each Generate goes to.
 
 The router leases each policy's live replicas to the env workers (`Lease`: the complete set, sent again
-whenever it changes; router/leases.py). A worker holds a link to every leased replica (`replica_link.py`)
+whenever it changes; router/leases.py). A worker holds a link to every leased replica (`direct_link.py`)
 and sends each request straight to the leased replica of its policy with the fewest of this worker's
 requests outstanding (ties in turn), and it balances only its own requests: the replicas' other load is
 the other workers', which pick the same way. A policy whose lease is empty (none of its replicas is live

@@ -75,6 +75,8 @@ class EpisodeBook:
         """Every episode is in, the baseline ones too: the iteration's row may be written."""
         self._trainer_ranks: dict[tuple[str, str], int] = {}
         """(policy, problem id) -> the trainer rank that gets the groups of every episode of that problem."""
+        self._problems_of_rank: Counter[tuple[str, int]] = Counter()
+        """(policy, trainer rank) -> problems whose groups go to that rank."""
 
     def trainer_rank(self, policy: str, problem_id: str, least_loaded: Callable[[], int]) -> int:
         """The trainer rank of `policy` that gets this problem's groups: the least-loaded one when its first
@@ -85,8 +87,13 @@ class EpisodeBook:
         as [1, 0] and [1, 1] over two ranks they give [1, -1] and [0, 0])."""
         key = (policy, problem_id)
         if key not in self._trainer_ranks:
-            self._trainer_ranks[key] = least_loaded()
+            self._trainer_ranks[key] = rank = least_loaded()
+            self._problems_of_rank[(policy, rank)] += 1
         return self._trainer_ranks[key]
+
+    def fewest_problems(self, policy: str, ranks: int) -> int:
+        """The trainer rank of `policy` (of `ranks`) with the fewest problems so far (the lowest such rank)."""
+        return min(range(ranks), key=lambda rank: (self._problems_of_rank[(policy, rank)], rank))
 
     def success_rate(self, mode: str) -> float:
         """Successes over every episode of `mode` that was dispatched: a failed or timed-out one counts

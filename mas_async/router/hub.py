@@ -34,7 +34,9 @@ version clock waits only for them); its replacement joins when it says Hello, ca
 the others hold, and gets requests once it reported it (docs/faults.md).
 With `cluster.leases` the data path leaves the router (`leases.py`): each env worker is told which replicas
 of each policy it may send its Generates to, directly, and the router routes only the requests of a policy
-that has no live replica (its workers send them here; they wait for the replacement as above).
+that has no live replica (its workers send them here; they wait for the replacement as above). The workers
+also send each episode's Groups straight to the trainer rank its RunEpisode names; the router counts a
+done episode's samples from its EpisodeDone and tells the rank which attempts to train (`Accepted`).
 Peer liveness lives in `PeerTable`, the metrics row in `report.py`, lost processes in `faults.py`; the
 router writes RUN_DIR/metrics.jsonl.
 """
@@ -78,6 +80,7 @@ from mas_async.wandb_run import WandbRun
 from mas_async.wire.codec import CodecError
 from mas_async.wire.messages import (
     PROTOCOL_VERSION,
+    Accepted,
     EpisodeDone,
     Generate,
     GenerateResult,
@@ -156,6 +159,9 @@ class Router(Actor):
         again to another replica if that one is lost)."""
         self._parked: dict[str, list[tuple[bytes, Any, list]]] = {}
         """policy -> requests waiting for a replica (every replica of the policy is being replaced)."""
+        self._accepting: dict[tuple[str, int, int], list[list]] = {}
+        """With leases: (policy, trainer rank, iteration) -> episodes accepted and not yet sent (`Accepted`)."""
+        self._accept_soon = False
         self.routed = 0
         """Generate requests of env workers forwarded to a replica since the last row."""
         self.leases = (
@@ -419,7 +425,7 @@ class Router(Actor):
             return
         if msg.protocol != PROTOCOL_VERSION:
             raise RuntimeError(f"{name} speaks protocol {msg.protocol}, the router {PROTOCOL_VERSION}")
-        if self.leases is not None and msg.role == "inference" and (why := endpoint_error(msg.endpoint)):
+        if self.leases is not None and msg.role != "env_worker" and (why := endpoint_error(msg.endpoint)):
             self.refuse(identity, Hello, why)
             return
         previous = self.peers.get(identity)
@@ -441,6 +447,8 @@ class Router(Actor):
         self.routes[identity] = identity if route is None else route
         if self.leases is not None and msg.role == "inference":
             self.leases.joined(identity, msg.endpoint)
+        elif self.leases is not None and msg.role == "trainer":
+            self.leases.trainers[name] = msg.endpoint
         self.table.join(identity, info, serving)
         self.send_to(identity, Welcome(PROTOCOL_VERSION))
         log.info("%s joined (pid %d); %d/%d peers", name, msg.pid, len(self.peers), len(self.table.expected))
@@ -450,6 +458,7 @@ class Router(Actor):
             self._renew_leases(serving=identity if replacement and serving else None)
         if msg.role == "env_worker":
             if leasing and self.leases is not None:
+                self.send_to(identity, self.leases.trainers_message())
                 for lease in self.leases.every(self.table, identity):
                     self.send_to(identity, lease)
             self._dispatch()  # a replacement takes queued episodes (its predecessor's among them) at once
@@ -474,6 +483,7 @@ class Router(Actor):
         if self.leases is not None:
             self.leases.started = True
             for worker in self.table.live_workers():
+                self.send_to(worker, self.leases.trainers_message())
                 for lease in self.leases.every(self.table, worker):
                     self.send_to(worker, lease)
 
@@ -570,7 +580,48 @@ class Router(Actor):
             )
             self.clock.forwarded(policy, book.version, samples, rank, tokens)
             self.forward(trainer_peer(policy, rank).encode(), frames)
+        if self.leases is not None and not msg.error and task.msg.mode == "train" and task.worker is not None:
+            self._accept_direct(book, task, msg.samples, routed={group[0] for group in task.groups})
         self._dispatch()
+
+    def _trainer_ranks(self, book: EpisodeBook, problem_id: str) -> dict[str, int]:
+        """With leases: the trainer rank of each policy with several that an episode of `problem_id` sends its
+        groups to straight (`RunEpisode.trainer_ranks`): the same for every episode of the problem, new
+        problems spread over the ranks by count (the tokens are not known before the episodes run)."""
+        return {
+            policy: book.trainer_rank(policy, problem_id, lambda p=policy, n=ranks: book.fewest_problems(p, n))
+            for policy, ranks in self.clock.ranks.items()
+            if ranks > 1
+        }
+
+    def _accept_direct(self, book: EpisodeBook, task: EpisodeTask, samples: dict, routed: set[str]) -> None:
+        """With leases: an episode is done whose Groups went straight to the trainers (those of `routed`
+        policies came through here). Count each policy's samples (`EpisodeDone.samples`) into its step and
+        tell its trainer rank to take them (`Accepted`, sent in a batch at the end of this loop turn)."""
+        assert task.worker is not None
+        for policy, count in samples.items():
+            if policy in routed:
+                continue
+            if policy not in self.clock.ranks or type(count) is not int or not 0 <= count <= MAX_COUNT:
+                self.refuse(task.worker, EpisodeDone, "its sample counts are not counts of the run's policies")
+                continue
+            if count == 0:
+                continue
+            rank = task.msg.trainer_ranks.get(policy, 0)
+            self.clock.forwarded(policy, book.version, count, rank)
+            entry = [task.msg.episode_id, task.msg.attempt, task.worker.decode(), count]
+            self._accepting.setdefault((policy, rank, book.iteration), []).append(entry)
+            self.leases.groups += 1
+        if self._accepting and not self._accept_soon:
+            self._accept_soon = True
+            asyncio.get_running_loop().call_soon(self._send_accepted)
+
+    def _send_accepted(self) -> None:
+        """Send the trainers the episodes accepted since the last call, one Accepted per rank and iteration."""
+        self._accept_soon = False
+        accepting, self._accepting = self._accepting, {}
+        for (policy, rank, iteration), episodes in accepting.items():
+            self.send_to(trainer_peer(policy, rank).encode(), Accepted(policy, iteration, episodes))
 
     def _check_step_done(self) -> None:
         if self.clock.step_complete():
@@ -606,6 +657,8 @@ class Router(Actor):
                 if free is not None and self.table.takes_episodes(info):
                     heapq.heappush(free, (info.outstanding, worker))
                 book.in_flight[task.msg.episode_id] = task
+                if self.leases is not None and task.msg.mode == "train":
+                    task.msg.trainer_ranks = self._trainer_ranks(book, task.msg.problem_id)
                 self.send_to(worker, task.msg)
             book.queued = waiting
             book.check_done()
@@ -785,6 +838,7 @@ class Router(Actor):
         if version != iteration:
             raise ClockError(f"iteration {iteration} would step from version {version}")
         self._step_done.clear()
+        self._send_accepted()  # (before the TrainSteps, on the same connections: the trainers have them first)
         for policy in self.policies:
             for rank in range(self.clock.ranks[policy]):
                 expected = self.clock.expected_samples(policy, version, rank)

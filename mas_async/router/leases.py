@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from mas_async.metrics import Keys
 from mas_async.router.membership import replica_index
-from mas_async.wire.messages import Lease
+from mas_async.wire.messages import Lease, Trainers
 
 if TYPE_CHECKING:
     from mas_async.router.peers import PeerTable
@@ -77,9 +77,17 @@ class LeaseBook:
         """Generates the workers sent straight to a replica, since the last row."""
         self.stale = 0
         """Results the workers dropped (their request was no longer that replica's), since the last row."""
+        self.trainers: dict[str, str] = {}
+        """Trainer name -> its direct endpoint (from its Hello): where the env workers send their Groups."""
+        self.groups = 0
+        """Groups the workers sent straight to a trainer that the router accepted, since the last row."""
 
     def joined(self, replica: bytes, endpoint: str) -> None:
         self.endpoints[replica] = endpoint
+
+    def trainers_message(self) -> Trainers:
+        """Every trainer's endpoint, for an env worker."""
+        return Trainers(sorted([name, endpoint] for name, endpoint in self.trainers.items()))
 
     def serving(self, table: PeerTable, policy: str) -> dict[int, bytes]:
         """`policy`'s replicas that the router would route to and whose endpoint it knows, by index."""
@@ -121,6 +129,6 @@ class LeaseBook:
 
     def take(self) -> dict[str, int]:
         """This row's leases/* metrics; counting starts again from zero."""
-        row = {Keys.DIRECT_REQUESTS: self.direct, Keys.STALE_RESULTS: self.stale}
-        self.direct = self.stale = 0
+        row = {Keys.DIRECT_REQUESTS: self.direct, Keys.STALE_RESULTS: self.stale, Keys.DIRECT_GROUPS: self.groups}
+        self.direct = self.stale = self.groups = 0
         return row

@@ -117,7 +117,7 @@ def merge_metrics(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     merged = dict(per_rank[0])
     for key in ("samples", "tokens", "active_samples", "micro_batches", "version_mismatch", "stale_dropped",
                 "stale_samples", "stale_checked_samples", "stale_unchecked_samples", "loss", "kl",
-                "episodes", "repeated_episodes"):  # fmt: skip
+                "episodes", "repeated_episodes", "unaccepted_samples"):  # fmt: skip
         if key in merged:
             merged[key] = sum(m[key] for m in per_rank if key in m)
     for key in ("logprob_abs_diff_max", "staleness_max", "is_weight_max"):

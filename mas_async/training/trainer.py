@@ -46,6 +46,7 @@ from mas_async.lora import starting_point
 from mas_async.router.clock import VersionClock
 from mas_async.runtime.actor import Peer
 from mas_async.training.data_parallel import DataParallel, merge_metrics
+from mas_async.training.direct_groups import DirectGroups
 from mas_async.training.learner import PolicyLearner
 from mas_async.training.publisher import WeightPublisher
 from mas_async.training.streaming import StreamingStep, overlap_metrics
@@ -53,6 +54,7 @@ from mas_async.weights.cuda_ipc import CudaIpcSender
 from mas_async.weights.group import WeightGroupSpec
 from mas_async.weights.sender import WeightSender
 from mas_async.wire.messages import (
+    Accepted,
     Groups,
     Message,
     ReformWeightGroup,
@@ -125,6 +127,26 @@ class Trainer(Peer):
         """Streaming: admitted samples of an iteration that came while another version was held."""
         self.last_group_at: dict[int, float] = {}
         """iteration -> time.time() of its last samples' arrival (`trainer/<p>/tail_s` runs from it)."""
+        self.direct: DirectGroups | None = None
+        """With `cluster.leases`: the socket the env workers send this policy's groups to (training/direct_groups.py)."""
+
+    async def setup(self) -> None:
+        """With `cluster.leases`, bind the direct socket first: its endpoint goes into the Hello."""
+        if self.cfg.cluster.leases:
+            assert self.ctx is not None
+            address = self.deployment.address(self.peer_id)
+            self.direct = DirectGroups(self.ctx, address, self.keys_dir, self.policy, self._take, self.curve_secret)
+            self.direct.stepped = self.stepped
+            self.endpoint = self.direct.start(self.spawn)
+        await super().setup()
+
+    async def cleanup(self) -> None:
+        if self.direct is not None:
+            socket = self.direct.socket
+            log.info(
+                "took %d groups directly (%d refused, %d malformed, %d refused handshakes; %d samples never accepted)",
+                self.direct.delivered, socket.refused, socket.malformed, socket.refusals.count, self.direct.unaccepted,
+            )  # fmt: skip
 
     @property
     def sender(self) -> WeightSender | CudaIpcSender | None:
@@ -159,10 +181,9 @@ class Trainer(Peer):
 
     async def on_message(self, msg: Message) -> None:
         if isinstance(msg, Groups):
-            if msg.iteration > self.stepped:  # each episode's groups of this policy come in one message
-                self.episodes[msg.iteration][msg.episode_id] += 1
-            samples = samples_from_wire(msg.samples)
-            self.receive(samples, msg.iteration, msg.episode_id, msg.problem_episodes)
+            self._take(msg)
+        elif isinstance(msg, Accepted) and self.direct is not None and msg.policy == self.policy:
+            self.direct.on_accepted(msg)
         elif isinstance(msg, TrainStep):
             self.spawn(self._step(msg), f"step-{msg.iteration}")
         elif isinstance(msg, ReformWeightGroup) and self.rank == 0 and self.publisher is not None:
@@ -170,6 +191,12 @@ class Trainer(Peer):
                 self.spawn(self._publish(), f"reform-{msg.generation}")
         else:
             self.unexpected(msg)
+
+    def _take(self, msg: Groups) -> None:
+        """An episode's groups of this policy, forwarded by the router or accepted on the direct socket."""
+        if msg.iteration > self.stepped:  # each episode's groups of this policy come in one message
+            self.episodes[msg.iteration][msg.episode_id] += 1
+        self.receive(samples_from_wire(msg.samples), msg.iteration, msg.episode_id, msg.problem_episodes)
 
     def _stepping(self) -> asyncio.Lock | contextlib.nullcontext:
         return self.publisher.lock if self.publisher is not None else contextlib.nullcontext()
@@ -224,6 +251,10 @@ class Trainer(Peer):
         try:
             if version != self.version:
                 raise RuntimeError(f"TrainStep for version {version}, but the trainer holds {self.version}")
+            unaccepted = None
+            if self.direct is not None:  # (the router's word came first; the groups may still be on their way)
+                await self.direct.wait_for(msg.iteration, self.cfg.cluster.peer_timeout_s)
+                unaccepted = self.direct.stepped_through(msg.iteration)
             received = self.buffers.pop(msg.iteration, [])
             episodes = self.episodes.pop(msg.iteration, Counter())
             last_group_at = self.last_group_at.pop(msg.iteration, None)
@@ -283,6 +314,8 @@ class Trainer(Peer):
                     "repeated_episodes": sum(count - 1 for count in episodes.values()),
                     "time/train_s": train_s,
                     **({"last_group_at": last_group_at} if last_group_at is not None else {}),
+                    # cluster.leases: samples sent straight here by an episode attempt the router never accepted
+                    **({"unaccepted_samples": unaccepted} if unaccepted is not None else {}),
                 }
             )
             per_rank = [metrics] if self.dp is None else await asyncio.to_thread(self.dp.gather, metrics)

@@ -25,7 +25,7 @@ import numpy as np
 from mas_async.wire.codec import MAX_HEADER_BYTES, CodecError, pack, unpack
 from mas_async.wire.samples import Completion, Sample
 
-PROTOCOL_VERSION = 8
+PROTOCOL_VERSION = 9
 
 
 class Kind(IntEnum):
@@ -39,11 +39,13 @@ class Kind(IntEnum):
     GENERATE = 20
     GENERATE_RESULT = 21
     LEASE = 22
+    TRAINERS = 23
     TRAIN_STEP = 30
     TRAINED = 31
     UPDATE_WEIGHTS = 32
     WEIGHTS_LOADED = 33
     REFORM_WEIGHT_GROUP = 34
+    ACCEPTED = 35
 
 
 @dataclass(slots=True)
@@ -69,7 +71,7 @@ class Hello(Message):
     protocol: int
     pid: int
     died_at: float = 0.0  # a restarted process: unix time its predecessor was found dead (0: first start)
-    endpoint: str = ""  # an inference server's direct endpoint, "tcp://<node address>:<port>", with cluster.leases
+    endpoint: str = ""  # an inference server's or trainer's direct endpoint, "tcp://<address>:<port>" (cluster.leases)
     # (env workers send it Generates there, `Lease`); "" otherwise
 
 
@@ -120,6 +122,8 @@ class RunEpisode(Message):
     version: int
     problem_episodes: int = 1  # episodes of this iteration that run `problem_id` (the trainer's streamed step
     # computes a problem's samples once all of them are in: its advantages are relative to them all)
+    trainer_ranks: dict = dataclasses.field(default_factory=dict)  # cluster.leases: policy -> the trainer rank
+    # its Groups go to straight (a policy missing: rank 0)
 
 
 @dataclass(slots=True)
@@ -215,6 +219,16 @@ class Lease(Message):
     replicas: list  # [[replica name, endpoint "tcp://<address>:<port>"], ...]
 
 
+@dataclass(slots=True)
+class Trainers(Message):
+    """router -> env worker (cluster.leases): every trainer process's direct endpoint, sent when the worker
+    joins; an episode's Groups go straight to the trainer rank its RunEpisode names (`trainer_ranks`)."""
+
+    KIND = Kind.TRAINERS
+    HEADER = 0
+    endpoints: list  # [[trainer name, endpoint "tcp://<address>:<port>"], ...]
+
+
 # ---- training and weight sync -------------------------------------------------------------------
 
 
@@ -285,11 +299,25 @@ class ReformWeightGroup(Message):
     fresh: list  # [replica index, ...]: members that catch up first
 
 
+@dataclass(slots=True)
+class Accepted(Message):
+    """router -> trainer (cluster.leases): episodes of `iteration` that are done, whose Groups of `policy` the
+    env worker that ran them sent straight to this trainer; only these train (any other attempt's are dropped).
+    The router counts their samples into the TrainStep's `expected_samples`."""
+
+    KIND = Kind.ACCEPTED
+    HEADER = 2
+    policy: str
+    iteration: int
+    episodes: list  # [[episode id, attempt, env worker name, samples], ...]
+
+
 MESSAGES: dict[int, type[Message]] = {
     cls.KIND: cls
     for cls in (
         Hello, Welcome, Heartbeat, Shutdown, RunEpisode, EpisodeDone, Groups,
-        Generate, GenerateResult, Lease, TrainStep, Trained, UpdateWeights, WeightsLoaded, ReformWeightGroup,
+        Generate, GenerateResult, Lease, Trainers, TrainStep, Trained, UpdateWeights, WeightsLoaded, ReformWeightGroup,
+        Accepted,
     )
 }  # fmt: skip
 

@@ -69,19 +69,22 @@ def _replaced(run_dir: Path, name: str, pid: int, deadline: float) -> int:
     return new
 
 
-def test_env_workers_and_replicas_killed_at_random_lose_and_repeat_nothing(tmp_path):
+@pytest.mark.parametrize("leases", [False, True], ids=["routed", "leases"])
+def test_env_workers_and_replicas_killed_at_random_lose_and_repeat_nothing(tmp_path, leases):
     """Chaos, seeded and bounded: once per new row of metrics (0.1-0.6 s after it, so the run has moved on
     between kills on any machine's speed), SIGKILL a random env worker or (one time in three) inference
     replica that the router has seen join, at most `KILLS` of them; the first replica kill lands as a step
     begins, before its weight update, and its replacement is killed too while its model loads, before its
     Hello (replacements of vertical's replicas take 1 s to load); the first env worker is hung (SIGSTOP)
     rather than killed: the router finds it silent and the launcher kills it. Each is replaced alone; the
-    run never restarts."""
+    run never restarts. With `cluster.leases` the workers' requests go straight to the replicas and their
+    groups straight to the trainers: a lost worker's groups of an attempt the router never accepted are
+    dropped by the trainer, never trained on, and every group that trained is one the router accepted."""
     run_dir, iterations, batch = tmp_path / "run", 20, 4
     args = [f"run.iterations={iterations}", f"rollout.batch_size={batch}", "algorithm.k=4", "eval.every=5",
             "eval.size=4", "cluster.env_workers=2", "policies.vertical.replicas=2", "policies.horizontal.replicas=2",
             "trainer.checkpoint_every=2", "trainer.keep_checkpoints=1", "cluster.max_restarts=30",
-            "cluster.peer_timeout_s=6", f"policies.vertical.backend={SLOW_HF}"]  # fmt: skip
+            "cluster.peer_timeout_s=6", f"policies.vertical.backend={SLOW_HF}", f"cluster.leases={str(leases).lower()}"]  # fmt: skip
     workers = ["env_worker/0", "env_worker/1"]
     replicas = [f"inference/{p}/{r}" for p in POLICIES for r in (0, 1)]
     proc = start_train(CONFIG, run_dir, *args, env={REPLACEMENT_ENV: "1"})
@@ -133,7 +136,13 @@ def test_env_workers_and_replicas_killed_at_random_lose_and_repeat_nothing(tmp_p
     router_log = (run_dir / "logs" / "router.log").read_text(errors="replace")
     resent = [int(n) for n in re.findall(r"its (\d+) requests were sent again", router_log)]
     assert len(resent) == kills.count("inference") - loading  # (the one killed loading had no request)
-    assert sum(r[Keys.REISSUED_REQUESTS] for r in rows) == sum(resent)
+    reissued = sum(r[Keys.REISSUED_REQUESTS] for r in rows)
+    if not leases:
+        assert reissued == sum(resent)
+    else:  # the workers send a lost replica's requests again themselves, and report them with an EpisodeDone
+        logs = [path.read_text(errors="replace") for path in (run_dir / "logs").glob("env_worker-*.log")]
+        by_workers = sum(int(n) for log in logs for n in re.findall(r"; (\d+) requests sent again", log))
+        assert sum(resent) <= reissued <= sum(resent) + by_workers  # (a worker killed before its report: lost)
     replica_log = (run_dir / "logs" / "inference-vertical-0.log").read_text(errors="replace")
     assert "loading slowly: 1s" in replica_log  # (the one killed while it loaded may not have said so yet)
     recoveries = [r[Keys.RECOVERY_S] for r in rows if r[Keys.RECOVERY_S] > 0]
@@ -142,6 +151,9 @@ def test_env_workers_and_replicas_killed_at_random_lose_and_repeat_nothing(tmp_p
     assert out.count("was declared lost by the router") == 1  # the hung one, killed on the router's word
     assert "restarting the run" not in out and _started(run_dir) == 1
     assert router_log.count("re-forming the weight group of") >= 1
+    if leases:  # every episode's groups that trained came straight to its trainer, accepted by the router
+        trained = sum(r[Keys.policy(policy, "episodes")] for r in rows[:iterations] for policy in POLICIES)
+        assert sum(r[Keys.DIRECT_GROUPS] for r in rows) == trained and sum(r[Keys.ROUTED_REQUESTS] for r in rows) == 0
 
 
 @pytest.mark.parametrize("leases", [False, True], ids=["routed", "leases"])

@@ -1,7 +1,8 @@
 """End to end with `cluster.leases` (docs/scale.md): every role a real process on 127.0.0.1 with CURVE on, the
-env workers sending their Generates straight to the replicas the router leased them. The run trains as
-without leases (strict on-policy: no version mismatch, the servers' log-probs the trainer's), and not one
-request went through the router: what the workers sent directly is what the replicas took."""
+env workers sending their Generates straight to the replicas the router leased them and their episodes'
+Groups straight to the trainers. The run trains as without leases (strict on-policy: no version mismatch,
+the servers' log-probs the trainer's), and not one request or group went through the router: what the
+workers sent directly is what the replicas and trainers took."""
 
 from __future__ import annotations
 
@@ -26,7 +27,10 @@ def test_three_iterations_with_leases_send_every_request_straight_to_a_replica(t
             assert row[f"policy/{policy}/version_mismatch"] == 0
             assert row[f"policy/{policy}/logprob_abs_diff"] < 1e-4  # servers ran exactly the trainer's weights
             assert row[f"policy/{policy}/samples"] > 0
+            assert row[f"policy/{policy}/unaccepted_samples"] == 0 and row[f"policy/{policy}/repeated_episodes"] == 0
         assert row["rollout/episodes"] == 4 and row["rollout/dropped"] == 0 and row["rollout/turns"] >= 1
+        # every episode's groups of each policy came straight to its trainer, and the router accepted them
+        assert row["leases/direct_groups"] == sum(row[f"policy/{policy}/episodes"] for policy in POLICIES) > 0
     for row in rows:
         assert row["router/routed_requests"] == 0  # none through the router
         assert row["leases/direct_requests"] > 0 and row["leases/stale_results"] == 0
@@ -40,3 +44,11 @@ def test_three_iterations_with_leases_send_every_request_straight_to_a_replica(t
         taken[name] = int(found[0])
     assert sum(taken.values()) == sum(r["leases/direct_requests"] for r in rows)  # every one sent was taken
     assert taken["vertical-0"] > 0 and taken["vertical-1"] > 0  # both leased replicas served
+    delivered = 0
+    for policy in POLICIES:
+        log = (run_dir / "logs" / f"trainer-{policy}.log").read_text()
+        assert re.search(r"taking groups directly at tcp://127\.0\.0\.1:\d+", log)
+        found = re.findall(r"took (\d+) groups directly \(0 refused, 0 malformed, 0 refused handshakes; 0 samples", log)
+        assert len(found) == 1, log[-2000:]
+        delivered += int(found[0])
+    assert delivered == sum(r["leases/direct_groups"] for r in rows)

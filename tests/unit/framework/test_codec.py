@@ -16,6 +16,7 @@ from mas_async.wire.messages import (
     MESSAGES,
     NO_SEED,
     PROTOCOL_VERSION,
+    Accepted,
     EpisodeDone,
     Generate,
     GenerateResult,
@@ -23,6 +24,8 @@ from mas_async.wire.messages import (
     Hello,
     Kind,
     Lease,
+    RunEpisode,
+    Trainers,
     completion_from_wire,
     completion_to_wire,
     decode,
@@ -288,3 +291,20 @@ def test_a_lease_a_replica_s_endpoint_and_a_worker_s_lease_counts_round_trip():
     assert EpisodeDone("train0-0", 0, "train", 0, "", {}, {}).leases == {}
     with pytest.raises(CodecError, match="Lease.replicas"):
         decode([bytes([Kind.LEASE]), pack(["vertical"]), pack(["not a list"])])
+
+
+def test_the_trainers_endpoints_an_acceptance_and_an_episode_s_trainer_ranks_round_trip():
+    """cluster.leases (protocol 9): the trainers' endpoints to the env workers, the router's acceptance of
+    episodes whose groups went straight to a trainer (its header the policy and iteration), and the trainer
+    ranks a RunEpisode names, a field appended last (without it: every policy's rank 0)."""
+    trainers = Trainers([["trainer/vertical", "tcp://10.0.0.2:40111"], ["trainer/vertical/1", "tcp://[::1]:5"]])
+    assert decode(encode(trainers)) == trainers and peek(encode(trainers))[0] is Trainers
+    accepted = Accepted("vertical", 3, [["train3-1-0", 1, "env_worker/0", 8]])
+    cls, header = peek(encode(accepted))
+    assert cls is Accepted and tuple(header) == ("vertical", 3)
+    assert decode(encode(accepted)) == accepted
+    run = RunEpisode("train3-1-0", 3, "train", 1, "p1", {}, 7, 3, 2, {"vertical": 1})
+    assert decode(encode(run)).trainer_ranks == {"vertical": 1}
+    assert RunEpisode("train3-1-0", 3, "train", 1, "p1", {}, 7, 3).trainer_ranks == {}
+    with pytest.raises(CodecError, match="Accepted.episodes"):
+        decode([bytes([Kind.ACCEPTED]), pack(["vertical", 3]), pack(["not a list"])])

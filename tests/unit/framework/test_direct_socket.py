@@ -1,10 +1,11 @@
 """An inference replica's direct socket (`cluster.leases`) with real sockets on 127.0.0.1 and no processes:
 the real `DirectRequests` (CURVE server with the replica's own key, ZAP admitting env workers only) against
-the env worker's real `ReplicaLink`s and a raw DEALER. A worker's request is taken and answered on its own
+the env worker's real `DirectLink`s and a raw DEALER. A worker's request is taken and answered on its own
 connection; a request whose origin is another worker than the connection's, a message that is no request
 and one that does not decode are dropped and counted; a process of the run that is no env worker (a
 trainer's key) is refused at the handshake; without CURVE the same origin check holds on the socket
-identity."""
+identity. A trainer's direct socket (`DirectGroups`) delivers an episode's Groups sent over real links only
+from the worker the router named, and refuses a replica's key at the handshake."""
 
 from __future__ import annotations
 
@@ -19,16 +20,18 @@ import zmq.asyncio
 
 from mas_async.config import load_config
 from mas_async.inference.direct import DirectRequests
-from mas_async.rollout.replica_link import ReplicaLink
+from mas_async.rollout.direct_link import DirectLink
 from mas_async.runtime.curve import secure_client
-from mas_async.wire.messages import Generate, GenerateResult, Heartbeat, decode, encode
+from mas_async.training.direct_groups import DirectGroups
+from mas_async.wire.messages import Accepted, Generate, GenerateResult, Groups, Heartbeat, decode, encode
 from tests.support.paths import ROOT
 from tests.support.run_keys import issue_keys, until
 
 WAIT_S = 5.0
 """Bound of every wait in these tests; each normally takes milliseconds."""
 REPLICA = "inference/vertical/0"
-NAMES = ["router", "trainer/vertical", "env_worker/0", "env_worker/1", REPLICA]
+TRAINER = "trainer/vertical"
+NAMES = ["router", TRAINER, "env_worker/0", "env_worker/1", REPLICA]
 
 
 def _keys(run_dir: Path) -> tuple[str, dict[str, str]]:
@@ -65,13 +68,13 @@ class _Side:
         self.taken.append(msg)
         assert self.direct.reply(msg, GenerateResult(msg.request_id, msg.origin, "", []))
 
-    def link(self, worker: str) -> ReplicaLink:
+    def link(self, worker: str) -> DirectLink:
         def on_frames(replica: str, frames: list) -> None:
             result = decode([f.buffer for f in frames])
             assert isinstance(result, GenerateResult) and replica == REPLICA
             self.results.append((worker, result.request_id))
 
-        return ReplicaLink(self.worker_ctx, REPLICA, self.direct.endpoint, worker=worker, keys_dir=self.keys_dir,
+        return DirectLink(self.worker_ctx, REPLICA, self.direct.endpoint, worker=worker, keys_dir=self.keys_dir,
                            on_frames=on_frames, spawn=self.spawn, secret=self.secrets.get(worker))  # fmt: skip
 
     def close(self) -> None:
@@ -146,6 +149,39 @@ def test_without_curve_the_origin_is_checked_against_the_socket_identity(tmp_pat
             link.send(encode(_generate(2, "env_worker/0")))
             await _until(lambda: side.results == [("env_worker/0", 2)], "its own request served")
         finally:
+            side.close()
+
+    uvloop.run(main())
+
+
+def test_a_trainer_takes_an_episode_s_groups_from_the_worker_the_router_named_only(tmp_path):
+    keys_dir, secrets = _keys(tmp_path / "run")
+
+    async def main() -> None:
+        side = _Side(keys_dir, secrets)
+        delivered: list[Groups] = []
+        trainer = DirectGroups(side.replica_ctx, "127.0.0.1", keys_dir, "vertical", delivered.append, secrets[TRAINER])
+        replica_sock = side.worker_ctx.socket(zmq.DEALER)
+        try:
+            trainer.start(side.spawn)
+
+            def link(worker: str) -> DirectLink:
+                return DirectLink(side.worker_ctx, TRAINER, trainer.socket.endpoint, worker=worker, keys_dir=keys_dir,
+                                  on_frames=lambda *_: None, spawn=side.spawn, secret=secrets[worker])  # fmt: skip
+
+            groups = Groups("vertical", 0, "train0-0", 0, 1, 4, [], 1)
+            link("env_worker/1").send(encode(groups))  # not the worker that ran it: held, never delivered
+            link("env_worker/0").send(encode(groups))
+            await _until(lambda: len(trainer.arrived.get((0, "train0-0", 0), {})) == 2, "both held")
+            trainer.on_accepted(Accepted("vertical", 0, [["train0-0", 0, "env_worker/0", 1]]))
+            assert [g.episode_id for g in delivered] == ["train0-0"] and trainer.refused == 1
+            secure_client(replica_sock, keys_dir, secrets[REPLICA], server=TRAINER)  # a replica's key: refused
+            replica_sock.connect(trainer.socket.endpoint)
+            await replica_sock.send_multipart(encode(Groups("vertical", 0, "train0-1", 0, 1, 4, [], 1)))
+            await _until(lambda: trainer.socket.refusals.count >= 1, "the replica's handshake refused")
+            assert (0, "train0-1", 0) not in trainer.arrived
+        finally:
+            replica_sock.close(linger=0)
             side.close()
 
     uvloop.run(main())

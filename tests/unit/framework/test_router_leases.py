@@ -3,10 +3,14 @@ starts, then every env worker gets each policy's live replicas with their endpoi
 changes (a replica lost, its replacement serving once it caught up) and a worker that joins later gets
 them all; a replica without an endpoint is refused; the workers' counts reach the row (re-sent requests as
 faults), a replacement's recovery ends when it is leased again, and the requests the router still routes
-(a policy without a leased replica) are counted."""
+(a policy without a leased replica) are counted. Episodes' groups sent straight to the trainers: every
+worker gets the trainers' endpoints, each training episode names the trainer rank of each policy (one per
+problem, the problems spread over the ranks), and a done episode's samples are counted into its rank's step
+and accepted to it in a batch before the TrainStep; a late attempt's never are."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import numpy as np
@@ -18,11 +22,15 @@ from mas_async.metrics import Keys
 from mas_async.router.hub import Router
 from mas_async.wire.messages import (
     PROTOCOL_VERSION,
+    Accepted,
     EpisodeDone,
     Generate,
     Hello,
     Lease,
     Message,
+    RunEpisode,
+    Trainers,
+    TrainStep,
     WeightsLoaded,
     decode,
     encode,
@@ -52,7 +60,7 @@ class _Sent:
 
 
 def _endpoint(name: str, pid: int) -> str:
-    return f"tcp://10.0.0.{pid % 250}:{40000 + int(name[-1])}"
+    return f"tcp://10.0.0.{pid % 250}:{40000 + len(name)}"
 
 
 def _router(tmp_path, *overrides: str) -> Router:
@@ -69,7 +77,7 @@ def _router(tmp_path, *overrides: str) -> Router:
 def _hello(router: Router, name: str, pid: int, died_at: float = 0.0, endpoint: str | None = None) -> None:
     role = name.split("/")[0]
     policy = name.split("/")[1] if role != "env_worker" else ""
-    endpoint = _endpoint(name, pid) if endpoint is None and role == "inference" else (endpoint or "")
+    endpoint = _endpoint(name, pid) if endpoint is None and role != "env_worker" else (endpoint or "")
     msg = Hello(role, name, policy, 4, PROTOCOL_VERSION, pid, died_at, endpoint)
     router._on_frames([zmq.Frame(name.encode()), *(zmq.Frame(f) for f in encode(msg))])
 
@@ -129,7 +137,8 @@ def test_the_workers_counts_reach_the_row_and_routed_requests_are_counted(tmp_pa
     bad = {"direct": -1}
     router._on_frames(_frames(WORKERS[1], EpisodeDone("train0-1", 0, "train", 0, "", {}, {}, bad)))
     assert router.refused == 1  # (counts that are not counts: dropped; the episode is taken all the same)
-    assert router.leases is not None and router.leases.take() == {Keys.DIRECT_REQUESTS: 7, Keys.STALE_RESULTS: 1}
+    assert router.leases is not None
+    assert router.leases.take() == {Keys.DIRECT_REQUESTS: 7, Keys.STALE_RESULTS: 1, Keys.DIRECT_GROUPS: 0}
     assert router.faults.take()[Keys.REISSUED_REQUESTS] == 2
     generate = Generate(5, "vertical", "env_worker/0", time.time() + 60, np.arange(3, dtype=np.int32), 1, 4, 1.0, 1.0,
                         False, [])  # fmt: skip
@@ -159,3 +168,67 @@ def test_each_worker_is_leased_a_share_and_every_replica_is_leased_as_often_as_a
         leased = [sum(r in s for s in shares) for r in range(replicas)]
         assert min(leased) >= 1, "every replica is some worker's"
         assert max(leased) - min(leased) <= 1, (replicas, workers, size, sorted(set(leased)))
+
+
+def test_episodes_name_their_trainer_ranks_and_done_ones_are_accepted_to_them_before_the_step(tmp_path):
+    async def scenario() -> None:
+        router = _router(tmp_path, "cluster.leases=true", "policies.vertical.trainer_ranks=2", "rollout.batch_size=3",
+                         "algorithm.sampling=parallel", "algorithm.grouping=trajectory", "algorithm.k=2",
+                         "rollout.episodes_per_worker=6")  # fmt: skip
+        names = sorted(router.table.expected)
+        for i, name in enumerate(names):
+            _hello(router, name, 10 + i)
+        trainers = [[n, _endpoint(n, 10 + names.index(n))] for n in names if n.startswith("trainer/")]
+        sent = [(f[0], decode(f[1:])) for f in router.io.frames]
+        assert [(who, m.endpoints) for who, m in sent if isinstance(m, Trainers)] == [(w, trainers) for w in WORKERS]
+        router.io.frames.clear()
+        iteration = asyncio.create_task(router._iteration(0, evaluate=False, train=True))
+        await asyncio.sleep(0)
+        runs = [(f[0], m) for f in router.io.frames if isinstance(m := decode(f[1:]), RunEpisode)]
+        assert len(runs) == 6  # 3 problems x 2 episodes
+        rank_of = {}
+        for _, run in runs:
+            assert set(run.trainer_ranks) == {"vertical"}  # (horizontal has one rank)
+            assert rank_of.setdefault(run.problem_id, run.trainer_ranks["vertical"]) == run.trainer_ranks["vertical"]
+        assert sorted(rank_of.values()) == [0, 0, 1]  # the problems spread over both ranks
+        router.io.frames.clear()
+        w0 = runs[0][0]
+        router._peer_died(w0, router.peers[w0])  # its episodes run again as attempt 1, on the other worker
+        lost = {run.episode_id for worker, run in runs if worker == w0}
+        assert 0 < len(lost) < len(runs)
+        for episode_id in lost:  # the lost worker's results come after all: never accepted
+            late = EpisodeDone(episode_id, 0, "train", 0, "", {"success": 0.0}, {"vertical": 9, "horizontal": 9})
+            router._on_frames(_frames(w0, late))
+        pending, seen, reruns = [(w, r) for w, r in runs if w != w0], 0, []
+        while pending:  # (a last attempt runs alone on its worker: the reruns come one by one)
+            worker, run = pending.pop(0)
+            counts = {"vertical": 3, "horizontal": 2}
+            router._on_frames(_frames(worker, EpisodeDone(run.episode_id, 0, "train", run.attempt, "", {}, counts)))
+            new = [(f[0], m) for f in router.io.frames[seen:] if isinstance(m := decode(f[1:]), RunEpisode)]
+            seen = len(router.io.frames)
+            pending += new
+            reruns += new
+        assert sorted(run.episode_id for _, run in reruns) == sorted(lost) and {run.attempt for _, run in reruns} == {1}
+        await asyncio.sleep(0.01)
+        sent = [(f[0], decode(f[1:])) for f in router.io.frames]
+        accepted = {}
+        for who, m in sent:
+            if isinstance(m, Accepted):
+                accepted.setdefault(who, []).extend((e[0], e[1], e[3]) for e in m.episodes)
+        expected = {}
+        for _, run in runs:
+            attempt = 1 if run.episode_id in lost else 0
+            rank = run.trainer_ranks["vertical"]
+            expected.setdefault(f"trainer/vertical{'/1' if rank else ''}".encode(), []).append(
+                (run.episode_id, attempt, 3)
+            )
+            expected.setdefault(b"trainer/horizontal", []).append((run.episode_id, attempt, 2))
+        assert {who: sorted(e) for who, e in accepted.items()} == {who: sorted(e) for who, e in expected.items()}
+        steps = {who: m.expected_samples for who, m in sent if isinstance(m, TrainStep)}
+        assert steps == {who: sum(e[2] for e in entries) for who, entries in expected.items()}
+        kinds = [type(m) for _, m in sent]
+        assert max(i for i, k in enumerate(kinds) if k is Accepted) < kinds.index(TrainStep)
+        assert router.leases is not None and router.leases.take()[Keys.DIRECT_GROUPS] == 12
+        iteration.cancel()
+
+    asyncio.run(scenario())

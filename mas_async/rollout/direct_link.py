@@ -1,16 +1,18 @@
-"""An env worker's connection to one leased inference replica's direct socket (`cluster.leases`).
+"""An env worker's connection to another process's direct socket (`cluster.leases`): a leased inference
+replica's (its Generates, and their results back) or a trainer's (its episodes' Groups).
 
-Socket: DEALER connected to the replica's ROUTER (`mas_async.inference.direct`). With the deployment's keys
-it is a CURVE client holding this worker's own key pair that requires the replica's public key (from
-RUN_DIR/keys/public.json) of the other end: it talks to that process and no other, and the replica knows
-it as this worker. Its socket identity is then <worker>#<random>, new for every connection; without keys
-it is the worker's name, which the replica checks each request's origin against. Requests are never
-dropped by ZeroMQ: at the high-water mark the DEALER holds them (the barrier bounds what is in flight), and
-to a replica that is not reachable (yet, or any more) they wait in its queue until the lease says it left:
-then they are sent again elsewhere, and what was queued here is dropped with the link (linger 0).
+Socket: DEALER connected to the process's ROUTER (`mas_async.runtime.direct_socket`). With the deployment's
+keys it is a CURVE client holding this worker's own key pair that requires the public key of the process
+`name` (from RUN_DIR/keys/public.json) at the other end: it talks to that process and no other, and that
+process knows it as this worker. Its socket identity is then <worker>#<random>, new for every connection;
+without keys it is the worker's name, which a replica checks each request's origin against. Messages are
+never dropped by ZeroMQ: at the high-water mark the DEALER holds them (the barrier bounds what is in
+flight), and to a process that is not reachable (yet, or any more) they wait in its queue; a replica's
+link is closed when the lease says it left (its requests are sent again elsewhere), dropping what was
+queued (linger 0).
 
 Socket IO lives in two supervised tasks of the worker (`spawn`): one drains the outbox, so `send` never
-blocks its caller; one receives, handing each message's frames to `on_frames` with the replica's name.
+blocks its caller; one receives, handing each message's frames to `on_frames` with the process's name.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ from mas_async.runtime.curve import secure_client
 Spawn = Callable[[Coroutine[Any, Any, Any], str], asyncio.Task]
 
 
-class ReplicaLink:
-    """A DEALER to replica `name` at `endpoint`, its outbox and its receive task."""
+class DirectLink:
+    """A DEALER to process `name`'s direct socket at `endpoint`, its outbox and its receive task."""
 
     def __init__(
         self,
@@ -58,7 +60,7 @@ class ReplicaLink:
         self._tasks = [spawn(self._send_loop(), f"send-{name}"), spawn(self._receive_loop(), f"receive-{name}")]
 
     def send(self, frames: list) -> None:
-        """Queue an encoded message for the replica (never blocks the caller)."""
+        """Queue an encoded message for the process (never blocks the caller)."""
         self._outbox.put_nowait(frames)
 
     def close(self) -> None:

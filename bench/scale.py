@@ -14,7 +14,7 @@ and tasks on uvloop, one DEALER socket per simulated peer, each joining with a H
   an episode is T turns of: Generate (n = K, a prompt of P token ids), wait for the result, an env step
   drawn from a lognormal (`--env-step-ms` median, `--env-step-sigma`); then what the real env worker
   sends at the end of an episode: its Groups (T * K samples of P + tokens_per_turn tokens) and EpisodeDone;
-- the trainer: counts the samples the router forwards (and checks each TrainStep's expected count), and
+- the trainer: counts the samples that reach it (and checks each TrainStep's expected count), and
   answers TrainStep(v) after `--step-ms` with UpdateWeights(v+1) and Trained(v+1), so iterations go on;
 - every peer sends a Heartbeat each `cluster.heartbeat_s` (`--heartbeat-s`, 1 s) in which it sent nothing else, as the real
   ones do.
@@ -22,8 +22,13 @@ and tasks on uvloop, one DEALER socket per simulated peer, each joining with a H
 With `--leases` (the default; `cluster.leases: true` in the router's config) each replica also binds a
 direct socket and says its endpoint in its Hello; the router leases replicas to env workers (`Lease`), and an
 env worker sends each Generate straight to the leased replica with the fewest of its requests outstanding,
-which answers straight back: the router sees episodes, groups, steps and heartbeats, not requests.
-`--no-leases` measures the routed path (every Generate and result through the router).
+which answers straight back. The trainer binds a direct socket too (its own key, its endpoint in its Hello),
+which the router names to every env worker (`Trainers`): a worker sends each episode's Groups there (the rank
+of RunEpisode.trainer_ranks), and the trainer counts them once the router's `Accepted` names that episode's
+attempt, worker and sample count, waiting a bounded `GROUPS_WAIT_S` before a step for groups still on their
+way. The router sees episodes, steps and heartbeats, neither requests nor samples. `--routed-groups` keeps
+the Groups on the router (the fallback it still takes from a worker with no trainer link); `--no-leases`
+measures the routed path (every Generate, result and Groups through the router).
 
 The run keeps `rollout.max_staleness` = `--staleness` (1) iterations ahead open, each iteration a batch of
 half the concurrent episodes, so rollouts go on across steps (strict mode drains every iteration).
@@ -37,7 +42,10 @@ requests/s (through the router, or straight to the replicas with leases); router
 window / requests answered in it); the latency the control plane adds to each request, measured per
 request (the end-to-end time seen by the env worker minus the service time its replica measured for it,
 receipt to send), p50 and p99; requests in transit (Little's law: requests/s * mean added latency); router
-RSS; samples/s reaching the trainer; the simulator's own event-loop lag (it is inside the added latency);
+RSS; samples/s reaching the trainer; episodes done/s and the router's CPU per episode done (with leases
+the router's work is per episode, not per request); the simulator's own event-loop lag (it is inside the added latency);
+over the whole run, the Groups sent through the router and straight, and the trainer's accepted and
+delivered episodes (`GROUP_COUNTS`); the router log's warnings up to the window's end;
 and per replica count the saturation point: where requests/s stops growing with the offered load (below
 0.85 of the lowest point's achieved/offered ratio) or p99 added latency passes `--p99-bound-ms`.
 
@@ -57,6 +65,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import math
@@ -68,7 +77,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import deque
+from collections import Counter, deque
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -77,6 +86,7 @@ import numpy as np
 import zmq
 
 import mas_async
+from mas_async.deployment import trainer_peer
 from mas_async.runtime.curve import secure_client
 from mas_async.wire.codec import pack, unpack
 from mas_async.wire.messages import (
@@ -85,6 +95,7 @@ from mas_async.wire.messages import (
     Generate,
     GenerateResult,
     Groups,
+    GroupsReceived,
     Heartbeat,
     Hello,
     Kind,
@@ -107,6 +118,22 @@ REQUEST_TIMEOUT_S = 60.0
 """Bound of one simulated Generate (a request that takes longer fails its episode, counted as an error)."""
 JOIN_TIMEOUT_S = 120.0
 """Bound of the wait for every simulated peer's Welcome, and for the reports at the end."""
+GROUPS_WAIT_S = 5.0
+"""With leases: how long the trainer waits before a step for the groups of episodes the router accepted
+(they come from the env workers on other connections); those still missing then are counted."""
+GROUP_COUNTS = {
+    "via_router": "Groups the env workers sent through the router (with leases: a worker with no trainer link)",
+    "straight": "Groups the env workers sent straight to the trainer's direct socket",
+    "forwarded": "Groups the router forwarded to the trainer",
+    "accepted": "episodes the router named in Accepted (their Groups went straight)",
+    "accepted_messages": "Accepted messages the trainer got",
+    "delivered": "Groups on the direct socket matched to their acceptance: the same worker and sample count",
+    "missing": "accepted episodes whose Groups had not come when the trainer stepped (GROUPS_WAIT_S)",
+    "unaccepted": "Groups on the direct socket whose episode was not accepted when its iteration stepped",
+    "refused": "Groups on the direct socket from another worker or with another count than accepted, a second "
+    "copy, or of an iteration stepped",
+}
+"""What each simulator counts of the episodes' Groups over the whole run (summed into `groups_<key>`)."""
 
 
 def env_name(i: int) -> str:
@@ -216,11 +243,12 @@ class Link:
 
 
 class DirectSocket(Link):
-    """A simulated replica's ROUTER socket for the Generates that env workers send it straight (leases):
-    bound on loopback at a free port (`endpoint`), a CURVE server with the replica's own key when the run
-    has keys. Unlike the real replica's, no ZAP handler checks the client's key (any client that knows the
-    replica's public key is let in: the crypto is what costs, and it is the same); the handler gets
-    [routing id, *frames] and answers with `send([routing id, *frames])`."""
+    """A simulated replica's or trainer's ROUTER socket for what env workers send it straight (leases: the
+    Generates, the Groups): bound on loopback at a free port (`endpoint`), a CURVE server with the peer's own
+    key when the run has keys. Unlike the real ones, no ZAP handler checks the client's key (any client that
+    knows the peer's public key is let in: the crypto is what costs, and it is the same), so a connection is
+    named by its socket identity, the env worker's name; the handler gets [routing id, *frames] and answers
+    with `send([routing id, *frames])`."""
 
     def __init__(self, ctx: zmq.Context, secret: str | None, handler: Any) -> None:
         sock = _socket(ctx, zmq.ROUTER)
@@ -258,7 +286,7 @@ class SimPeer:
         self.welcomed = sim.loop.create_future()
 
     endpoint = ""
-    """A replica's direct endpoint (leases), said in its Hello."""
+    """A replica's or the trainer's direct endpoint (leases), said in its Hello."""
 
     def hello(self) -> None:
         hello = Hello(
@@ -338,7 +366,8 @@ class SimReplica(SimPeer):
 
 class SimEnvWorker(SimPeer):
     """An env worker: runs each dispatched episode as a task of T turns (Generate, wait, env step), then
-    sends the episode's Groups and EpisodeDone; records (request id, sent, answered) per request."""
+    sends the episode's Groups (straight to its trainer rank when linked, else through the router) and
+    EpisodeDone; records (request id, sent, answered) per request."""
 
     role = "env_worker"
 
@@ -358,12 +387,24 @@ class SimEnvWorker(SimPeer):
         """Replica name -> requests sent to it and not answered yet."""
         self.sent_to: dict[int, str] = {}
         """Request id -> the replica it was sent to straight."""
+        self.trainers: dict[str, Link] = {}
+        """Trainer name -> this worker's link to its direct socket (leases, `Trainers`)."""
+        self.received: dict[tuple[int, str, int], asyncio.Future] = {}
+        """(iteration, episode, attempt) -> the trainer's answer to its straight Groups (`GroupsReceived`)."""
 
     def on_message(self, kind: int, frames: list) -> None:
         if kind == Kind.GENERATE_RESULT:
             self.on_result(frames)
         elif kind == Kind.LEASE:
             self.lease(decode([f.buffer for f in frames]))
+        elif kind == Kind.TRAINERS:
+            if self.sim.spec["direct_groups"]:  # (--routed-groups: no trainer link, every Groups via the router)
+                self.connect_trainers(decode([f.buffer for f in frames]))
+        elif kind == Kind.GROUPS_RECEIVED:  # (from a trainer's direct socket)
+            _policy, iteration, episode_id, attempt = unpack(frames[1].buffer)
+            future = self.received.get((iteration, episode_id, attempt))
+            if future is not None and not future.done():
+                future.set_result(None)
         elif kind == Kind.RUN_EPISODE:
             task = self.sim.loop.create_task(self.episode(decode([f.buffer for f in frames])))
             self.tasks.add(task)
@@ -392,6 +433,35 @@ class SimEnvWorker(SimPeer):
                 server_key = None if server is None else zmq.curve_public(server[1].encode()).decode()
                 self.leased[name] = Link(self.sim.ctx, self.name, endpoint, keys, self.on_frames, server_key)
                 self.outstanding[name] = 0
+
+    def connect_trainers(self, msg: Any) -> None:
+        """Links to the trainers' direct sockets (CURVE clients requiring each trainer's public key)."""
+        keys = self.sim.keys_of(self.name)
+        for name, endpoint in msg.endpoints:
+            if name not in self.trainers:
+                server = self.sim.keys_of(name)
+                server_key = None if server is None else zmq.curve_public(server[1].encode()).decode()
+                self.trainers[name] = Link(self.sim.ctx, self.name, endpoint, keys, self.on_frames, server_key)
+
+    async def send_groups(self, msg: Any, frames: list) -> None:
+        """An episode's Groups: straight to the trainer rank its RunEpisode names (rank 0 when it names none)
+        when linked to it, returning once the trainer answered (a real worker sends its EpisodeDone only
+        then; no answer within `GROUPS_WAIT_S` is counted as an error), else through the router."""
+        link = self.trainers.get(trainer_peer(POLICY, msg.trainer_ranks.get(POLICY, 0)))
+        if link is None:
+            self.link.send(frames)
+            self.sim.groups["via_router"] += 1
+            return
+        key = (msg.iteration, msg.episode_id, msg.attempt)
+        answer = self.received[key] = self.sim.loop.create_future()
+        link.send(frames)
+        self.sim.groups["straight"] += 1
+        try:
+            await asyncio.wait_for(answer, GROUPS_WAIT_S)
+        except TimeoutError:
+            self.sim.errors += 1
+        finally:
+            self.received.pop(key, None)
 
     def send_generate(self, request_id: int, frames: list) -> None:
         """Straight to the leased replica with the fewest of this worker's requests, else via the router."""
@@ -428,16 +498,21 @@ class SimEnvWorker(SimPeer):
         if not error:
             n, tokens = spec["samples"], spec["sample_tokens"]
             header = pack([POLICY, msg.iteration, msg.episode_id, msg.attempt, n, tokens])
-            self.link.send([GROUPS, header, sim.groups_payload])
+            await self.send_groups(msg, [GROUPS, header, sim.groups_payload])
             samples = {POLICY: n}
         summary = {"success": 0.0, "turns": spec["turns"], "tokens": spec["sample_tokens"]}
         done = EpisodeDone(msg.episode_id, msg.iteration, msg.mode, msg.attempt, error, summary, samples)
         self.link.send(encode(done))
+        sim.episodes.append(time.perf_counter())
 
 
 class SimTrainer(SimPeer):
-    """The policy's trainer (rank 0): counts the samples forwarded to it per iteration and checks each
-    TrainStep's expected count; steps in `step_s` and reports, announcing the broadcast first."""
+    """The policy's trainer (rank 0): counts the samples of each iteration that reach it, the Groups the
+    router forwards and, with leases, those the env workers send straight to its direct socket once the
+    router's `Accepted` names their (iteration, episode, attempt) with the same worker and sample count (a
+    real trainer trains only those); checks each TrainStep's expected count against them, waiting up to
+    `GROUPS_WAIT_S` for accepted episodes' Groups still on their way; steps in `step_s` and reports,
+    announcing the broadcast first."""
 
     role = "trainer"
     policy = POLICY
@@ -446,23 +521,99 @@ class SimTrainer(SimPeer):
         super().__init__(sim, TRAINER, 0)
         self.step_s = step_s
         self.received: dict[int, int] = {}
+        """Iteration -> samples that count: forwarded by the router, or straight and accepted."""
+        self.arrived: dict[tuple[int, str, int], tuple[str, int]] = {}
+        """Straight Groups not accepted yet: (iteration, episode, attempt) -> (sender, samples)."""
+        self.accepted: dict[tuple[int, str, int], tuple[str, int]] = {}
+        """Accepted episodes whose Groups have not come yet: (iteration, episode, attempt) -> (worker, samples)."""
+        self.stepped = -1
+        """The last iteration stepped: straight Groups of it or earlier are refused."""
+        self.changed = asyncio.Event()
+        """Set on each delivery (a step waiting for its iteration's Groups looks again)."""
+        self.tasks: set[asyncio.Task] = set()
+        self.direct: DirectSocket | None = None
+        if sim.spec["leases"]:  # (the router refuses a trainer's Hello without an endpoint when leasing)
+            keys = sim.keys_of(TRAINER)
+            self.direct = DirectSocket(sim.ctx, None if keys is None else keys[1], self.on_direct)
+            self.endpoint = self.direct.endpoint
 
     def on_message(self, kind: int, frames: list) -> None:
+        groups = self.sim.groups
         if kind == Kind.GROUPS:
             _policy, iteration, _episode, _attempt, n_samples, _tokens = unpack(frames[1].buffer)
-            self.received[iteration] = self.received.get(iteration, 0) + n_samples
-            self.sim.samples.append((time.perf_counter(), n_samples))
-        elif kind == Kind.TRAIN_STEP:
+            groups["forwarded"] += 1
+            self.count(iteration, n_samples)
+        elif kind == Kind.ACCEPTED:
             msg = decode([f.buffer for f in frames])
-            self.sim.loop.call_later(self.step_s, self.stepped, msg)
+            groups["accepted_messages"] += 1
+            for episode_id, attempt, worker, samples in msg.episodes:  # type: ignore[attr-defined]
+                key = (msg.iteration, episode_id, attempt)  # type: ignore[attr-defined]
+                groups["accepted"] += 1
+                if key in self.arrived:
+                    self.match(key, *self.arrived.pop(key), worker, samples)
+                else:
+                    self.accepted[key] = (worker, samples)
+        elif kind == Kind.TRAIN_STEP:
+            task = self.sim.loop.create_task(self.step(decode([f.buffer for f in frames])))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
 
-    def stepped(self, msg: Any) -> None:
+    def on_direct(self, frames: list) -> None:
+        """Groups straight from an env worker: [routing id (the worker's name), kind, header, payload]."""
+        groups = self.sim.groups
+        if frames[1].bytes[0] != Kind.GROUPS:
+            groups["refused"] += 1
+            return
+        policy, iteration, episode_id, attempt, n_samples, _tokens = unpack(frames[2].buffer)
+        key, sender = (iteration, episode_id, attempt), frames[0].bytes.decode()
+        # Answered at once, as a real trainer does (`GroupsReceived`): the worker's EpisodeDone waits for it.
+        self.direct.send([frames[0], *encode(GroupsReceived(policy, iteration, episode_id, attempt, ""))])
+        if iteration <= self.stepped or key in self.arrived:
+            groups["refused"] += 1
+        elif key in self.accepted:
+            self.match(key, sender, n_samples, *self.accepted.pop(key))
+        else:
+            self.arrived[key] = (sender, n_samples)
+
+    def match(self, key: tuple[int, str, int], sender: str, n_samples: int, worker: str, accepted: int) -> None:
+        """Straight Groups and their acceptance: they count if the same worker sent that many samples."""
+        if sender != worker or n_samples != accepted:
+            self.sim.groups["refused"] += 1
+            return
+        self.sim.groups["delivered"] += 1
+        self.count(key[0], n_samples)
+        self.changed.set()
+
+    def count(self, iteration: int, n_samples: int) -> None:
+        self.received[iteration] = self.received.get(iteration, 0) + n_samples
+        self.sim.samples.append((time.perf_counter(), n_samples))
+
+    async def step(self, msg: Any) -> None:
+        if self.direct is not None:
+            await self.wait_for(msg.iteration)
+            self.stepped = max(self.stepped, msg.iteration)
+            for table, what in ((self.accepted, "missing"), (self.arrived, "unaccepted")):
+                for key in [key for key in table if key[0] <= msg.iteration]:
+                    del table[key]
+                    self.sim.groups[what] += 1
         if self.received.pop(msg.iteration, 0) != msg.expected_samples:
             self.sim.mismatches += 1
+        await asyncio.sleep(self.step_s)
         version = msg.version + 1
         self.link.send(encode(UpdateWeights(POLICY, version, 0)))
         self.link.send(encode(Trained(POLICY, version, "", {})))
         self.sim.steps += 1
+
+    async def wait_for(self, iteration: int) -> None:
+        """Until every accepted episode of `iteration` has its Groups here, or `GROUPS_WAIT_S` passed."""
+        deadline = self.sim.loop.time() + GROUPS_WAIT_S
+        while any(key[0] == iteration for key in self.accepted):
+            left = deadline - self.sim.loop.time()
+            if left <= 0:
+                return
+            self.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), left)
 
 
 class Sim:
@@ -479,9 +630,13 @@ class Sim:
         self.served: list[tuple[str, int, float, bool]] = []
         """(origin, request id, service time measured at the replica, whether it came straight)."""
         self.samples: list[tuple[float, int]] = []
+        self.episodes: list[float] = []
+        """When each EpisodeDone was sent."""
         self.lag: list[tuple[float, float]] = []
         self.queued: list[tuple[float, int]] = []
         self.errors = self.mismatches = self.steps = 0
+        self.groups: Counter[str] = Counter()
+        """The Groups counts of `GROUP_COUNTS`."""
         self.shutdown_reason = ""
         # An episode's samples as the env worker sends them: T turns of K candidates, the K of a turn sharing
         # its prompt (sent once: `samples_to_wire`), each turn's prompt its own.
@@ -505,8 +660,9 @@ class Sim:
         completion = [np.zeros(spec["tokens_per_turn"], np.int32), np.zeros(spec["tokens_per_turn"], np.float32), 0]
         result_payload = encode(GenerateResult(0, "", "", [[*completion, "length"]] * spec["k"]))[2]
         peers: list[SimPeer] = []
-        if spec["trainer"]:
-            peers.append(SimTrainer(self, spec["step_s"]))
+        trainer = SimTrainer(self, spec["step_s"]) if spec["trainer"] else None
+        if trainer is not None:
+            peers.append(trainer)
         replicas = [
             SimReplica(self, replica_name(i), spec["replica_batch"], spec["service_s"], result_payload)
             for i in spec["replicas"]
@@ -535,23 +691,28 @@ class Sim:
         for worker in workers:
             for task in worker.tasks:
                 task.cancel()
+        if trainer is not None:
+            for task in trainer.tasks:
+                task.cancel()
         for peer in peers:
             peer.link.close()
         for worker in workers:
-            for link in worker.leased.values():
+            for link in [*worker.leased.values(), *worker.trainers.values()]:
                 link.close()
-        for replica in replicas:
-            if replica.direct is not None:
-                replica.direct.close()
+        for peer in [*replicas, trainer]:
+            if peer is not None and peer.direct is not None:
+                peer.direct.close()
         self.ctx.term()
         return {
             "requests": self.requests,
             "served": self.served,
             "samples": self.samples,
+            "episodes": self.episodes,
             "lag": self.lag,
             "queued": self.queued,
             "errors": self.errors,
             "mismatches": self.mismatches,
+            "groups": dict(self.groups),
             "steps": self.steps,
             "shutdown": self.shutdown_reason,
         }
@@ -673,6 +834,7 @@ def measure_point(args: argparse.Namespace, replicas: int, episodes: int, run_di
             "step_s": args.step_ms / 1000,
             "heartbeat_s": args.heartbeat_s,
             "leases": args.leases,
+            "direct_groups": args.leases and not args.routed_groups,
             "max_s": args.warmup + args.seconds + JOIN_TIMEOUT_S + 60,
         }
         for index in range(procs):
@@ -719,6 +881,7 @@ def measure_point(args: argparse.Namespace, replicas: int, episodes: int, run_di
         t1, cpu1, sim_cpu1 = time.perf_counter(), _cpu(router_ps), sum(map(_cpu, sim_ps))
         main1 = _main_thread_cpu(router_ps)
         rss = router_ps.memory_info().rss
+        warnings = _log_warnings(run_dir)  # (until the window's end: the teardown's are not the run's)
         stop.set()
         reports = take("report", time.monotonic() + JOIN_TIMEOUT_S)
     finally:
@@ -737,25 +900,35 @@ def measure_point(args: argparse.Namespace, replicas: int, episodes: int, run_di
         if router.poll() is None:
             router.kill()
         router.wait(timeout=10)
-    return _figures(args, plan, reports, t0, t1, (cpu1 - cpu0, main1 - main0), sim_cpu1 - sim_cpu0, rss)
+    figures = _figures(args, plan, reports, t0, t1, (cpu1 - cpu0, main1 - main0), sim_cpu1 - sim_cpu0, rss)
+    figures["router_warnings"] = warnings
+    return figures
 
 
 def _wait_bound(endpoint: str, router: subprocess.Popen, run_dir: Path, timeout_s: float = JOIN_TIMEOUT_S) -> None:
-    """Wait until the router listens at `endpoint` (a TCP connection is accepted), within `timeout_s`."""
-    import socket
+    """Wait until the router listens at `endpoint`, within `timeout_s`. Its sockets are looked at, not
+    connected to: a probe's connection would be a ZeroMQ handshake the router refuses and logs."""
+    import psutil
 
-    host, port = endpoint.removeprefix("tcp://").rsplit(":", 1)
+    port = int(endpoint.rsplit(":", 1)[1])
     deadline = time.monotonic() + timeout_s
     while True:
         if router.poll() is not None:
             raise RuntimeError(f"the router exited ({router.returncode}):\n{_log_tail(run_dir)}")
-        try:
-            socket.create_connection((host, int(port)), timeout=1.0).close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the router did not listen at {endpoint} within {timeout_s:g}s") from None
-            time.sleep(0.05)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            sockets = psutil.Process(router.pid).net_connections("tcp")
+            if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in sockets):
+                return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the router did not listen at {endpoint} within {timeout_s:g}s")
+        time.sleep(0.05)
+
+
+def _log_warnings(run_dir: Path) -> list[str]:
+    """The router log's WARNING and ERROR lines so far, the time stamps left out (it logs at WARNING here)."""
+    log = run_dir / "logs" / "router.log"
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    return [line.split(" ", 2)[-1] for line in lines if " WARNING [" in line or " ERROR [" in line]
 
 
 def _log_tail(run_dir: Path) -> str:
@@ -789,6 +962,7 @@ def _figures(
             service.append(s)
             added.append(done - sent - s)
     samples = sum(n for r in reports.values() for at, n in r["samples"] if t0 <= at < t1)
+    episodes = sum(1 for r in reports.values() for at in r["episodes"] if t0 <= at < t1)
     lag = [v for r in reports.values() for at, v in r["lag"] if t0 <= at < t1]
     queued = [v for r in reports.values() for at, v in r["queued"] if t0 <= at < t1]
     rps = answered / window
@@ -813,9 +987,12 @@ def _figures(
         "replica_queue_max": max(queued, default=0),
         "router_rss_mb": rss / 2**20,
         "samples_per_s": samples / window,
+        "episodes_per_s": episodes / window,
+        "router_cpu_us_per_episode": router_cpu / episodes * 1e6 if episodes else float("nan"),
         "sim_lag_p99_ms": _percentile(np.array(lag) * 1000, 99),
         "errors": sum(r["errors"] for r in reports.values()),
         "sample_mismatches": sum(r["mismatches"] for r in reports.values()),
+        **{f"groups_{key}": sum(r["groups"].get(key, 0) for r in reports.values()) for key in GROUP_COUNTS},
         "steps": sum(r["steps"] for r in reports.values()),
         "shutdown": [r["shutdown"] for r in reports.values() if r["shutdown"]],
     }
@@ -889,13 +1066,33 @@ def deployment_check(args: argparse.Namespace, points: list[dict[str, Any]], sat
     }
 
 
+def groups_note(p: dict[str, Any]) -> str:
+    """With leases: where the point's Groups went over the run, what the trainer made of the straight ones, and
+    the router's CPU per episode done in the window."""
+    note = f"  groups: {p['groups_via_router']} via the router, {p['groups_straight']} straight"
+    if p["groups_straight"] or p["groups_accepted"]:
+        note += f" ({p['groups_delivered']} of {p['groups_accepted']} accepted delivered)"
+    problems = [f"{p[f'groups_{key}']} {key}" for key in ("missing", "unaccepted", "refused") if p[f"groups_{key}"]]
+    if problems:
+        note += f" ({', '.join(problems)})"
+    if p["episodes_per_s"]:
+        note += f"; router {p['router_cpu_us_per_episode']:.0f} us/episode"
+    return note
+
+
 def report(args: argparse.Namespace, points: list[dict[str, Any]], calibration_s: float) -> dict[str, Any]:
+    leases = (
+        "off: Generate and Groups through the router"
+        if not args.leases
+        else "on: Generate straight to the replicas, Groups "
+        + ("through the router (--routed-groups)" if args.routed_groups else "straight to the trainer")
+    )
     print(
         f"scale: K={args.k}, prompt {args.prompt_tokens} tokens, {args.tokens_per_turn} tokens/turn, {args.turns} turns, "
         f"env step lognormal median {args.env_step_ms:g} ms sigma {args.env_step_sigma:g}; service "
         f"{service_s(args) * 1000:.0f} ms/request (B={args.batch}, {args.tokens_per_s_per_gpu:g} tokens/s/GPU); cycle "
         f"{cycle_s(args) * 1000:.0f} ms; staleness {args.staleness}; CURVE {'on' if args.curve else 'off'}; "
-        f"leases {'on: Generate straight to the replicas' if args.leases else 'off: Generate through the router'}; "
+        f"leases {leases}; "
         f"{args.procs} simulator processes; window {args.seconds:g} s after {args.warmup:g} s"
     )
     head = (
@@ -913,6 +1110,8 @@ def report(args: argparse.Namespace, points: list[dict[str, Any]], calibration_s
             + (f"  {p['direct_fraction']:.0%} straight" if p["direct_fraction"] < 1 and args.leases else "")
             + (f"  errors {p['errors']}" if p["errors"] else "")
             + (f"  sample mismatches {p['sample_mismatches']}" if p["sample_mismatches"] else "")
+            + (groups_note(p) if args.leases else "")
+            + (f"  router warnings {len(p['router_warnings'])}" if p["router_warnings"] else "")
         )
     print(
         "(us/req: the router process's CPU per request; loop us: its main thread's, the rest being libzmq's I/O "
@@ -1018,6 +1217,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--leases", action=argparse.BooleanOptionalAction, default=True,
         help="cluster.leases: env workers send Generate straight to the replicas the router leases them",
+    )  # fmt: skip
+    p.add_argument(
+        "--routed-groups", action="store_true",
+        help="with leases, env workers send their Groups through the router (its fallback for a worker with no "
+        "trainer link), not straight to the trainer",
     )  # fmt: skip
     p.add_argument("--heartbeat-s", type=float, default=1.0, help="cluster.heartbeat_s, of the router and the peers")
     p.add_argument("--warmup", type=float, default=3.0, help="seconds after every peer joined, before counting")

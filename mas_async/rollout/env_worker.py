@@ -46,6 +46,7 @@ from mas_async.wire.messages import (
     Generate,
     GenerateResult,
     Groups,
+    GroupsReceived,
     Lease,
     Message,
     RunEpisode,
@@ -66,6 +67,10 @@ log = logging.getLogger("mas_async.rollout.env_worker")
 
 class GenerateError(RuntimeError):
     """An inference server could not serve a request (the reply names why)."""
+
+
+class GroupsRefused(RuntimeError):
+    """A trainer refused an episode's groups sent straight to it, or did not confirm them in time."""
 
 
 def load_tokenizer(path: str):
@@ -156,6 +161,8 @@ class EnvWorker(Peer):
             self.leases = LeaseClient(connect=self._link, via_router=self.send_frames)
         self.trainers: dict[str, DirectLink] = {}
         """With `cluster.leases`: trainer name -> the link to its direct socket (`Trainers`), for the Groups."""
+        self._received: dict[tuple[str, int, str, int], asyncio.Future[str]] = {}
+        """(policy, iteration, episode id, attempt) -> the trainer's answer to its Groups (`GroupsReceived`)."""
 
     def _link(self, replica: str, endpoint: str) -> DirectLink:
         """A new link to a leased replica's direct socket."""
@@ -196,17 +203,54 @@ class EnvWorker(Peer):
             if not (isinstance(entry, list) and len(entry) == 2 and all(isinstance(v, str) for v in entry)):
                 log.warning("dropped a Trainers message: an entry is not [trainer name, endpoint]")
                 return
+        assert self.ctx is not None
         for name, endpoint in msg.endpoints:
             if name.startswith("trainer/") and endpoint.startswith("tcp://") and name not in self.trainers:
-                self.trainers[name] = self._link(name, endpoint)
+                self.trainers[name] = DirectLink(
+                    self.ctx, name, endpoint, worker=self.peer_id, keys_dir=self.keys_dir, on_frames=self._on_trainer,
+                    spawn=self.spawn, secret=self.curve_secret,
+                )  # fmt: skip
 
-    def _send_groups(self, groups: Groups, rank: int) -> None:
-        """An episode's groups of a policy: straight to its trainer rank when linked, else through the router."""
-        link = self.trainers.get(trainer_peer(groups.policy, rank))
+    async def _send_groups(self, groups: Groups, rank: int) -> None:
+        """An episode's groups of a policy: straight to its trainer rank when linked (returns once the trainer
+        holds them: the EpisodeDone that follows is then safe to send), else through the router. Raises
+        GroupsRefused when the trainer refused them or did not answer within `cluster.peer_timeout_s`."""
+        name = trainer_peer(groups.policy, rank)
+        link = self.trainers.get(name)
         if link is None:
             self.send(groups)
-        else:
+            return
+        key = (groups.policy, groups.iteration, groups.episode_id, groups.attempt)
+        answer = self._received[key] = asyncio.get_running_loop().create_future()
+        try:
             link.send(encode(groups))
+            timeout_s = self.cfg.cluster.peer_timeout_s
+            try:
+                error = await asyncio.wait_for(answer, timeout_s)
+            except TimeoutError:
+                raise GroupsRefused(f"{name} did not confirm the episode's groups within {timeout_s:g}s") from None
+            if error:
+                raise GroupsRefused(f"{name} refused the episode's groups: {error}")
+        finally:
+            self._received.pop(key, None)
+
+    def _on_trainer(self, trainer: str, frames: list) -> None:
+        """A message from a trainer's direct socket: only its answer to a Groups (`GroupsReceived`) is taken."""
+        try:
+            msg = decode([f.buffer for f in frames])
+        except CodecError as e:
+            self.malformed += 1
+            if n := self.warnings.due("malformed trainer"):
+                log.warning("dropped a malformed message from %s (%d so far): %s", trainer, n, e)
+            return
+        answer = None
+        if isinstance(msg, GroupsReceived):
+            answer = self._received.get((msg.policy, msg.iteration, msg.episode_id, msg.attempt))
+        if answer is None or answer.done():
+            if n := self.warnings.due(("unexpected trainer", type(msg))):
+                log.warning("dropped an unexpected %s from %s (%d so far)", type(msg).__name__, trainer, n)
+            return
+        answer.set_result(msg.error)
 
     def _on_direct(self, replica: str, frames: list) -> None:
         """A message from a leased replica's direct socket: only a GenerateResult is taken."""
@@ -305,7 +349,7 @@ class EnvWorker(Peer):
                 tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
                 episode = (msg.iteration, msg.episode_id, msg.attempt)
                 groups = Groups(policy, *episode, len(samples), tokens, wire, msg.problem_episodes)
-                self._send_groups(groups, msg.trainer_ranks.get(policy, 0))
+                await self._send_groups(groups, msg.trainer_ranks.get(policy, 0))
                 counts[policy] = len(samples)
         except Exception as e:  # a failed episode is reported and counted, never a dead worker
             error = f"{type(e).__name__}: {e}"

@@ -12,9 +12,10 @@ timed-out episode, a failed one) is dropped when its iteration steps and counted
 Anything else (another policy's groups, a second copy, groups of an iteration already stepped, a sender
 that is not the worker the router named) is refused and counted, never trained on.
 
-Before its step the trainer waits for the groups of every accepted episode of the iteration (`wait_for`):
-the worker sent them before its EpisodeDone, but on another connection, so they may come after the
-router's word; a bounded wait that ends in a named error, never a hang.
+Every Groups message is answered (`GroupsReceived`: held, or refused and why), and the worker sends the
+episode's EpisodeDone only after that answer: so the groups of every episode the router accepts are here
+already, even if the worker is lost right after. Before its step the trainer still checks, with a bounded
+wait that ends in a named error (`wait_for`), that every accepted episode of the iteration was delivered.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from collections.abc import Callable
 import zmq.asyncio
 
 from mas_async.runtime.direct_socket import DirectSocket, Spawn
-from mas_async.wire.messages import Accepted, Groups, Message
+from mas_async.wire.messages import Accepted, Groups, GroupsReceived, Message, encode
 
 Key = tuple[int, str, int]
 """(iteration, episode id, attempt)."""
@@ -78,19 +79,25 @@ class DirectGroups:
         if not isinstance(msg, Groups):
             self.socket.refuse(sender, f"a {type(msg).__name__} is not an episode's groups")
             return
+        error = self._hold(sender, msg)
+        if error:
+            self.socket.refuse(sender, error)
+        # The worker sends its EpisodeDone once it has this answer: the router accepts nothing not held here.
+        self.socket.send(route, encode(GroupsReceived(msg.policy, msg.iteration, msg.episode_id, msg.attempt, error)))
+
+    def _hold(self, sender: str, msg: Groups) -> str:
+        """Hold (or deliver, if accepted already) an episode's groups; "" or why they were refused."""
         if msg.policy != self.policy:
-            self.socket.refuse(sender, "its policy is not this trainer's")
-            return
+            return "its policy is not this trainer's"
         if msg.iteration <= self.stepped:
-            self.socket.refuse(sender, "its iteration has stepped")
-            return
+            return "its iteration has stepped"
         key = (msg.iteration, msg.episode_id, msg.attempt)
         if key in self.accepted:
-            self._match(key, sender, msg)
-        elif sender in self.arrived.setdefault(key, {}):
-            self.socket.refuse(sender, "its episode's groups came already")
-        else:
-            self.arrived[key][sender] = msg
+            return self._match(key, sender, msg)
+        if sender in self.arrived.setdefault(key, {}):
+            return "its episode's groups came already"
+        self.arrived[key][sender] = msg
+        return ""
 
     def on_accepted(self, msg: Accepted) -> None:
         """The router's word that these episodes are done and their groups train (checked by the caller: of
@@ -102,21 +109,21 @@ class DirectGroups:
             for sender in held:
                 if sender != worker:
                     self.socket.refuse(sender, "its sender is not the env worker that ran the episode")
-            if worker in held:
-                self._match(key, worker, held[worker])
+            if worker in held and (error := self._match(key, worker, held[worker])):
+                self.socket.refuse(worker, error)
 
-    def _match(self, key: Key, sender: str, msg: Groups) -> None:
+    def _match(self, key: Key, sender: str, msg: Groups) -> str:
+        """Deliver the groups of an accepted episode; "" or why they were refused."""
         worker, samples = self.accepted[key]
         if sender != worker:
-            self.socket.refuse(sender, "its sender is not the env worker that ran the episode")
-            return
+            return "its sender is not the env worker that ran the episode"
         if msg.n_samples != samples:
-            self.socket.refuse(sender, "its sample count is not the one its EpisodeDone gave")
-            return
+            return "its sample count is not the one its EpisodeDone gave"
         del self.accepted[key]
         self.delivered += 1
         self.deliver(msg)
         self._changed.set()
+        return ""
 
     def missing(self, iteration: int) -> int:
         """Accepted episodes of `iteration` whose groups have not been delivered."""

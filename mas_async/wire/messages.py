@@ -36,6 +36,7 @@ class Kind(IntEnum):
     RUN_EPISODE = 10
     EPISODE_DONE = 11
     GROUPS = 12
+    GROUPS_RECEIVED = 13
     GENERATE = 20
     GENERATE_RESULT = 21
     LEASE = 22
@@ -148,7 +149,8 @@ class EpisodeDone(Message):
 class Groups(Message):
     """env worker -> router -> trainer of `policy`: the recorded groups of one episode. The router holds
     them until the episode's EpisodeDone (same attempt) arrives, then forwards them; groups of a failed
-    or abandoned attempt never reach a trainer."""
+    or abandoned attempt never reach a trainer. With cluster.leases: env worker -> trainer straight, held
+    there until the router accepts the attempt (`Accepted`)."""
 
     KIND = Kind.GROUPS
     HEADER = 6
@@ -160,6 +162,21 @@ class Groups(Message):
     n_tokens: int  # prompt + completion tokens of the samples: the router balances trainer ranks by it
     samples: list  # samples_to_wire(samples): a prompt shared with an earlier sample is sent once
     problem_episodes: int = 1  # the RunEpisode's: episodes of the iteration that run this episode's problem
+
+
+@dataclass(slots=True)
+class GroupsReceived(Message):
+    """trainer -> env worker (cluster.leases): the trainer holds that episode's Groups of `policy` (error ""),
+    or refused them (error: why). The worker sends the episode's EpisodeDone only after this, so an episode
+    the router accepts has its groups at the trainer already, whatever happens to the worker later."""
+
+    KIND = Kind.GROUPS_RECEIVED
+    HEADER = 4
+    policy: str
+    iteration: int
+    episode_id: str
+    attempt: int
+    error: str
 
 
 NO_SEED = -1
@@ -315,7 +332,7 @@ class Accepted(Message):
 MESSAGES: dict[int, type[Message]] = {
     cls.KIND: cls
     for cls in (
-        Hello, Welcome, Heartbeat, Shutdown, RunEpisode, EpisodeDone, Groups,
+        Hello, Welcome, Heartbeat, Shutdown, RunEpisode, EpisodeDone, Groups, GroupsReceived,
         Generate, GenerateResult, Lease, Trainers, TrainStep, Trained, UpdateWeights, WeightsLoaded, ReformWeightGroup,
         Accepted,
     )

@@ -21,6 +21,7 @@ from mas_async.wire.messages import (
     Generate,
     GenerateResult,
     Groups,
+    GroupsReceived,
     Hello,
     Kind,
     Lease,
@@ -295,8 +296,9 @@ def test_a_lease_a_replica_s_endpoint_and_a_worker_s_lease_counts_round_trip():
 
 def test_the_trainers_endpoints_an_acceptance_and_an_episode_s_trainer_ranks_round_trip():
     """cluster.leases (protocol 9): the trainers' endpoints to the env workers, the router's acceptance of
-    episodes whose groups went straight to a trainer (its header the policy and iteration), and the trainer
-    ranks a RunEpisode names, a field appended last (without it: every policy's rank 0)."""
+    episodes whose groups went straight to a trainer (its header the policy and iteration), a trainer's
+    answer to a worker's groups, and the trainer ranks a RunEpisode names, a field appended last (without
+    it: every policy's rank 0)."""
     trainers = Trainers([["trainer/vertical", "tcp://10.0.0.2:40111"], ["trainer/vertical/1", "tcp://[::1]:5"]])
     assert decode(encode(trainers)) == trainers and peek(encode(trainers))[0] is Trainers
     accepted = Accepted("vertical", 3, [["train3-1-0", 1, "env_worker/0", 8]])
@@ -306,5 +308,9 @@ def test_the_trainers_endpoints_an_acceptance_and_an_episode_s_trainer_ranks_rou
     run = RunEpisode("train3-1-0", 3, "train", 1, "p1", {}, 7, 3, 2, {"vertical": 1})
     assert decode(encode(run)).trainer_ranks == {"vertical": 1}
     assert RunEpisode("train3-1-0", 3, "train", 1, "p1", {}, 7, 3).trainer_ranks == {}
+    received = GroupsReceived("vertical", 3, "train3-1-0", 1, "its policy is not this trainer's")
+    cls, header = peek(encode(received))
+    assert cls is GroupsReceived and tuple(header) == ("vertical", 3, "train3-1-0", 1)
+    assert decode(encode(received)) == received
     with pytest.raises(CodecError, match="Accepted.episodes"):
         decode([bytes([Kind.ACCEPTED]), pack(["vertical", 3]), pack(["not a list"])])

@@ -1,7 +1,8 @@
 """A trainer's direct groups (`cluster.leases`, mas_async/training/direct_groups.py), no sockets: an episode's
 Groups train only once the router accepted that attempt, from the env worker the router names, with the
 count its EpisodeDone gave, in either order of arrival; anything else is refused or dropped and counted, and
-the wait before a step ends in a named error when accepted groups never come."""
+the wait before a step ends in a named error when accepted groups never come. Every Groups is answered, on
+its connection: held (no error), or refused and why (the worker's EpisodeDone waits for the answer)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 import zmq.asyncio
 
 from mas_async.training.direct_groups import DirectGroups, MissingGroups
-from mas_async.wire.messages import Accepted, Groups, Heartbeat
+from mas_async.wire.messages import Accepted, Groups, GroupsReceived, Heartbeat, decode
 
 POLICY = "vertical"
 
@@ -20,10 +21,24 @@ def _groups(episode: str, attempt: int = 0, iteration: int = 0, n: int = 2, poli
     return Groups(policy, iteration, episode, attempt, n, 10 * n, [], 1)
 
 
-def _direct() -> tuple[DirectGroups, list[Groups]]:
+class _Direct(DirectGroups):
+    """DirectGroups whose socket records its answers instead of sending them: (connection, answer)."""
+
+    def __init__(self, delivered: list[Groups]) -> None:
+        super().__init__(zmq.asyncio.Context.instance(), "127.0.0.1", None, POLICY, delivered.append)
+        self.answers: list[tuple[bytes, GroupsReceived]] = []
+        self.socket.send = lambda route, frames: self.answers.append((route, decode(frames)))  # type: ignore[method-assign]
+
+    def errors(self) -> list[str]:
+        """The errors of the answers so far ("" for groups held); the record starts again."""
+        errors = [answer.error for _, answer in self.answers]
+        self.answers.clear()
+        return errors
+
+
+def _direct() -> tuple[_Direct, list[Groups]]:
     delivered: list[Groups] = []
-    direct = DirectGroups(zmq.asyncio.Context.instance(), "127.0.0.1", None, POLICY, delivered.append)
-    return direct, delivered
+    return _Direct(delivered), delivered
 
 
 def _accept(direct: DirectGroups, *episodes: list, iteration: int = 0) -> None:
@@ -37,8 +52,10 @@ def test_groups_train_once_accepted_whichever_comes_first() -> None:
     assert delivered == [] and direct.missing(0) == 0  # not accepted yet: held
     _accept(direct, ["train0-0", 0, "env_worker/0", 2], ["train0-1", 0, "env_worker/1", 2])
     assert delivered == [early] and direct.missing(0) == 1
-    direct._on_message("env_worker/1", b"r", late)
+    direct._on_message("env_worker/1", b"w1", late)
     assert delivered == [early, late] and direct.missing(0) == 0
+    assert [(route, answer.episode_id, answer.error) for route, answer in direct.answers] == [
+        (b"r", "train0-0", ""), (b"w1", "train0-1", "")]  # fmt: skip
     assert direct.stepped_through(0) == 0 and direct.unaccepted == 0 and direct.refused == 0
 
 
@@ -63,6 +80,7 @@ def test_groups_from_another_worker_or_with_another_count_are_refused() -> None:
     _accept(direct, ["train0-1", 0, "env_worker/0", 2])
     direct._on_message("env_worker/0", b"r", _groups("train0-1", n=3))  # not its EpisodeDone's count
     assert len(delivered) == 1 and direct.refused == 2 and direct.missing(0) == 1
+    assert direct.errors() == ["", "", "its sample count is not the one its EpisodeDone gave"]
 
 
 def test_what_is_no_groups_of_this_policy_now_is_refused() -> None:
@@ -72,10 +90,12 @@ def test_what_is_no_groups_of_this_policy_now_is_refused() -> None:
     direct._on_message("env_worker/0", b"r", _groups("train0-1"))
     direct._on_message("env_worker/0", b"r", _groups("train0-1"))  # the same groups again
     assert direct.refused == 3
+    assert direct.errors() == ["its policy is not this trainer's", "", "its episode's groups came already"]
     direct.stepped_through(0)
     direct._on_message("env_worker/0", b"r", _groups("train0-2"))  # its iteration stepped
     _accept(direct, ["train0-2", 0, "env_worker/0", 2])
     assert delivered == [] and direct.refused == 4
+    assert direct.errors() == ["its iteration has stepped"]
 
 
 def test_the_wait_before_a_step_ends_when_the_groups_come_or_in_a_named_error() -> None:

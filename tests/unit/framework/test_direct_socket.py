@@ -23,7 +23,16 @@ from mas_async.inference.direct import DirectRequests
 from mas_async.rollout.direct_link import DirectLink
 from mas_async.runtime.curve import secure_client
 from mas_async.training.direct_groups import DirectGroups
-from mas_async.wire.messages import Accepted, Generate, GenerateResult, Groups, Heartbeat, decode, encode
+from mas_async.wire.messages import (
+    Accepted,
+    Generate,
+    GenerateResult,
+    Groups,
+    GroupsReceived,
+    Heartbeat,
+    decode,
+    encode,
+)
 from tests.support.paths import ROOT
 from tests.support.run_keys import issue_keys, until
 
@@ -165,16 +174,28 @@ def test_a_trainer_takes_an_episode_s_groups_from_the_worker_the_router_named_on
         try:
             trainer.start(side.spawn)
 
+            answers: list[tuple[str, GroupsReceived]] = []
+
             def link(worker: str) -> DirectLink:
+                def on_frames(name: str, frames: list) -> None:
+                    assert name == TRAINER
+                    answers.append((worker, decode([f.buffer for f in frames])))
+
                 return DirectLink(side.worker_ctx, TRAINER, trainer.socket.endpoint, worker=worker, keys_dir=keys_dir,
-                                  on_frames=lambda *_: None, spawn=side.spawn, secret=secrets[worker])  # fmt: skip
+                                  on_frames=on_frames, spawn=side.spawn, secret=secrets[worker])  # fmt: skip
 
             groups = Groups("vertical", 0, "train0-0", 0, 1, 4, [], 1)
             link("env_worker/1").send(encode(groups))  # not the worker that ran it: held, never delivered
-            link("env_worker/0").send(encode(groups))
-            await _until(lambda: len(trainer.arrived.get((0, "train0-0", 0), {})) == 2, "both held")
+            first = link("env_worker/0")
+            first.send(encode(groups))
+            first.send(encode(Groups("horizontal", 0, "train0-0", 0, 1, 4, [], 1)))
+            await _until(lambda: len(answers) == 3, "every Groups answered, on its own connection")
+            assert sorted((w, a.policy, a.error) for w, a in answers) == [
+                ("env_worker/0", "horizontal", "its policy is not this trainer's"),
+                ("env_worker/0", "vertical", ""), ("env_worker/1", "vertical", "")]  # fmt: skip
+            assert len(trainer.arrived[(0, "train0-0", 0)]) == 2
             trainer.on_accepted(Accepted("vertical", 0, [["train0-0", 0, "env_worker/0", 1]]))
-            assert [g.episode_id for g in delivered] == ["train0-0"] and trainer.refused == 1
+            assert [g.episode_id for g in delivered] == ["train0-0"] and trainer.refused == 2
             secure_client(replica_sock, keys_dir, secrets[REPLICA], server=TRAINER)  # a replica's key: refused
             replica_sock.connect(trainer.socket.endpoint)
             await replica_sock.send_multipart(encode(Groups("vertical", 0, "train0-1", 0, 1, 4, [], 1)))

@@ -95,8 +95,8 @@ class Gateway:
         self.app.router.add_get("/v1/models", self.models)
         self._runner: web.AppRunner | None = None
         self.clients_http: Any = None
-        """The connection pool that the episodes' openai clients share (an httpx.AsyncClient, from `start`):
-        building one per client would cost an SSL context each, ~26 ms of CPU."""
+        """The connection pool that the episodes' openai clients share (from `start`): building one per
+        client would cost an SSL context each, ~26 ms of CPU."""
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -107,10 +107,7 @@ class Gateway:
         await web.TCPSite(self._runner, self.host, self.port).start()
         host, port = self._runner.addresses[0][:2]
         self.base_url = http_url(host, port, "/v1")
-        from openai import DefaultAsyncHttpxClient  # (the openai package is a program run's only)
-
-        # No proxy from the environment: the gateway is this process's own, on the worker's interface.
-        self.clients_http = DefaultAsyncHttpxClient(trust_env=False)
+        self.clients_http = programs_http()
         log.info("OpenAI gateway serving at %s%s", self.base_url, " (the run's token required)" * self.access.external)
         return self.base_url
 
@@ -348,6 +345,16 @@ async def _body(request: web.Request) -> Any:
         return json.loads(await request.read())
     except ValueError as e:  # JSONDecodeError and UnicodeDecodeError alike
         raise bad_request(f"the request body is not valid JSON: {e}") from None
+
+
+def programs_http() -> Any:
+    """The HTTP client that the openai clients of the episodes' programs share: the openai package's own
+    client over aiohttp's transport (`DefaultAioHttpClient`), whose HTTP/1.1 is parsed in C, where its
+    default's (httpcore) is pure Python: it takes a sixth off the env worker's CPU per call (docs/gateway.md,
+    "What a call costs"). No proxy from the environment: the gateway is this process's own."""
+    from openai import DefaultAioHttpClient  # (the openai package is a program run's only)
+
+    return DefaultAioHttpClient(trust_env=False)
 
 
 def _about(session: Session, agent: str, turn: int, source: str) -> dict[str, Any]:

@@ -83,6 +83,27 @@ def test_a_failing_program_fails_its_episode_and_closes_its_session() -> None:
         play(_fails)
 
 
+def test_the_programs_clients_share_the_gateways_pool_over_aiohttp() -> None:
+    from openai import AsyncOpenAI, DefaultAioHttpClient
+
+    seen: list[Any] = []
+
+    async def program(task: Any, agents: dict[str, Any]) -> None:
+        seen.extend(agents.values())
+        reply = await agents["horizontal"].chat.completions.create(
+            model="horizontal", messages=[{"role": "user", "content": "GO"}]
+        )
+        seen.append(reply)
+
+    episode, fake = play(program)
+    *clients, reply = seen
+    assert all(type(client) is AsyncOpenAI and client.max_retries == 0 for client in clients)
+    # One pool for all of them (the gateway's), on aiohttp's transport: the cheaper one per call.
+    assert len({id(client._client) for client in clients}) == 1
+    assert isinstance(clients[0]._client, DefaultAioHttpClient)
+    assert reply.choices[0].message.content == "U" and len(episode.samples) == len(fake.requests) == 1
+
+
 def test_rewards_are_read_or_refused_with_a_sentence() -> None:
     env = plan_path_env()
     agents = ("vertical", "horizontal")

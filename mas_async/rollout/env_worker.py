@@ -234,37 +234,41 @@ class EnvWorker(Peer):
         finally:
             self._received.pop(key, None)
 
-    def _on_trainer(self, trainer: str, frames: list) -> None:
-        """A message from a trainer's direct socket: only its answer to a Groups (`GroupsReceived`) is taken."""
+    def _decoded(self, source: str, frames: list, kind: type[Message]) -> Message | None:
+        """A message from a direct link (a replica's or a trainer's socket) if it decodes and is a `kind`;
+        otherwise None, counted (malformed) or logged (unexpected), rate-limited."""
         try:
             msg = decode([f.buffer for f in frames])
         except CodecError as e:
             self.malformed += 1
-            if n := self.warnings.due("malformed trainer"):
-                log.warning("dropped a malformed message from %s (%d so far): %s", trainer, n, e)
+            if n := self.warnings.due(("malformed direct", kind)):
+                log.warning("dropped a malformed message from %s (%d so far): %s", source, n, e)
+            return None
+        if isinstance(msg, kind):
+            return msg
+        if n := self.warnings.due(("unexpected direct", type(msg))):
+            log.warning("dropped an unexpected %s from %s (%d so far)", type(msg).__name__, source, n)
+        return None
+
+    def _on_trainer(self, trainer: str, frames: list) -> None:
+        """A message from a trainer's direct socket: only its answer to a Groups (`GroupsReceived`) is taken."""
+        msg = self._decoded(trainer, frames, GroupsReceived)
+        if msg is None:
             return
-        answer = None
-        if isinstance(msg, GroupsReceived):
-            answer = self._received.get((msg.policy, msg.iteration, msg.episode_id, msg.attempt))
+        assert isinstance(msg, GroupsReceived)
+        answer = self._received.get((msg.policy, msg.iteration, msg.episode_id, msg.attempt))
         if answer is None or answer.done():
-            if n := self.warnings.due(("unexpected trainer", type(msg))):
-                log.warning("dropped an unexpected %s from %s (%d so far)", type(msg).__name__, trainer, n)
+            if n := self.warnings.due("unwaited answer"):
+                log.warning("dropped an answer from %s to groups no episode waits for (%d so far)", trainer, n)
             return
         answer.set_result(msg.error)
 
     def _on_direct(self, replica: str, frames: list) -> None:
         """A message from a leased replica's direct socket: only a GenerateResult is taken."""
-        try:
-            msg = decode([f.buffer for f in frames])
-        except CodecError as e:
-            self.malformed += 1
-            if n := self.warnings.due("malformed direct"):
-                log.warning("dropped a malformed message from %s (%d so far): %s", replica, n, e)
-            return
-        if isinstance(msg, GenerateResult):
+        msg = self._decoded(replica, frames, GenerateResult)
+        if msg is not None:
+            assert isinstance(msg, GenerateResult)
             self._on_result(replica, msg)
-        elif n := self.warnings.due(("unexpected direct", type(msg))):
-            log.warning("dropped an unexpected %s from %s (%d so far)", type(msg).__name__, replica, n)
 
     def _on_result(self, source: str, msg: GenerateResult) -> None:
         """The result of a request, from the router (ROUTER) or a leased replica: taken only from where the

@@ -873,13 +873,14 @@ def measure_point(args: argparse.Namespace, replicas: int, episodes: int, run_di
         sim_ps = [psutil.Process(s.pid) for s in sims]
         time.sleep(args.warmup)
         t0, cpu0, sim_cpu0 = time.perf_counter(), _cpu(router_ps), sum(map(_cpu, sim_ps))
-        main0 = _main_thread_cpu(router_ps)
+        main0, rows0 = _main_thread_cpu(router_ps), len(_router_rows(run_dir))
         while time.perf_counter() < t0 + args.seconds:
             if router.poll() is not None:
                 raise RuntimeError(f"the router exited ({router.returncode}):\n{_log_tail(run_dir)}")
             time.sleep(min(0.2, max(0.0, t0 + args.seconds - time.perf_counter())))
         t1, cpu1, sim_cpu1 = time.perf_counter(), _cpu(router_ps), sum(map(_cpu, sim_ps))
         main1 = _main_thread_cpu(router_ps)
+        rows = _router_rows(run_dir)[rows0:]  # the iterations whose row the router wrote in the window
         rss = router_ps.memory_info().rss
         warnings = _log_warnings(run_dir)  # (until the window's end: the teardown's are not the run's)
         stop.set()
@@ -902,7 +903,33 @@ def measure_point(args: argparse.Namespace, replicas: int, episodes: int, run_di
         router.wait(timeout=10)
     figures = _figures(args, plan, reports, t0, t1, (cpu1 - cpu0, main1 - main0), sim_cpu1 - sim_cpu0, rss)
     figures["router_warnings"] = warnings
+    figures.update(router_lag(rows))
     return figures
+
+
+def _router_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """The router's metrics rows so far (one per iteration), the last line left out if not yet whole."""
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().split("\n")[:-1] if path.exists() else []
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def router_lag(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """How late the router's own loop ran (router/loop_lag.py) in the window's rows: the worst row's p99 and
+    the most, the rows' median p50 and each row's p99, over `router_lag_rows` rows, and the same of the part
+    of the lag that was the router's own work; NaN with no row in the window."""
+    lagged = [r for r in rows if "router/loop_lag_p99_ms" in r]
+    return {
+        "router_lag_rows": len(lagged),
+        "router_lag_p50_ms": float(np.median([r["router/loop_lag_p50_ms"] for r in lagged]))
+        if lagged
+        else float("nan"),
+        "router_lag_p99s_ms": [r["router/loop_lag_p99_ms"] for r in lagged],
+        "router_lag_p99_ms": max((r["router/loop_lag_p99_ms"] for r in lagged), default=float("nan")),
+        "router_lag_max_ms": max((r["router/loop_lag_max_ms"] for r in lagged), default=float("nan")),
+        "router_work_lag_p99_ms": max((r["router/loop_work_lag_p99_ms"] for r in lagged), default=float("nan")),
+        "router_work_lag_max_ms": max((r["router/loop_work_lag_max_ms"] for r in lagged), default=float("nan")),
+    }
 
 
 def _wait_bound(endpoint: str, router: subprocess.Popen, run_dir: Path, timeout_s: float = JOIN_TIMEOUT_S) -> None:
@@ -1062,8 +1089,23 @@ def deployment_check(args: argparse.Namespace, points: list[dict[str, Any]], sat
         "max_gpus_at_target": int(args.cpu_target / (per_request * per_gpu)),
         "max_gpus_one_core": int(1.0 / (per_request * per_gpu)),
         "p99_at_rate_ms": min(p["added_p99_ms"] for p in mine) if mine else None,
+        **_lag_at_most_rps([p for p in points if p["replicas"] == nearest]),
         "max_rps_measured": sat[nearest]["max_rps"],
     }
+
+
+def _lag_at_most_rps(points: list[dict[str, Any]]) -> dict[str, Any]:
+    """The router's loop lag at the point of the most requests/s among `points` that have a figure (a row of
+    the router's in their window), and that point's requests/s; None where none has."""
+    lagged = [p for p in points if p["router_lag_rows"]]
+    best = max(lagged, key=lambda p: p["rps"], default=None)
+    keys = ("router_lag_p99_ms", "router_lag_max_ms", "router_work_lag_p99_ms", "router_work_lag_max_ms")
+    return {**{key: best and best[key] for key in keys}, "router_lag_at_rps": best and best["rps"]}
+
+
+def _lag(p: dict[str, Any]) -> str:
+    """A point's router loop lag at p99, 'all/its own work' ms, or '-' with no row of the router's in its window."""
+    return f"{p['router_lag_p99_ms']:.0f}/{p['router_work_lag_p99_ms']:.1f}" if p["router_lag_rows"] else "-"
 
 
 def groups_note(p: dict[str, Any]) -> str:
@@ -1097,7 +1139,7 @@ def report(args: argparse.Namespace, points: list[dict[str, Any]], calibration_s
     )
     head = (
         f"{'replicas':>8} {'offered':>8} {'episodes':>8} {'req/s':>8} {'us/req':>7} {'loop us':>7} {'router':>6} {'sims':>5} "
-        f"{'p50 ms':>7} {'p99 ms':>7} {'transit':>7} {'RSS MB':>7} {'samples/s':>9} {'lag p99':>7}"
+        f"{'p50 ms':>7} {'p99 ms':>7} {'transit':>7} {'RSS MB':>7} {'samples/s':>9} {'lag p99':>7} {'router lag':>10}"
     )
     print(head)
     for p in points:
@@ -1106,7 +1148,7 @@ def report(args: argparse.Namespace, points: list[dict[str, Any]], calibration_s
             f"{p['router_cpu_us_per_request']:>7.1f} {p['router_main_us_per_request']:>7.1f} {p['router_cores']:>6.2f} "
             f"{p['sim_cores']:>5.2f} "
             f"{p['added_p50_ms']:>7.2f} {p['added_p99_ms']:>7.2f} {p['in_transit']:>7.1f} {p['router_rss_mb']:>7.0f} "
-            f"{p['samples_per_s']:>9.0f} {p['sim_lag_p99_ms']:>7.2f}"
+            f"{p['samples_per_s']:>9.0f} {p['sim_lag_p99_ms']:>7.2f} {_lag(p):>10}"
             + (f"  {p['direct_fraction']:.0%} straight" if p["direct_fraction"] < 1 and args.leases else "")
             + (f"  errors {p['errors']}" if p["errors"] else "")
             + (f"  sample mismatches {p['sample_mismatches']}" if p["sample_mismatches"] else "")
@@ -1117,7 +1159,9 @@ def report(args: argparse.Namespace, points: list[dict[str, Any]], calibration_s
         "(us/req: the router process's CPU per request; loop us: its main thread's, the rest being libzmq's I/O "
         "threads (CURVE, TCP); router: its cores over the window; sims: the simulators' cores; p50/p99: latency added per request, "
         "end-to-end minus the replica's service time, the simulators' loop lag included; transit: requests "
-        "in transit, Little's law)"
+        "in transit, Little's law; lag p99: the simulators' loop lag; router lag: how late the router's "
+        "loop ran, what every message waits before the router handles it, p99 of the window's worst iteration row: "
+        "all / the router's own work)"
     )
     sat: dict[int, dict[str, Any]] = {}
     for count in sorted({p["replicas"] for p in points}):
@@ -1156,6 +1200,17 @@ def report(args: argparse.Namespace, points: list[dict[str, Any]], calibration_s
         print(
             f"  p99 added latency at that rate: not measured here (the most requests/s reached with "
             f"{check['measured_replicas']} replicas: {check['max_rps_measured']:.0f})"
+        )
+    if check["router_lag_p99_ms"] is not None:
+        verdict = "met" if check["router_work_lag_p99_ms"] <= args.p99_bound_ms else "NOT met"
+        print(
+            f"  the router's own delay (at {check['router_lag_at_rps']:.0f} requests/s): its loop ran "
+            f"{check['router_lag_p99_ms']:.2f} ms late at p99 (the window's worst iteration; at most "
+            f"{check['router_lag_max_ms']:.2f} ms), what every message it handles "
+            f"waits; of which its own work {check['router_work_lag_p99_ms']:.2f} ms at p99 (at most "
+            f"{check['router_work_lag_max_ms']:.2f} ms), the rest the simulators' CPU on the shared cores (target <= "
+            f"{args.p99_bound_ms:g} ms at p99, its own work: {verdict}"
+            + ("; with leases no request passes through the router)" if args.leases else ")")
         )
     print(
         f"  largest deployment of one router ({args.tokens_per_s_per_gpu:g} tokens/s/GPU, {args.tokens_per_turn} "

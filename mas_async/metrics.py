@@ -57,6 +57,18 @@ class Keys:
     ROUTED_REQUESTS = "router/routed_requests"
     """Generate requests the router forwarded to a replica in the iteration (with `cluster.leases` only those
     sent while their policy had no live replica leased; see router/leases.py)."""
+    LOOP_LAG_P50_MS = "router/loop_lag_p50_ms"
+    """How late the router's event loop ran a timer since the previous row, median, in ms: what every message
+    waits before the router handles it (router/loop_lag.py)."""
+    LOOP_LAG_P99_MS = "router/loop_lag_p99_ms"
+    """The same, 99th percentile."""
+    LOOP_LAG_MAX_MS = "router/loop_lag_max_ms"
+    """The same, the most."""
+    LOOP_WORK_LAG_P99_MS = "router/loop_work_lag_p99_ms"
+    """Of that lag, the part during which the loop's thread ran (the router's own work, not the time the
+    operating system gave other processes), 99th percentile, in ms."""
+    LOOP_WORK_LAG_MAX_MS = "router/loop_work_lag_max_ms"
+    """The same, the most."""
     DIRECT_REQUESTS = "leases/direct_requests"
     """`cluster.leases` only: Generate requests the env workers sent straight to a leased replica, as their
     EpisodeDone messages reported them since the previous row (router/leases.py)."""

@@ -66,6 +66,7 @@ from mas_async.router.episodes import EpisodeBook, EpisodeTask, plan_episodes
 from mas_async.router.faults import FaultLog, replaced_alone, run_restart_from_env
 from mas_async.router.idle import IdleTimer
 from mas_async.router.leases import LeaseBook, endpoint_error
+from mas_async.router.loop_lag import LoopLag
 from mas_async.router.lost_peers import RESTARTED_FILE, LostPeers, record_lost_peer
 from mas_async.router.membership import WeightGroups, replica_index
 from mas_async.router.peers import PeerInfo, PeerTable
@@ -120,6 +121,10 @@ MAX_COUNT = 1 << 31
 overflow the sums the router sends on (msgpack integers are 64-bit)."""
 HEARTBEAT_SLICES = 10
 """The router sends its heartbeats in this many slices of the peers, spread over each `heartbeat_s`."""
+DISPATCH_SLICE = 64
+"""The most RunEpisodes one turn of the router's loop sends (~55 us each on a 2-core machine here): an iteration
+of thousands of episodes opening at once would otherwise hold the loop (and every message waiting on it) for
+~100 ms (docs/scale.md)."""
 
 
 def peer_role(name: str) -> str:
@@ -197,6 +202,10 @@ class Router(Actor):
         self._next_book = deployment.start_version
         self.idle = IdleTimer(time.monotonic())
         """Time with no episode in flight (no request can reach an inference server)."""
+        self._more_to_dispatch = asyncio.Event()
+        """Set when a dispatch stopped at `DISPATCH_SLICE` with episodes left that may run."""
+        self.loop_lag = LoopLag()
+        """How late this process's event loop runs (every row's router/loop_lag_*)."""
         env_cls = resolve(config.env.name, ENVS, "env")
         self.baseline_names = check_baseline_names(config.env.name, list(env_cls.reference_policies()))
         """The env's reference policies, played once per run beside the first evaluation."""
@@ -270,6 +279,8 @@ class Router(Actor):
         self._sock = sock  # owns the socket (closed with the context)
         self.spawn(self.io.run(), "receive")
         self.spawn(self._watchdog(), "watchdog")
+        self.spawn(self.loop_lag.run(), "loop-lag")
+        self.spawn(self._dispatch_more(), "dispatch")
         log.info("router bound at %s; waiting for %d peers", self.deployment.router_endpoint, len(self.table.expected))
 
     def send_to(self, identity: bytes, msg: Message) -> None:
@@ -397,8 +408,9 @@ class Router(Actor):
                 self._count_leased(identity, msg.leases)
             self._on_episode_done(msg)
         elif isinstance(msg, UpdateWeights):
+            frames = encode(msg)  # once for all the policy's replicas (a thousand at a large run)
             for ident in self.table.of_policy("inference", msg.policy, alive=True):
-                self.send_to(ident, msg)
+                self.forward(ident, frames)
         elif isinstance(msg, Trained):
             if msg.error:
                 raise RuntimeError(f"trainer of policy {msg.policy!r} failed: {msg.error}")
@@ -631,12 +643,18 @@ class Router(Actor):
 
     def _dispatch(self) -> None:
         """Hand queued episodes that the clock lets run, oldest iteration first, to the least-loaded live
-        env workers, up to each one's capacity."""
+        env workers, up to each one's capacity; at most `DISPATCH_SLICE` of them, the rest in turns of the
+        loop to come (`_dispatch_more`)."""
         now = time.monotonic()
         free: list[tuple[int, bytes]] | None = None  # (episodes in flight, worker), a heap; None: not built yet
+        sent = 0
         for book in sorted(self.books.values(), key=lambda b: b.iteration):
             waiting = []
-            for task in book.queued:
+            for index, task in enumerate(book.queued):
+                if sent == DISPATCH_SLICE:  # the rest on the next turns of the loop, in the same order
+                    waiting += book.queued[index:]
+                    self._more_to_dispatch.set()
+                    break
                 if not self.clock.may_dispatch(book.version, task.msg.mode):
                     waiting.append(task)
                     continue
@@ -660,9 +678,18 @@ class Router(Actor):
                 if self.leases is not None and task.msg.mode == "train":
                     task.msg.trainer_ranks = self._trainer_ranks(book, task.msg.problem_id)
                 self.send_to(worker, task.msg)
+                sent += 1
             book.queued = waiting
             book.check_done()
         self.idle.update(now, busy=any(book.generating() for book in self.books.values()))
+
+    async def _dispatch_more(self) -> None:
+        """Go on with a dispatch that stopped at `DISPATCH_SLICE` episodes, a slice per turn of the loop."""
+        while True:
+            await self._more_to_dispatch.wait()
+            self._more_to_dispatch.clear()
+            await asyncio.sleep(0)  # a turn of the loop between two slices (a set event's wait does not yield)
+            self._dispatch()
 
     def _episodes(self, iteration: int, version: int, train: bool, evaluate: bool) -> list[EpisodeTask]:
         baselines = []
@@ -898,6 +925,7 @@ class Router(Actor):
         row[Keys.INFERENCE_IDLE_S] = self.idle.take(now, busy=any(b.generating() for b in self.books.values()))
         row.update(self.faults.take())
         row[Keys.ROUTED_REQUESTS], self.routed = self.routed, 0
+        row.update(self.loop_lag.take())
         if self.leases is not None:
             row.update(self.leases.take())
         row[Keys.POISONED] = len(book.poisoned)

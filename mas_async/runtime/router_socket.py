@@ -5,8 +5,9 @@ deployment. A zmq.asyncio socket costs a future and an event-loop round trip per
 uses a plain (synchronous) pyzmq socket instead and only lets the event loop tell it when to look:
 
 - receiving: the socket's file descriptor is watched with `loop.add_reader`; when it fires, `run()`
-  takes every message already queued on the socket (up to `burst`, then it yields so other tasks run)
-  and hands each one to `on_message`, synchronously;
+  takes every message already queued on the socket (up to `burst` of them or `BURST_S` seconds, then it
+  yields so other tasks and timers run: a burst never holds the loop much longer than that) and hands each
+  one to `on_message`, synchronously;
 - sending: `send()` writes at once without blocking. At a peer's high-water mark (ROUTER_MANDATORY
   refuses the message on its first frame, never part-way) the message waits in an outbox, in order,
   and a flush task retries until the peer has room;
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -34,6 +36,8 @@ _NOBLOCK = int(zmq.NOBLOCK)
 _MORE_NOBLOCK = int(zmq.SNDMORE) | _NOBLOCK
 _POLLIN = int(zmq.POLLIN)
 _EVENTS = int(zmq.EVENTS)
+BURST_S = 0.002
+"""The most seconds one burst of received messages holds the event loop (then the next message waits a turn)."""
 
 
 class RouterSocket:
@@ -71,8 +75,11 @@ class RouterSocket:
         """Hand over the queued messages; True when the burst ran out before the queue did."""
         sock = self.sock
         self._draining = True  # the receive loop re-reads ZMQ_EVENTS after this anyway
+        until = time.perf_counter() + BURST_S
         try:
             for _ in range(self.burst):
+                if time.perf_counter() > until:
+                    return True
                 try:
                     frames = [sock.recv(_NOBLOCK, copy=False)]
                 except zmq.Again:

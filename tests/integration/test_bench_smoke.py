@@ -231,12 +231,17 @@ def test_scale_smoke(tmp_path: Path) -> None:
         assert point["samples_per_s"] > 0 and point["steps"] > 0
         assert point["sample_mismatches"] == 0 and point["errors"] == 0
         assert point["router_rss_mb"] > 0
+        # The router's own loop lag, from its metrics rows written in the window (router/loop_lag.py).
+        assert point["router_lag_rows"] > 0 and 0 <= point["router_lag_p99_ms"] <= point["router_lag_max_ms"]
     # Twice the offered load gives more requests through the router (these loads are far below saturation).
     low, high = sorted(points, key=lambda p: p["offered_rps"])
     assert high["rps"] > 1.3 * low["rps"]
     check = figures["deployment"]
     assert check["rate_rps"] == 1024 * 3000 / (100 * 4)  # the smoke run keeps the checked deployment's knobs
     assert check["router_cores"] > 0 and check["max_gpus_one_core"] > 0
+    # The router's own delay, at the point of the most requests/s: its own work is part of its loop's lag.
+    assert 0 <= check["router_work_lag_p99_ms"] <= check["router_lag_p99_ms"]
+    assert check["router_lag_at_rps"] == high["rps"]
     assert (tmp_path / "scale.png").stat().st_size > 0
 
 

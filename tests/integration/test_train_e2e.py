@@ -44,6 +44,9 @@ def test_three_iterations_role_specialised(tmp_path):
         assert row["rollout/episodes"] == 4 and row["rollout/dropped"] == 0 and row["rollout/turns"] >= 1
         assert row["router/routed_requests"] > 0  # every request through the router (cluster.leases is off)
         assert not [key for key in row if key.startswith("leases/")]  # not measured without leases: absent
+        # The router's loop ticks 50 times a second: each iteration's row has its lag, in ms.
+        assert 0.0 <= row["router/loop_lag_p50_ms"] <= row["router/loop_lag_p99_ms"] <= row["router/loop_lag_max_ms"]
+        assert 0.0 <= row["router/loop_work_lag_p99_ms"] <= row["router/loop_work_lag_max_ms"]
         assert 0.0 <= row["team/success_rate"] <= 1.0
         assert 0.0 <= row["eval/progress_rate/vertical"] <= 1.0
     assert "eval/team_success_rate" in rows[3] and "team/success_rate" not in rows[3]

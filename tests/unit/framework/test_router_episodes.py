@@ -121,3 +121,38 @@ def test_generate_goes_to_the_replica_with_fewest_outstanding_and_results_go_bac
         worker, _header(Generate, 9, "vertical", "env_worker/0", 0.0), [b"k", b"h", b"p"]
     )  # no replica of that policy yet
     assert router.io.frames[-1][0] == worker  # answered at once with an error, nothing forwarded
+
+
+def test_a_large_iteration_goes_out_a_slice_per_turn_of_the_loop_in_order_each_once(tmp_path):
+    """An iteration of 600 episodes opening at once: `DISPATCH_SLICE` RunEpisodes go at once and the rest on
+    the loop's next turns (`_dispatch_more`), so no message waits ~100 ms for the router; every episode goes
+    once, in the book's order, and none beyond the workers' capacity."""
+    import asyncio
+
+    from mas_async.router.hub import DISPATCH_SLICE
+    from mas_async.wire.messages import PROTOCOL_VERSION, Hello, RunEpisode, decode
+
+    router = _router(tmp_path, "rollout.batch_size=600", "cluster.env_workers=2")
+    router.io = _Sent()
+    for name in ("env_worker/0", "env_worker/1"):
+        router._on_hello(name.encode(), Hello("env_worker", name, "", 290, PROTOCOL_VERSION, 1))
+
+    def sent() -> list[RunEpisode]:
+        return [m for m in (decode(frames[1:]) for frames in router.io.frames) if isinstance(m, RunEpisode)]
+
+    async def scenario() -> tuple[list[int], list[str], list[str], int]:
+        more = asyncio.get_running_loop().create_task(router._dispatch_more())
+        book = router._open_book(0, train=True, evaluate=False)
+        planned = [t.msg.episode_id for t in [*book.in_flight.values(), *book.queued]]
+        counts = [len(sent())]  # after each turn of the loop that this task gets
+        for _ in range(3 * 580 // DISPATCH_SLICE):
+            await asyncio.sleep(0)
+            counts.append(len(sent()))
+        more.cancel()
+        return counts, planned, [m.episode_id for m in sent()], len(book.queued)
+
+    counts, planned, episodes, left = asyncio.run(scenario())
+    assert DISPATCH_SLICE < 290 and counts[0] == DISPATCH_SLICE
+    assert max(b - a for a, b in zip(counts, counts[1:], strict=False)) <= DISPATCH_SLICE  # other tasks ran between
+    assert episodes == planned[:580] and len(set(episodes)) == 580  # the capacity of both: in order, each once
+    assert left == 20  # the rest wait for room, as before

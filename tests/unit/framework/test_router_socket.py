@@ -138,3 +138,41 @@ def test_an_error_in_the_handler_stops_run() -> None:
             h.close()
 
     _run(scenario())
+
+
+def test_a_burst_of_slow_messages_yields_to_the_loop_within_its_time_bound() -> None:
+    """Handlers of 1 ms each and a burst of 256 messages: a burst stops after `BURST_S` seconds and other
+    tasks (a timer) run between bursts; every message still arrives, in order."""
+    from mas_async.runtime.router_socket import BURST_S
+
+    def slow(frames: list) -> None:
+        time.sleep(0.001)
+        h._record(frames)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(h.io.run())
+        try:
+            for i in range(60):
+                h.peer.send_multipart([str(i).encode()])
+            time.sleep(0.2)  # all of them queued on the socket before the loop looks
+            ticks: list[int] = []
+
+            async def tick() -> None:
+                while len(h.received) < 60:
+                    ticks.append(len(h.received))
+                    await asyncio.sleep(0)
+
+            ticker = asyncio.create_task(tick())
+            await h.wait_for(60)
+            await ticker
+            assert [int(m[1]) for m in h.received] == list(range(60))
+            seen = sorted(set(ticks))  # how many had been handled each time the other task ran
+            assert len(seen) >= 60 // (BURST_S / 0.001 + 2), seen  # it ran between bursts of a few, not once
+            assert max(b - a for a, b in zip(seen, seen[1:], strict=False)) <= BURST_S / 0.001 + 2, seen
+        finally:
+            task.cancel()
+            h.close()
+
+    h = Harness(on_message=slow)
+    h.io.burst = 256
+    _run(scenario())

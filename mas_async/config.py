@@ -477,7 +477,12 @@ class ClusterConfig(_Section):
     """Local engine: start each node's processes as forks of a server that imported torch, transformers and
     the actors once (seconds of CPU saved per process); false: each process is a new interpreter."""
     heartbeat_s: float = Field(1.0, gt=0)
-    """Heartbeat interval between every peer and the router."""
+    """Heartbeat interval between every peer and the router (longer in a run of more processes than
+    `heartbeats_per_s` allows: `Config.heartbeat_interval_s`)."""
+    heartbeats_per_s: float = Field(500.0, gt=0)
+    """The most heartbeats a second the router takes in (and as many it sends): with more processes than
+    heartbeat_s allows, each one's interval grows to processes / heartbeats_per_s, up to a quarter of
+    peer_timeout_s (a silence is still declared after peer_timeout_s)."""
     peer_timeout_s: float = Field(30.0, gt=0)
     """A peer (or the router) silent for this long is declared dead."""
     startup_timeout_s: float = Field(300.0, gt=0)
@@ -741,6 +746,15 @@ class Config(_Section):
                     f"{where}: policies.{name}.replicas={spec.replicas}, but its servers are {spec.base}'s "
                     f"({host.replicas}); leave it unset"
                 )
+
+    def heartbeat_interval_s(self) -> float:
+        """Every process's heartbeat interval: `cluster.heartbeat_s`, or processes / `cluster.heartbeats_per_s`
+        where that is longer (a thousand replicas' heartbeats would be a third of the router's work), at most a
+        quarter of `cluster.peer_timeout_s` (never below heartbeat_s)."""
+        cluster = self.cluster
+        processes = cluster.env_workers + sum(spec.replicas + spec.trainer_ranks for spec in self.policies.values())
+        grown = min(processes / cluster.heartbeats_per_s, cluster.peer_timeout_s / 4)
+        return max(cluster.heartbeat_s, grown)
 
     def server_policy(self, policy: str, training: bool = True) -> str:
         """The policy whose inference servers serve `policy`: its `base` in training, else itself."""

@@ -88,7 +88,7 @@ class InferenceServer(Peer):
             deployment.router_endpoint,
             policy=policy,
             capacity=spec.max_batch_sequences,
-            heartbeat_s=cluster.heartbeat_s,
+            heartbeat_s=config.heartbeat_interval_s(),
             peer_timeout_s=cluster.peer_timeout_s,
             startup_timeout_s=cluster.startup_timeout_s,
             keys_dir=deployment.keys_dir,

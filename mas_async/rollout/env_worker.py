@@ -110,7 +110,7 @@ class EnvWorker(Peer):
             f"env_worker/{index}",
             deployment.router_endpoint,
             capacity=config.rollout.episodes_per_worker,
-            heartbeat_s=cluster.heartbeat_s,
+            heartbeat_s=config.heartbeat_interval_s(),
             peer_timeout_s=cluster.peer_timeout_s,
             startup_timeout_s=cluster.startup_timeout_s,
             keys_dir=deployment.keys_dir,

@@ -21,14 +21,17 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from mas_async.metrics import EpisodeStats
 from mas_async.wire.messages import EpisodeDone, RunEpisode
+
+log = logging.getLogger(__name__)
 
 MODES = ("train", "eval")
 """Modes whose episodes the iteration's barrier waits for; any other is a baseline/<name> episode."""
@@ -48,7 +51,7 @@ class EpisodeTask:
 class EpisodeBook:
     """Queued and in-flight episodes of one iteration and what their results added up to."""
 
-    def __init__(self, iteration: int, version: int, tasks: list[EpisodeTask]) -> None:
+    def __init__(self, iteration: int, version: int, tasks: Iterable[EpisodeTask]) -> None:
         self.iteration = iteration
         self.version = version
         """The version whose step trains this iteration's samples (strict mode: the version every
@@ -56,11 +59,18 @@ class EpisodeBook:
         self.opened_at = time.monotonic()
         self.done_at = 0.0
         """When the last episode came in (or was dropped)."""
-        self.queued = list(tasks)
+        self._plan = iter(tasks)
+        """The episodes not taken yet: the router takes them as it dispatches them, a slice at a time, never
+        thousands in one turn of its loop. The plan lists the barrier's episodes (train, eval) before any
+        baseline's."""
+        self._next: EpisodeTask | None = next(self._plan, None)
+        """The plan's next episode (None once every one was taken)."""
+        self.queued: list[EpisodeTask] = []
+        """Episodes taken from the plan, or put back as a new attempt, that wait to be dispatched, in order."""
         self.in_flight: dict[str, EpisodeTask] = {}
-        baselines = list(dict.fromkeys(t.msg.mode for t in tasks if t.msg.mode not in MODES))  # (the env's order)
-        self.stats = {mode: EpisodeStats() for mode in (*MODES, *baselines)}
-        """mode -> what its finished episodes added up to ("train", "eval", "baseline/<name>"...)."""
+        self.stats = {mode: EpisodeStats() for mode in MODES}
+        """mode -> what its finished episodes added up to ("train", "eval", then "baseline/<name>"... in the
+        plan's order, each added when its first episode is taken from the plan)."""
         self.dropped = dict.fromkeys(self.stats, 0)
         self.eval_solved: dict[str, list[bool]] = {}
         """test problem -> success of each of its eval.k episodes (for pass@k)."""
@@ -77,6 +87,27 @@ class EpisodeBook:
         """(policy, problem id) -> the trainer rank that gets the groups of every episode of that problem."""
         self._problems_of_rank: Counter[tuple[str, int]] = Counter()
         """(policy, trainer rank) -> problems whose groups go to that rank."""
+
+    @property
+    def planned(self) -> bool:
+        """Whether every episode of the plan was taken (queued, dispatched or dropped)."""
+        return self._next is None
+
+    def next_planned(self, poisoned: Container[str] = ()) -> EpisodeTask | None:
+        """The plan's next episode (None when every one was taken); one of a problem in `poisoned` is dropped
+        as poisoned instead (it killed its workers in an earlier iteration: counted again, never run again)."""
+        while self._next is not None:
+            task, self._next = self._next, next(self._plan, None)
+            mode = task.msg.mode
+            if mode not in self.stats:  # a baseline's first episode
+                self.stats[mode], self.dropped[mode] = EpisodeStats(), 0
+            if task.msg.problem_id not in poisoned:
+                return task
+            self.poison(task)
+            log.warning("episode %s (problem %s) is not run: the problem was poisoned", task.msg.episode_id,
+                        task.msg.problem_id)  # fmt: skip
+        self.check_done()
+        return None
 
     def trainer_rank(self, policy: str, problem_id: str, least_loaded: Callable[[], int]) -> int:
         """The trainer rank of `policy` that gets this problem's groups: the least-loaded one when its first
@@ -169,11 +200,12 @@ class EpisodeBook:
         return any(task.msg.mode in MODES for task in self.in_flight.values())
 
     def check_done(self) -> None:
-        waiting = any(t.msg.mode in MODES for t in itertools.chain(self.queued, self.in_flight.values()))
-        if not waiting and not self.done.is_set():
-            self.done_at = time.monotonic()
-            self.done.set()
-        if not self.queued and not self.in_flight:
+        if not self.done.is_set():
+            planned = self._next is None or self._next.msg.mode not in MODES  # (the barrier's come first)
+            if planned and not any(t.msg.mode in MODES for t in itertools.chain(self.queued, self.in_flight.values())):
+                self.done_at = time.monotonic()
+                self.done.set()
+        if self._next is None and not self.queued and not self.in_flight:
             self.all_done.set()
 
 
@@ -188,31 +220,28 @@ def plan_episodes(
     train: bool,
     evaluate: bool,
     baselines: list[str] = (),
-) -> list[EpisodeTask]:
-    """The iteration's episodes: `rollout.batch_size` training problems (each run by
+) -> Iterator[EpisodeTask]:
+    """The iteration's episodes, made as they are taken: `rollout.batch_size` training problems (each run by
     `episodes_per_problem` episodes: one under tree sampling, K under parallel sampling) and, when
     evaluating, `eval.size` test problems with eval.k episodes each; then, for each reference policy in
     `baselines`, the same test problems with the same episode seeds, played by that policy."""
     from mas_async.rollout.episode import episodes_per_problem
 
-    tasks = []
     if train:
         size, copies = config.rollout.batch_size, episodes_per_problem(config, "train")
-        for index in range(size):
-            position = order[(iteration * size + index) % len(order)]
+        positions = [order[(iteration * size + index) % len(order)] for index in range(size)]
+        # A problem drawn twice in one iteration (more problems per batch than the dataset holds) shares its
+        # advantages' statistics over both draws' episodes: the trainers learn how many episodes to wait for.
+        drawn = Counter(positions)
+        for index, position in enumerate(positions):
             for copy in range(copies):
                 seed = hash((config.run.seed, iteration, index, copy)) & 0x7FFFFFFF  # ints: not salted
                 suffix = f"-{copy}" if copies > 1 else ""
                 msg = RunEpisode(
                     f"train{iteration}-{index}{suffix}", iteration, "train", 0, f"train{position}",
-                    train_problems[position], seed, version,
+                    train_problems[position], seed, version, drawn[position] * copies,
                 )  # fmt: skip
-                tasks.append(EpisodeTask(msg))
-        # A problem drawn twice in one iteration (more problems per batch than the dataset holds) shares its
-        # advantages' statistics over both draws' episodes: the trainers learn how many episodes to wait for.
-        drawn = Counter(task.msg.problem_id for task in tasks)
-        for task in tasks:
-            task.msg.problem_episodes = drawn[task.msg.problem_id]
+                yield EpisodeTask(msg)
     if evaluate:
         copies = episodes_per_problem(config, "eval")
         players = [("eval", "eval")] + [(f"baseline/{name}", f"baseline-{name}-") for name in baselines]
@@ -224,5 +253,4 @@ def plan_episodes(
                         f"{prefix}{iteration}-{index}{suffix}", iteration, mode, 0, f"test{index}",
                         test_problems[index], index * 1000 + copy, version,
                     )  # fmt: skip
-                    tasks.append(EpisodeTask(msg))
-    return tasks
+                    yield EpisodeTask(msg)

@@ -44,12 +44,14 @@ router writes RUN_DIR/metrics.jsonl.
 from __future__ import annotations
 
 import asyncio
+import gc
 import heapq
 import itertools
 import json
 import logging
 import random
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -120,11 +122,13 @@ MAX_COUNT = 1 << 31
 """Bound of a Groups message's sample and token counts: far above any episode's, far below what would
 overflow the sums the router sends on (msgpack integers are 64-bit)."""
 HEARTBEAT_SLICES = 10
-"""The router sends its heartbeats in this many slices of the peers, spread over each `heartbeat_s`."""
+"""The router sends its heartbeats in this many slices of the peers, spread over each heartbeat interval."""
 DISPATCH_SLICE = 64
 """The most RunEpisodes one turn of the router's loop sends (~55 us each on a 2-core machine here): an iteration
 of thousands of episodes opening at once would otherwise hold the loop (and every message waiting on it) for
 ~100 ms (docs/scale.md)."""
+DISPATCH_S = 0.0005
+"""The most seconds one turn of the router's loop spends dispatching (a slice stops early on a loaded machine)."""
 
 
 def peer_role(name: str) -> str:
@@ -154,6 +158,8 @@ class Router(Actor):
         self.sent_at: dict[bytes, float] = {}
         """Peer name -> when the router last sent it a message (time.monotonic(); `_heartbeats`)."""
         self.cfg = config
+        self.heartbeat_s = config.heartbeat_interval_s()
+        """The peers' heartbeat interval, and the router's (`cluster.heartbeat_s`, longer with many processes)."""
         self.deployment = deployment
         self.run_dir = run_dir
         self.policies = list(config.policies)
@@ -494,10 +500,10 @@ class Router(Actor):
         self.all_joined.set()
         if self.leases is not None:
             self.leases.started = True
+            trainers = encode(self.leases.trainers_message())
             for worker in self.table.live_workers():
-                self.send_to(worker, self.leases.trainers_message())
-                for lease in self.leases.every(self.table, worker):
-                    self.send_to(worker, lease)
+                self.forward(worker, trainers)
+            self._renew_leases()  # (each policy's serving replicas found once, not once per worker)
 
     def _renew_leases(self, serving: bytes | None = None) -> None:
         """Send each live env worker its leases whose replicas changed (none before the run starts).
@@ -643,16 +649,24 @@ class Router(Actor):
 
     def _dispatch(self) -> None:
         """Hand queued episodes that the clock lets run, oldest iteration first, to the least-loaded live
-        env workers, up to each one's capacity; at most `DISPATCH_SLICE` of them, the rest in turns of the
-        loop to come (`_dispatch_more`)."""
+        env workers, up to each one's capacity, taking them from each book's plan as they go; at most
+        `DISPATCH_SLICE` of them or `DISPATCH_S` seconds, the rest in turns of the loop to come (`_dispatch_more`)."""
         now = time.monotonic()
+        until = time.perf_counter() + DISPATCH_S
         free: list[tuple[int, bytes]] | None = None  # (episodes in flight, worker), a heap; None: not built yet
         sent = 0
         for book in sorted(self.books.values(), key=lambda b: b.iteration):
-            waiting = []
-            for index, task in enumerate(book.queued):
-                if sent == DISPATCH_SLICE:  # the rest on the next turns of the loop, in the same order
-                    waiting += book.queued[index:]
+            queued, waiting = iter(book.queued), []
+            book.queued = waiting
+            while True:
+                task = next(queued, None)
+                if task is None and not waiting:  # every queued one went: take the plan's next (a task that
+                    task = book.next_planned(self.poisoned_problems)  # waits would leave it waiting too)
+                if task is None:
+                    break
+                if sent == DISPATCH_SLICE or (sent and time.perf_counter() > until):  # the rest on the next turns
+                    waiting.append(task)
+                    waiting += queued
                     self._more_to_dispatch.set()
                     break
                 if not self.clock.may_dispatch(book.version, task.msg.mode):
@@ -679,7 +693,6 @@ class Router(Actor):
                     task.msg.trainer_ranks = self._trainer_ranks(book, task.msg.problem_id)
                 self.send_to(worker, task.msg)
                 sent += 1
-            book.queued = waiting
             book.check_done()
         self.idle.update(now, busy=any(book.generating() for book in self.books.values()))
 
@@ -691,7 +704,7 @@ class Router(Actor):
             await asyncio.sleep(0)  # a turn of the loop between two slices (a set event's wait does not yield)
             self._dispatch()
 
-    def _episodes(self, iteration: int, version: int, train: bool, evaluate: bool) -> list[EpisodeTask]:
+    def _episodes(self, iteration: int, version: int, train: bool, evaluate: bool) -> Iterator[EpisodeTask]:
         baselines = []
         if evaluate and self._baselines_due:
             baselines, self._baselines_due = self.baseline_names, False
@@ -701,11 +714,12 @@ class Router(Actor):
         )  # fmt: skip
 
     async def _watchdog(self) -> None:
-        """Send every live peer a Heartbeat each `heartbeat_s` (a slice of them at a time: `_heartbeats`), take
-        in the launcher's restarts, declare silent peers dead and drop episodes past their deadline."""
+        """Send every live peer a Heartbeat each heartbeat interval (`Config.heartbeat_interval_s`, a slice of them
+        at a time: `_heartbeats`), take in the launcher's restarts, declare silent peers dead and drop episodes
+        past their deadline."""
         while True:
             for part in range(HEARTBEAT_SLICES):
-                await asyncio.sleep(self.cfg.cluster.heartbeat_s / HEARTBEAT_SLICES)
+                await asyncio.sleep(self.heartbeat_s / HEARTBEAT_SLICES)
                 self._heartbeats(part)
             for record in self.restarted.new():
                 self._on_restarted(record["name"], record["pid"], record["at"])
@@ -722,10 +736,10 @@ class Router(Actor):
 
     def _heartbeats(self, part: int) -> None:
         """A Heartbeat to every live peer of slice `part` (every HEARTBEAT_SLICES-th peer by joining order)
-        that was sent nothing else in the last `heartbeat_s` (any message tells it the router is alive),
+        that was sent nothing else in the last interval (any message tells it the router is alive),
         encoded once: a thousand peers' heartbeats do not hold up the hot path in one burst."""
         frames, now = encode(Heartbeat(time.time())), time.monotonic()
-        since = now - self.cfg.cluster.heartbeat_s
+        since = now - self.heartbeat_s
         for ident, info in itertools.islice(self.peers.items(), part, None, HEARTBEAT_SLICES):
             if info.alive and self.sent_at.get(ident, since) <= since:
                 self.forward(ident, frames)
@@ -801,6 +815,7 @@ class Router(Actor):
             missing = self.table.missing()
             raise PeerDead(f"peers never joined within {self.cfg.cluster.startup_timeout_s}s: {missing}") from None
         log.info("all %d peers joined; starting", len(self.table.expected))
+        gc.freeze()  # start-up's objects (problems, modules) are never garbage: a full collection skips them
         self.idle = IdleTimer(time.monotonic())
         reason = "run finished"
         if self.deployment.training:
@@ -837,11 +852,6 @@ class Router(Actor):
         # version). Without training (eval, rollout benches) every episode runs at the version held.
         target = iteration if self.deployment.training else self.clock.version
         book = EpisodeBook(iteration, target, self._episodes(iteration, target, train, evaluate))
-        for task in [t for t in book.queued if t.msg.problem_id in self.poisoned_problems]:
-            book.queued.remove(task)  # it killed its workers before: counted again, never run again
-            book.poison(task)
-            log.warning("episode %s (problem %s) is not run: the problem was poisoned", task.msg.episode_id,
-                        task.msg.problem_id)  # fmt: skip
         self.books[iteration] = book
         self._next_book = iteration + 1
         self._dispatch()

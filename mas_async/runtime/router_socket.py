@@ -8,9 +8,11 @@ uses a plain (synchronous) pyzmq socket instead and only lets the event loop tel
   takes every message already queued on the socket (up to `burst` of them or `BURST_S` seconds, then it
   yields so other tasks and timers run: a burst never holds the loop much longer than that) and hands each
   one to `on_message`, synchronously;
-- sending: `send()` writes at once without blocking. At a peer's high-water mark (ROUTER_MANDATORY
-  refuses the message on its first frame, never part-way) the message waits in an outbox, in order,
-  and a flush task retries until the peer has room;
+- sending: `send()` writes at once without blocking, for up to `SEND_S` seconds of a turn of the loop
+  (a fan-out to a thousand replicas would hold it ~11 ms); past that, and at a peer's high-water mark
+  (ROUTER_MANDATORY refuses the message on its first frame, never part-way), the message waits in an
+  outbox, in order (every later one behind it: no message overtakes another), and a flush task sends
+  it on the next turns, `SEND_S` seconds a turn, retrying while the peer has no room;
 - ZMQ's descriptor is edge-triggered: any operation on the socket (a send included) may consume the
   notification of messages that arrived meanwhile. So the receive loop re-reads ZMQ_EVENTS before it
   sleeps, and every send wakes it to do so.
@@ -36,8 +38,10 @@ _NOBLOCK = int(zmq.NOBLOCK)
 _MORE_NOBLOCK = int(zmq.SNDMORE) | _NOBLOCK
 _POLLIN = int(zmq.POLLIN)
 _EVENTS = int(zmq.EVENTS)
-BURST_S = 0.002
+BURST_S = 0.0005
 """The most seconds one burst of received messages holds the event loop (then the next message waits a turn)."""
+SEND_S = 0.0005
+"""The most seconds of one turn of the loop in which messages are sent at once (the rest leave on the next turns)."""
 
 
 class RouterSocket:
@@ -48,6 +52,8 @@ class RouterSocket:
         self._wake = asyncio.Event()
         self._outbox: deque[list] = deque()
         self._flushing: asyncio.Task | None = None
+        self._turn_began: float | None = None
+        """When this turn of the loop sent its first message (None: it sent none yet)."""
         self._draining = False
         self.unsent = 0
         """Messages to an unknown or vanished identity (ROUTER_MANDATORY refused them; logged, rate-limited)."""
@@ -92,12 +98,27 @@ class RouterSocket:
             self._draining = False
 
     def send(self, frames: list) -> None:
-        """Send [identity, *frames] now, or queue it (in order) while the peer is at its high-water mark."""
-        if not self._outbox and self._send_now(frames):
+        """Send [identity, *frames] now, or queue it (in order) past this turn's `SEND_S` or while the peer is
+        at its high-water mark."""
+        if not self._outbox and self._in_turn_budget() and self._send_now(frames):
             return
         self._outbox.append(frames)
         if self._flushing is None or self._flushing.done():
             self._flushing = asyncio.get_running_loop().create_task(self._flush())
+
+    def _in_turn_budget(self) -> bool:
+        """Whether this turn of the loop has sent for less than `SEND_S` so far (always, with no loop running)."""
+        now = time.perf_counter()
+        if self._turn_began is None:
+            try:
+                asyncio.get_running_loop().call_soon(self._next_turn)
+            except RuntimeError:  # no loop: nothing else waits on one
+                return True
+            self._turn_began = now
+        return now - self._turn_began <= SEND_S
+
+    def _next_turn(self) -> None:
+        self._turn_began = None
 
     def _send_now(self, frames: list) -> bool:
         """False when the peer has no room (nothing was sent)."""
@@ -121,8 +142,14 @@ class RouterSocket:
                 self._wake.set()
 
     async def _flush(self) -> None:
+        """Send the outbox in order, `SEND_S` seconds a turn of the loop; wait 1 ms while its first message's
+        peer has no room."""
         while self._outbox:
-            if self._send_now(self._outbox[0]):
+            until = time.perf_counter() + SEND_S
+            while self._outbox and time.perf_counter() <= until:
+                if not self._send_now(self._outbox[0]):
+                    await asyncio.sleep(0.001)
+                    break
                 self._outbox.popleft()
             else:
-                await asyncio.sleep(0.001)
+                await asyncio.sleep(0)

@@ -81,7 +81,7 @@ class Trainer(Peer):
             trainer_peer(policy, rank),
             deployment.router_endpoint,
             policy=policy,
-            heartbeat_s=cluster.heartbeat_s,
+            heartbeat_s=config.heartbeat_interval_s(),
             peer_timeout_s=cluster.peer_timeout_s,
             startup_timeout_s=cluster.startup_timeout_s,
             keys_dir=deployment.keys_dir,

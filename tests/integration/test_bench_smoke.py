@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -233,6 +234,7 @@ def test_scale_smoke(tmp_path: Path) -> None:
         assert point["router_rss_mb"] > 0
         # The router's own loop lag, from its metrics rows written in the window (router/loop_lag.py).
         assert point["router_lag_rows"] > 0 and 0 <= point["router_lag_p99_ms"] <= point["router_lag_max_ms"]
+        assert point["router_on_cores"] == sorted(os.sched_getaffinity(0))  # (no --router-core: not pinned)
     # Twice the offered load gives more requests through the router (these loads are far below saturation).
     low, high = sorted(points, key=lambda p: p["offered_rps"])
     assert high["rps"] > 1.3 * low["rps"]
@@ -246,8 +248,13 @@ def test_scale_smoke(tmp_path: Path) -> None:
 
 
 def test_scale_smoke_without_leases(tmp_path: Path) -> None:
-    """`--no-leases`: every request through the router."""
-    _, figures = _run("scale.py", tmp_path, "--no-leases")
+    """`--no-leases`: every request through the router; `--router-core 0`: every thread of the router on core 0
+    alone (on a machine of one core the bench refuses it, naming the cores it may use)."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("the router's core of its own needs a second core for the simulators")
+    stdout, figures = _run("scale.py", tmp_path, "--no-leases", "--router-core", "0")
+    assert "on core 0 alone" in stdout and "the router alone on core 0" in stdout
     for point in figures["points"]:
+        assert point["router_on_cores"] == [0]
         assert point["direct_fraction"] == 0.0
         assert point["requests"] > 0 and point["sample_mismatches"] == 0 and point["errors"] == 0

@@ -150,7 +150,7 @@ def _router(tmp_path, *overrides: str, start_version: int = 0, training: bool = 
 
 def test_baselines_are_planned_once_per_run_on_the_evaluated_problems(tmp_path) -> None:
     router = _router(tmp_path / "a")
-    first = router._episodes(0, 0, train=True, evaluate=True)
+    first = list(router._episodes(0, 0, train=True, evaluate=True))
     evals = [t.msg for t in first if t.msg.mode == "eval"]
     for name in NAMES:
         runs = [t.msg for t in first if t.msg.mode == f"baseline/{name}"]
@@ -224,9 +224,8 @@ def test_the_report_counts_a_dropped_baseline_episode_as_a_failure() -> None:
     from mas_async.router.episodes import EpisodeTask
 
     book = EpisodeBook(0, 0, [EpisodeTask(run), EpisodeTask(RunEpisode("b1", 0, "baseline/random", 0, "t1", {}, 1, 0))])
-    for task in list(book.queued):
+    for task in iter(book.next_planned, None):
         book.in_flight[task.msg.episode_id] = task
-    book.queued = []
     book.finish(EpisodeDone("baseline-random-0-0", 0, "eval", 0, "", {"success": True, "turns": 2}, {}))
     book.finish(EpisodeDone("b1", 0, "baseline/random", 0, "timed out", {}, {}))
     row = _row(book)

@@ -4,6 +4,7 @@ order depends only on the seed and the iteration (what a resumed run relies on).
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 from mas_async.config import load_config
@@ -20,7 +21,7 @@ def _router(tmp_path, *overrides):
 
 
 def test_tree_sampling_runs_one_episode_per_problem(tmp_path):
-    tasks = _router(tmp_path, "rollout.batch_size=5")._episodes(3, 3, train=True, evaluate=False)
+    tasks = list(_router(tmp_path, "rollout.batch_size=5")._episodes(3, 3, train=True, evaluate=False))
     assert len(tasks) == 5 and len({t.msg.problem_id for t in tasks}) == 5
     assert all(t.msg.mode == "train" and t.msg.version == 3 and t.msg.iteration == 3 for t in tasks)
 
@@ -28,7 +29,7 @@ def test_tree_sampling_runs_one_episode_per_problem(tmp_path):
 def test_parallel_sampling_runs_k_episodes_per_problem(tmp_path):
     router = _router(tmp_path, "rollout.batch_size=5", "algorithm.sampling=parallel", "algorithm.grouping=agent",
                      "algorithm.k=4")  # fmt: skip
-    tasks = router._episodes(0, 0, train=True, evaluate=False)
+    tasks = list(router._episodes(0, 0, train=True, evaluate=False))
     assert len(tasks) == 20
     assert set(Counter(t.msg.problem_id for t in tasks).values()) == {4}
     assert len({t.msg.episode_id for t in tasks}) == 20 and len({t.msg.seed for t in tasks}) == 20
@@ -40,7 +41,7 @@ def test_episodes_say_how_many_episodes_of_the_iteration_run_their_problem(tmp_p
     both draws' episodes, so each carries the count (a streamed step waits for them all); a re-dispatched
     attempt keeps it."""
     router = _router(tmp_path, "env.train_size=3", "rollout.batch_size=5")
-    tasks = router._episodes(0, 0, train=True, evaluate=False)
+    tasks = list(router._episodes(0, 0, train=True, evaluate=False))
     drawn = Counter(t.msg.problem_id for t in tasks)
     assert sorted(drawn.values()) == [1, 2, 2]
     assert all(t.msg.problem_episodes == drawn[t.msg.problem_id] for t in tasks)
@@ -48,9 +49,9 @@ def test_episodes_say_how_many_episodes_of_the_iteration_run_their_problem(tmp_p
     from mas_async.router.episodes import EpisodeBook
 
     book = EpisodeBook(0, 0, tasks)
-    twice = next(t for t in tasks if t.msg.problem_episodes == 2)
+    twice = next(iter(book.next_planned, None))  # (train0-0: the first problem, drawn twice)
+    assert twice.msg.problem_episodes == 2
     twice.worker = b"env_worker/0"
-    book.queued.remove(twice)
     book.in_flight[twice.msg.episode_id] = twice
     assert book.requeue(b"env_worker/0", max_attempts=3) == (1, [])
     assert book.queued[-1].msg.attempt == 1 and book.queued[-1].msg.problem_episodes == 2
@@ -58,7 +59,7 @@ def test_episodes_say_how_many_episodes_of_the_iteration_run_their_problem(tmp_p
 
 def test_eval_k_episodes_per_test_problem(tmp_path):
     router = _router(tmp_path, "eval.size=6", "eval.k=3", "eval.greedy=false", "eval.baselines=false")
-    tasks = router._episodes(0, 0, train=False, evaluate=True)
+    tasks = list(router._episodes(0, 0, train=False, evaluate=True))
     assert len(tasks) == 18 and set(Counter(t.msg.problem_id for t in tasks).values()) == {3}
     test_split = _problems(router, "test")
     train_split = _problems(router, "train")
@@ -89,12 +90,17 @@ def _header(cls, *values):
 
 
 class _Sent:
-    """Stands in for the router's socket: records what it would send."""
+    """Stands in for the router's socket: records what it would send (taking `send_s` seconds per message)."""
 
-    def __init__(self) -> None:
+    def __init__(self, send_s: float = 0.0) -> None:
         self.frames: list[list] = []
+        self.send_s = send_s
 
     def send(self, frames: list) -> None:
+        if self.send_s:
+            until = time.perf_counter() + self.send_s
+            while time.perf_counter() < until:
+                pass
         self.frames.append(frames)
 
 
@@ -123,36 +129,65 @@ def test_generate_goes_to_the_replica_with_fewest_outstanding_and_results_go_bac
     assert router.io.frames[-1][0] == worker  # answered at once with an error, nothing forwarded
 
 
-def test_a_large_iteration_goes_out_a_slice_per_turn_of_the_loop_in_order_each_once(tmp_path):
-    """An iteration of 600 episodes opening at once: `DISPATCH_SLICE` RunEpisodes go at once and the rest on
-    the loop's next turns (`_dispatch_more`), so no message waits ~100 ms for the router; every episode goes
-    once, in the book's order, and none beyond the workers' capacity."""
-    import asyncio
-
-    from mas_async.router.hub import DISPATCH_SLICE
-    from mas_async.wire.messages import PROTOCOL_VERSION, Hello, RunEpisode, decode
+def _dispatching_router(tmp_path, send_s: float = 0.0):
+    """A router of 600 training episodes per iteration and 2 env workers of 290 episodes each, whose socket
+    records what it would send (taking `send_s` seconds per message)."""
+    from mas_async.wire.messages import PROTOCOL_VERSION, Hello
 
     router = _router(tmp_path, "rollout.batch_size=600", "cluster.env_workers=2")
-    router.io = _Sent()
+    router.io = _Sent(send_s)
     for name in ("env_worker/0", "env_worker/1"):
         router._on_hello(name.encode(), Hello("env_worker", name, "", 290, PROTOCOL_VERSION, 1))
+    router.io.frames.clear()
+    return router
 
-    def sent() -> list[RunEpisode]:
-        return [m for m in (decode(frames[1:]) for frames in router.io.frames) if isinstance(m, RunEpisode)]
 
-    async def scenario() -> tuple[list[int], list[str], list[str], int]:
+def _open_and_turn(router, turns: int) -> tuple[list[int], list[str], object]:
+    """Open iteration 0's book and let the loop turn `turns` times: the RunEpisodes sent after the open and
+    after each turn (counts), every episode sent in order, and the book."""
+    import asyncio
+
+    from mas_async.wire.messages import RunEpisode, decode
+
+    async def scenario():
         more = asyncio.get_running_loop().create_task(router._dispatch_more())
         book = router._open_book(0, train=True, evaluate=False)
-        planned = [t.msg.episode_id for t in [*book.in_flight.values(), *book.queued]]
-        counts = [len(sent())]  # after each turn of the loop that this task gets
-        for _ in range(3 * 580 // DISPATCH_SLICE):
+        counts = [len(router.io.frames)]
+        assert not book.planned and len(book.queued) <= 1  # the plan is taken as it is dispatched, not at once
+        for _ in range(turns):
             await asyncio.sleep(0)
-            counts.append(len(sent()))
+            counts.append(len(router.io.frames))
         more.cancel()
-        return counts, planned, [m.episode_id for m in sent()], len(book.queued)
+        return counts, book
 
-    counts, planned, episodes, left = asyncio.run(scenario())
-    assert DISPATCH_SLICE < 290 and counts[0] == DISPATCH_SLICE
+    counts, book = asyncio.run(scenario())
+    sent = [decode(frames[1:]) for frames in router.io.frames]
+    assert all(isinstance(m, RunEpisode) for m in sent)
+    return counts, [m.episode_id for m in sent], book
+
+
+def test_a_large_iteration_goes_out_a_slice_per_turn_of_the_loop_in_order_each_once(tmp_path):
+    """An iteration of 600 episodes opening at once: at most `DISPATCH_SLICE` RunEpisodes go at once and the
+    rest on the loop's next turns (`_dispatch_more`), so no message waits ~100 ms for the router; every episode
+    goes once, in the plan's order, and none beyond the workers' capacity."""
+    from mas_async.router.hub import DISPATCH_SLICE
+
+    router = _dispatching_router(tmp_path)
+    counts, episodes, book = _open_and_turn(router, 3 * 580)
+    assert DISPATCH_SLICE < 290 and 1 <= counts[0] <= DISPATCH_SLICE
     assert max(b - a for a, b in zip(counts, counts[1:], strict=False)) <= DISPATCH_SLICE  # other tasks ran between
-    assert episodes == planned[:580] and len(set(episodes)) == 580  # the capacity of both: in order, each once
-    assert left == 20  # the rest wait for room, as before
+    assert episodes == [f"train0-{i}" for i in range(580)]  # the capacity of both: in order, each once
+    assert len(book.queued) + len(list(iter(book.next_planned, None))) == 20  # the rest wait for room, as before
+    assert book.stats["train"].episodes == 0 and not book.done.is_set()
+
+
+def test_a_slice_of_the_dispatch_stops_at_its_time_bound(tmp_path):
+    """Sends of 0.4 ms each (a loaded machine): a turn of the loop dispatches for about `DISPATCH_S`, not for
+    `DISPATCH_SLICE` sends (~26 ms), and every episode still goes, in order."""
+    from mas_async.router.hub import DISPATCH_S
+
+    router = _dispatching_router(tmp_path, send_s=0.0004)
+    counts, episodes, _ = _open_and_turn(router, 580)
+    bound = int(DISPATCH_S / 0.0004) + 1
+    assert counts[0] <= bound and max(b - a for a, b in zip(counts, counts[1:], strict=False)) <= bound
+    assert episodes == [f"train0-{i}" for i in range(len(episodes))] and len(episodes) > 3 * bound

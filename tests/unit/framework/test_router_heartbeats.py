@@ -59,3 +59,25 @@ def test_any_message_of_a_peer_stamps_it_alive(tmp_path):
     assert router.table.silent(time.monotonic(), 50.0) == [(ident, router.peers[ident])]
     router._on_frames(_frames(ident, _generate()))  # (no replica: answered with an error; the stamp is what counts)
     assert router.table.silent(time.monotonic(), 50.0) == []
+
+
+def test_a_run_of_many_processes_heartbeats_less_often_within_the_peer_timeout(tmp_path, tiny_model):
+    """`cluster.heartbeat_s` in a small run; in a large one processes / `cluster.heartbeats_per_s`, so the router
+    takes in (and sends) at most that many heartbeats a second; never past a quarter of `peer_timeout_s`, never
+    below heartbeat_s; the router and its peers use the same interval."""
+    from mas_async.rollout.env_worker import EnvWorker
+
+    def config(*overrides: str):
+        return load_config(ROOT / "configs/plan_path_tiny.yaml", list(overrides))
+
+    small = config()
+    assert small.heartbeat_interval_s() == small.cluster.heartbeat_s == 1.0
+    # 1,024 replicas of one policy, 1 of the other, 64 env workers, a trainer each: 1,091 processes.
+    large = config("policies.vertical.replicas=1024", "cluster.env_workers=64")
+    assert large.heartbeat_interval_s() == 1091 / 500
+    assert config("policies.vertical.replicas=1024", "cluster.heartbeats_per_s=100").heartbeat_interval_s() == 30 / 4
+    assert config("policies.vertical.replicas=1024", "cluster.heartbeat_s=9").heartbeat_interval_s() == 9
+    paths = {"vertical": str(tiny_model), "horizontal": str(tiny_model)}
+    deployment = Deployment("tcp://127.0.0.1:1", {"vertical": 1, "horizontal": 1}, paths)
+    assert Router(large, deployment, tmp_path).heartbeat_s == 1091 / 500
+    assert EnvWorker(large, deployment, 0).heartbeat_s == 1091 / 500

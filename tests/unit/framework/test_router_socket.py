@@ -176,3 +176,41 @@ def test_a_burst_of_slow_messages_yields_to_the_loop_within_its_time_bound() -> 
     h = Harness(on_message=slow)
     h.io.burst = 256
     _run(scenario())
+
+
+def test_a_fan_out_sends_for_its_time_bound_then_goes_on_in_later_turns_in_order() -> None:
+    """2,000 sends in one turn of the loop (a weight update's notice to a thousand replicas, twice over): the
+    socket sends for `SEND_S` seconds, queues the rest and sends it `SEND_S` a turn while other tasks run;
+    a message sent meanwhile waits behind them; every one arrives once, in order."""
+
+    async def scenario() -> None:
+        h = Harness(sndhwm=10_000)
+        task = asyncio.create_task(h.io.run())
+        try:
+            h.peer.send_multipart([b"hello"])
+            await h.wait_for(1)
+            await asyncio.sleep(0)  # a turn of its own
+            for i in range(2000):
+                h.io.send([b"peer", str(i).encode()])
+            queued = len(h.io._outbox)
+            assert 0 < queued < 2000, queued  # some went at once, the rest wait for the next turns
+            turns = 0
+            while h.io._outbox and turns < 100_000:
+                turns += 1
+                if turns == 2:
+                    h.io.send([b"peer", b"later"])  # behind the queue, never ahead of it
+                await asyncio.sleep(0)
+            assert not h.io._outbox and turns >= 2, turns  # other tasks (this one) ran between the slices
+            got = []
+            deadline = time.monotonic() + WAIT_S
+            while len(got) < 2001 and time.monotonic() < deadline:
+                try:
+                    got.append(h.peer.recv(zmq.NOBLOCK).decode())
+                except zmq.Again:
+                    await asyncio.sleep(0.001)
+            assert got == [str(i) for i in range(2000)] + ["later"]
+        finally:
+            task.cancel()
+            h.close()
+
+    _run(scenario())

@@ -28,7 +28,7 @@ def test_the_router_runs_one_episode_per_problem_and_says_so(tmp_path) -> None:
     config_overrides = ["env.train_size=64", "rollout.batch_size=5"]
     deployment = Deployment("tcp://127.0.0.1:1", {"vertical": 1, "horizontal": 2}, {"vertical": "", "horizontal": ""})
     router = Router(load_config(CONFIG, config_overrides), deployment, tmp_path)
-    tasks = router._episodes(0, 0, train=True, evaluate=False)
+    tasks = list(router._episodes(0, 0, train=True, evaluate=False))
     assert len(tasks) == 5 and len({t.msg.problem_id for t in tasks}) == 5
     assert {t.msg.problem_episodes for t in tasks} == {1}
 

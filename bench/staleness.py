@@ -46,6 +46,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -100,15 +101,14 @@ class EpisodeRecordingRouter(Router):
         super().__init__(*args)
         self.dispatched: list[dict[str, Any]] = []
 
-    def _episodes(self, iteration: int, version: int, train: bool, evaluate: bool) -> list:
-        tasks = super()._episodes(iteration, version, train, evaluate)
-        for task in tasks:
+    def _episodes(self, iteration: int, version: int, train: bool, evaluate: bool) -> Iterator:
+        for task in super()._episodes(iteration, version, train, evaluate):  # (recorded as the book takes it)
             m = task.msg
             self.dispatched.append(
                 {"iteration": m.iteration, "episode_id": m.episode_id, "problem_id": m.problem_id,
                  "problem": m.problem, "seed": m.seed}
             )  # fmt: skip
-        return tasks
+            yield task
 
     async def cleanup(self) -> None:
         (self.run_dir / "episodes.json").write_text(json.dumps(self.dispatched))

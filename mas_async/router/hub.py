@@ -128,7 +128,10 @@ DISPATCH_SLICE = 64
 of thousands of episodes opening at once would otherwise hold the loop (and every message waiting on it) for
 ~100 ms (docs/scale.md)."""
 DISPATCH_S = 0.0005
-"""The most seconds one turn of the router's loop spends dispatching (a slice stops early on a loaded machine)."""
+"""The most seconds one turn of the router's loop spends dispatching, once it sent `DISPATCH_MIN` (a slice stops
+early on a loaded machine)."""
+DISPATCH_MIN = 16
+"""The RunEpisodes a slice sends whatever the time (an iteration of a few episodes goes out in one turn)."""
 
 
 def peer_role(name: str) -> str:
@@ -208,8 +211,8 @@ class Router(Actor):
         self._next_book = deployment.start_version
         self.idle = IdleTimer(time.monotonic())
         """Time with no episode in flight (no request can reach an inference server)."""
-        self._more_to_dispatch = asyncio.Event()
-        """Set when a dispatch stopped at `DISPATCH_SLICE` with episodes left that may run."""
+        self._dispatch_due = False
+        """Whether a dispatch stopped at its slice and the rest is to go on the loop's next turn."""
         self.loop_lag = LoopLag()
         """How late this process's event loop runs (every row's router/loop_lag_*)."""
         env_cls = resolve(config.env.name, ENVS, "env")
@@ -286,7 +289,6 @@ class Router(Actor):
         self.spawn(self.io.run(), "receive")
         self.spawn(self._watchdog(), "watchdog")
         self.spawn(self.loop_lag.run(), "loop-lag")
-        self.spawn(self._dispatch_more(), "dispatch")
         log.info("router bound at %s; waiting for %d peers", self.deployment.router_endpoint, len(self.table.expected))
 
     def send_to(self, identity: bytes, msg: Message) -> None:
@@ -650,7 +652,12 @@ class Router(Actor):
     def _dispatch(self) -> None:
         """Hand queued episodes that the clock lets run, oldest iteration first, to the least-loaded live
         env workers, up to each one's capacity, taking them from each book's plan as they go; at most
-        `DISPATCH_SLICE` of them or `DISPATCH_S` seconds, the rest in turns of the loop to come (`_dispatch_more`)."""
+        `DISPATCH_SLICE` of them or `DISPATCH_S` seconds, the rest on the loop's next turns (with no loop running,
+        nothing waits on one: all of them)."""
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
         now = time.monotonic()
         until = time.perf_counter() + DISPATCH_S
         free: list[tuple[int, bytes]] | None = None  # (episodes in flight, worker), a heap; None: not built yet
@@ -664,10 +671,14 @@ class Router(Actor):
                     task = book.next_planned(self.poisoned_problems)  # waits would leave it waiting too)
                 if task is None:
                     break
-                if sent == DISPATCH_SLICE or (sent and time.perf_counter() > until):  # the rest on the next turns
-                    waiting.append(task)
+                if loop is not None and (
+                    sent == DISPATCH_SLICE or (sent >= DISPATCH_MIN and time.perf_counter() > until)
+                ):
+                    waiting.append(task)  # the rest on the next turns, in the same order
                     waiting += queued
-                    self._more_to_dispatch.set()
+                    if not self._dispatch_due:
+                        self._dispatch_due = True
+                        loop.call_soon(self._dispatch_rest)
                     break
                 if not self.clock.may_dispatch(book.version, task.msg.mode):
                     waiting.append(task)
@@ -696,13 +707,10 @@ class Router(Actor):
             book.check_done()
         self.idle.update(now, busy=any(book.generating() for book in self.books.values()))
 
-    async def _dispatch_more(self) -> None:
-        """Go on with a dispatch that stopped at `DISPATCH_SLICE` episodes, a slice per turn of the loop."""
-        while True:
-            await self._more_to_dispatch.wait()
-            self._more_to_dispatch.clear()
-            await asyncio.sleep(0)  # a turn of the loop between two slices (a set event's wait does not yield)
-            self._dispatch()
+    def _dispatch_rest(self) -> None:
+        """Go on with a dispatch that stopped at its slice (a turn of the loop later)."""
+        self._dispatch_due = False
+        self._dispatch()
 
     def _episodes(self, iteration: int, version: int, train: bool, evaluate: bool) -> Iterator[EpisodeTask]:
         baselines = []

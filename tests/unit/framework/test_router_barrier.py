@@ -296,7 +296,8 @@ def test_under_parallel_sampling_every_episode_of_a_problem_goes_to_one_trainer_
             router._on_hello(name.encode(), Hello(role, name, policy, 12, PROTOCOL_VERSION, 1))
         router.io.sent.clear()
         iteration = asyncio.create_task(router._iteration(0, evaluate=False, train=True))
-        await asyncio.sleep(0)
+        for _ in range(20):  # (a dispatch goes on over the loop's turns when a slice's time is up)
+            await asyncio.sleep(0)
         runs = router.io.of(RunEpisode)
         assert len(runs) == 12  # 3 problems x 4 episodes
         rank_of: dict[str, set[bytes]] = {}

@@ -150,17 +150,15 @@ def _open_and_turn(router, turns: int) -> tuple[list[int], list[str], object]:
     from mas_async.wire.messages import RunEpisode, decode
 
     async def scenario():
-        more = asyncio.get_running_loop().create_task(router._dispatch_more())
         book = router._open_book(0, train=True, evaluate=False)
         counts = [len(router.io.frames)]
         assert not book.planned and len(book.queued) <= 1  # the plan is taken as it is dispatched, not at once
         for _ in range(turns):
             await asyncio.sleep(0)
             counts.append(len(router.io.frames))
-        more.cancel()
         return counts, book
 
-    counts, book = asyncio.run(scenario())
+    counts, book = asyncio.run(scenario())  # (in a running loop: with none, a dispatch sends all it may)
     sent = [decode(frames[1:]) for frames in router.io.frames]
     assert all(isinstance(m, RunEpisode) for m in sent)
     return counts, [m.episode_id for m in sent], book
@@ -168,7 +166,7 @@ def _open_and_turn(router, turns: int) -> tuple[list[int], list[str], object]:
 
 def test_a_large_iteration_goes_out_a_slice_per_turn_of_the_loop_in_order_each_once(tmp_path):
     """An iteration of 600 episodes opening at once: at most `DISPATCH_SLICE` RunEpisodes go at once and the
-    rest on the loop's next turns (`_dispatch_more`), so no message waits ~100 ms for the router; every episode
+    rest on the loop's next turns (`_dispatch_rest`), so no message waits ~100 ms for the router; every episode
     goes once, in the plan's order, and none beyond the workers' capacity."""
     from mas_async.router.hub import DISPATCH_SLICE
 
@@ -182,12 +180,28 @@ def test_a_large_iteration_goes_out_a_slice_per_turn_of_the_loop_in_order_each_o
 
 
 def test_a_slice_of_the_dispatch_stops_at_its_time_bound(tmp_path):
-    """Sends of 0.4 ms each (a loaded machine): a turn of the loop dispatches for about `DISPATCH_S`, not for
-    `DISPATCH_SLICE` sends (~26 ms), and every episode still goes, in order."""
-    from mas_async.router.hub import DISPATCH_S
+    """Sends of 0.4 ms each (a loaded machine): a turn of the loop dispatches `DISPATCH_MIN` then stops at
+    `DISPATCH_S`, not at `DISPATCH_SLICE` sends (~26 ms), and every episode still goes, in order."""
+    from mas_async.router.hub import DISPATCH_MIN, DISPATCH_S, DISPATCH_SLICE
 
     router = _dispatching_router(tmp_path, send_s=0.0004)
     counts, episodes, _ = _open_and_turn(router, 580)
-    bound = int(DISPATCH_S / 0.0004) + 1
-    assert counts[0] <= bound and max(b - a for a, b in zip(counts, counts[1:], strict=False)) <= bound
+    bound = max(DISPATCH_MIN, int(DISPATCH_S / 0.0004) + 1)
+    assert bound < DISPATCH_SLICE and counts[0] <= bound
+    assert max(b - a for a, b in zip(counts, counts[1:], strict=False)) <= bound
     assert episodes == [f"train0-{i}" for i in range(len(episodes))] and len(episodes) > 3 * bound
+
+
+def test_with_no_loop_running_a_dispatch_sends_all_it_may(tmp_path):
+    """Nothing waits on a loop that does not run: a dispatch called outside one is not sliced (and schedules
+    nothing)."""
+    router = _dispatching_router(tmp_path)
+    router._open_book(0, train=True, evaluate=False)
+    assert [decode_episode(frames) for frames in router.io.frames] == [f"train0-{i}" for i in range(580)]
+    assert not router._dispatch_due
+
+
+def decode_episode(frames: list) -> str:
+    from mas_async.wire.messages import decode
+
+    return decode(frames[1:]).episode_id

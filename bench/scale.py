@@ -51,13 +51,20 @@ and per replica count the saturation point: where requests/s stops growing with 
 0.85 of the lowest point's achieved/offered ratio) or p99 added latency passes `--p99-bound-ms`.
 
 Then the deployment check: a deployment of N GPUs at R tokens/s/GPU, T tokens per turn, K candidates per
-request sends N * R / (T * K) requests/s; one router keeps up with it if that rate times the measured CPU
-per request fits in one core. One core of this machine is taken as one server core (a fixed pure-Python
-workload's time is printed beside it, to compare machines).
+request sends N * R / (T * K) requests/s; with leases and Groups straight to the trainers the router sees
+episodes, not requests, so its load is that rate over the turns per episode (`--deployment-turns`). The
+router's CPU at that load is measured where a point reached it (`--turns 1`: the same episodes/s from fewer
+simulated requests), else read from the line through the loads measured (`--iteration-episodes`: one
+iteration size at every load), else bounded by the CPU per episode at the most load. The loop's lag is the p99
+over all the window's ticks (the router's metrics rows count them: router/loop_lag.py). One core of this
+machine is taken as one server core (a fixed pure-Python workload's time is printed beside it, to compare
+machines).
 
     python bench/scale.py                                   # the sweep (~2.5 min on 2 cores), then the 1,024-GPU check
     python bench/scale.py --gpus 256 --tokens-per-turn 200  # the check for another deployment
     python bench/scale.py --replicas 1024 --episodes 2048   # one point
+    python bench/scale.py --replicas 1024 --episodes 2048 4096 --turns 1 --prompt-tokens 64 --deployment-turns 4 \
+        --iteration-episodes 2048 --seconds 20 --router-core 0  # the router at the 1,024-GPU deployment's load
     python bench/scale.py --json F.json --plot docs/images/scale.png
     python bench/scale.py --smoke                           # seconds; run by the tests
 """
@@ -88,6 +95,8 @@ import zmq
 
 import mas_async
 from mas_async.deployment import trainer_peer
+from mas_async.metrics import Keys as MetricKeys
+from mas_async.router.loop_lag import OVER_MS, pooled_percentile
 from mas_async.runtime.curve import secure_client
 from mas_async.wire.codec import pack, unpack
 from mas_async.wire.messages import (
@@ -169,8 +178,8 @@ def deployment_rate(gpus: int, tokens_per_s_per_gpu: float, tokens_per_turn: int
 
 def plan_point(args: argparse.Namespace, replicas: int, episodes: int) -> dict[str, Any]:
     """What a point of the sweep runs: E concurrent episodes (offering E / cycle requests/s) over
-    ceil(E / C) env workers, iterations of E / (staleness + 1) episodes, replicas serving up to
-    max(B, ceil(E / replicas)) requests each."""
+    ceil(E / C) env workers, iterations of `--iteration-episodes` or E / (staleness + 1) episodes, replicas
+    serving up to max(B, ceil(E / replicas)) requests each."""
     iterations_open = args.staleness + 1
     episodes = max(iterations_open, episodes // iterations_open * iterations_open)
     workers = math.ceil(episodes / args.episodes_per_worker)
@@ -181,7 +190,7 @@ def plan_point(args: argparse.Namespace, replicas: int, episodes: int) -> dict[s
         "episodes": episodes,
         "env_workers": workers,
         "capacities": capacities,
-        "batch_size": episodes // iterations_open,
+        "batch_size": args.iteration_episodes or episodes // iterations_open,
         "replica_batch": max(args.batch, math.ceil(episodes / replicas)),
     }
 
@@ -944,12 +953,27 @@ def _router_rows(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def router_lag(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """How late the router's own loop ran (router/loop_lag.py) in the window's rows: the worst row's p99 and
-    the most, the rows' median p50 and each row's p99, over `router_lag_rows` rows, and the same of the part
-    of the lag that was the router's own work; NaN with no row in the window."""
+    """How late the router's own loop ran (router/loop_lag.py) in the window's rows: over all their ticks, the
+    p99's upper bound (`pooled_percentile`; None past the largest of `OVER_MS`) and the share of the ticks over
+    each of `OVER_MS`; the worst row's p99 (of that row's ticks alone) and the most, the rows' median p50 and
+    each row's p99, over `router_lag_rows` rows; the same of the part of the lag that was the router's own
+    work; NaN with no row in the window."""
     lagged = [r for r in rows if "router/loop_lag_p99_ms" in r]
+    ticks = sum(r[MetricKeys.LOOP_LAG_TICKS] for r in lagged)
     return {
         "router_lag_rows": len(lagged),
+        "router_lag_ticks": ticks,
+        "router_lag_p99_bound_ms": pooled_percentile(lagged, 99),
+        "router_work_lag_p99_bound_ms": pooled_percentile(lagged, 99, work=True),
+        **{
+            f"router_{kind}_share_over_ms": {
+                f"{ms:g}": sum(r[MetricKeys.loop_lag_over(ms, kind == "work_lag")] for r in lagged) / ticks
+                if ticks
+                else None
+                for ms in OVER_MS
+            }
+            for kind in ("lag", "work_lag")
+        },
         "router_lag_p50_ms": float(np.median([r["router/loop_lag_p50_ms"] for r in lagged]))
         if lagged
         else float("nan"),
@@ -1094,47 +1118,162 @@ def core_calibration() -> float:
     return time.perf_counter() - start
 
 
+def load_unit(args: argparse.Namespace) -> tuple[str, str]:
+    """What the router's load is counted in, and the point's key for it: episodes with leases and Groups straight
+    to the trainers (it sees no request then, and an episode's messages do not grow with its turns), else
+    requests."""
+    return ("episode", "episodes_per_s") if args.leases and not args.routed_groups else ("request", "rps")
+
+
+def cpu_fit(points: list[dict[str, Any]], key: str = "rps") -> tuple[float, float] | str:
+    """The router's cores against its load (`key`: requests/s or episodes/s) over `points` (one replica count,
+    several loads) as a line: (fixed cores, marginal CPU seconds per unit of load), least squares; or why there
+    is none: fewer than 2 distinct loads, iterations of different sizes (an iteration's costs, the weight-update
+    notice to every replica among them, would grow with the rate in the deployment but not across such loads,
+    and read as fixed), or a line that is not a fixed cost plus a cost per unit (a negative term: too noisy)."""
+    if len({round(p[key]) for p in points}) < 2:
+        return "one load"
+    if len({p["batch_size"] for p in points}) > 1:
+        return "loads with iterations of different sizes: --iteration-episodes"
+    marginal, fixed = np.polyfit([p[key] for p in points], [p["router_cores"] for p in points], 1)
+    return (float(fixed), float(marginal)) if fixed >= 0 and marginal > 0 else "a negative fixed or marginal cost"
+
+
 def deployment_check(args: argparse.Namespace, points: list[dict[str, Any]], sat: dict[int, dict]) -> dict[str, Any]:
-    """Whether one router keeps up with `--gpus` GPUs: the deployment's request rate times the router's CPU
-    per request measured at the replica count nearest the deployment's replicas."""
+    """Whether one router keeps up with `--gpus` GPUs, at the replica count nearest the deployment's replicas and
+    in the router's unit of load (`load_unit`; in episodes, the deployment's requests/s over
+    `--deployment-turns`): its cores measured at a point of at least the deployment's load where there is one
+    (the nearest above), else from the line through the loads (`cpu_fit`: fixed costs, heartbeats to every peer
+    among them, do not grow with the load), else the load times the CPU per unit measured at the most load (an
+    upper bound: the fixed costs counted per unit)."""
     rate = deployment_rate(args.gpus, args.tokens_per_s_per_gpu, args.tokens_per_turn, args.k)
+    unit, key = load_unit(args)
+    turns = args.deployment_turns or args.turns
+    load = rate / turns if unit == "episode" else rate
     replicas = max(1, args.gpus // args.gpus_per_replica)
     nearest = min(sat, key=lambda c: abs(math.log(c / replicas)))
-    per_request = sat[nearest]["cpu_us_per_request"] / 1e6
-    cores = per_request * rate
-    per_gpu = args.tokens_per_s_per_gpu / (args.tokens_per_turn * args.k)  # requests/s per GPU
-    mine = [p for p in points if p["replicas"] == nearest and p["rps"] >= 0.9 * rate]
+    mine = [p for p in points if p["replicas"] == nearest]
+    top = max(mine, key=lambda p: p[key])
+    per_unit = top["router_cores"] / top[key] if top[key] else float("inf")
+    fit = cpu_fit(mine, key)
+    fixed, marginal = fit if isinstance(fit, tuple) else (0.0, per_unit)
+    at = min((p for p in mine if p[key] >= load), key=lambda p: p[key], default=None)
+    cores = at["router_cores"] if at is not None else fixed + marginal * load
+    per_gpu = args.tokens_per_s_per_gpu / (args.tokens_per_turn * args.k) / (turns if unit == "episode" else 1)
+    near_rate = [p for p in mine if p["rps"] >= 0.9 * rate]
     return {
         "gpus": args.gpus,
         "replicas": replicas,
         "measured_replicas": nearest,
         "rate_rps": rate,
         "formula": "requests/s = GPUs * tokens_per_s_per_gpu / (tokens_per_turn * K)",
-        "cpu_us_per_request": per_request * 1e6,
+        "unit": unit,
+        "deployment_turns": turns,
+        "load": load,
+        "max_load_measured": top[key],
+        "cpu_us_per_unit": per_unit * 1e6,
+        "cores_per_unit_bound": per_unit * load,
+        "fit_loads": len(mine) if isinstance(fit, tuple) else 0,
+        "no_fit": None if isinstance(fit, tuple) else fit,
+        "fixed_cores": fixed if isinstance(fit, tuple) else None,
+        "marginal_us_per_unit": marginal * 1e6 if isinstance(fit, tuple) else None,
+        "cores_from_line": fixed + marginal * load if isinstance(fit, tuple) else None,
+        "measured_at_load": at[key] if at is not None else None,
         "router_cores": cores,
         "cpu_target_met": cores <= args.cpu_target,
         "keeps_up": cores < 1.0,
         "margin": 1.0 / cores if cores > 0 else float("inf"),
-        "max_gpus_at_target": int(args.cpu_target / (per_request * per_gpu)),
-        "max_gpus_one_core": int(1.0 / (per_request * per_gpu)),
-        "p99_at_rate_ms": min(p["added_p99_ms"] for p in mine) if mine else None,
-        **_lag_at_most_rps([p for p in points if p["replicas"] == nearest]),
+        "max_gpus_at_target": max(0, int((args.cpu_target - fixed) / (marginal * per_gpu))),
+        "max_gpus_one_core": max(0, int((1.0 - fixed) / (marginal * per_gpu))),
+        "p99_at_rate_ms": min(p["added_p99_ms"] for p in near_rate) if near_rate else None,
+        **_lag_at(at if at is not None else top, key),
         "max_rps_measured": sat[nearest]["max_rps"],
     }
 
 
-def _lag_at_most_rps(points: list[dict[str, Any]]) -> dict[str, Any]:
-    """The router's loop lag at the point of the most requests/s among `points` that have a figure (a row of
-    the router's in their window), and that point's requests/s; None where none has."""
-    lagged = [p for p in points if p["router_lag_rows"]]
-    best = max(lagged, key=lambda p: p["rps"], default=None)
-    keys = ("router_lag_p99_ms", "router_lag_max_ms", "router_work_lag_p99_ms", "router_work_lag_max_ms")
-    return {**{key: best and best[key] for key in keys}, "router_lag_at_rps": best and best["rps"]}
+def _lag_at(p: dict[str, Any], key: str) -> dict[str, Any]:
+    """The router's loop lag at point `p` (None where no row of the router's fell in its window), and its load."""
+    keys = (
+        "router_lag_p99_bound_ms", "router_work_lag_p99_bound_ms", "router_lag_ticks", "router_lag_share_over_ms",
+        "router_work_lag_share_over_ms", "router_lag_p99_ms", "router_lag_max_ms", "router_work_lag_p99_ms",
+        "router_work_lag_max_ms", "router_lag_rows",
+    )  # fmt: skip
+    lagged = p["router_lag_rows"] > 0
+    return {**{k: p[k] if lagged else None for k in keys}, "router_lag_at_load": p[key]}
+
+
+def cpu_line(args: argparse.Namespace, check: dict[str, Any]) -> str:
+    """The deployment check's line on the router's CPU at the deployment's load."""
+    unit, load = check["unit"], check["load"]
+    bound = (
+        f"{check['cpu_us_per_unit']:.0f} us/{unit} at the most {unit}s/s measured ({check['max_load_measured']:.0f}) "
+        f"x {load:.0f} {unit}s/s = {check['cores_per_unit_bound']:.2f} cores, the fixed costs counted per {unit}"
+    )
+    line = (
+        f"{check['fixed_cores']:.3f} cores fixed + {check['marginal_us_per_unit']:.1f} us/{unit} (the line through "
+        f"the {check['fit_loads']} loads measured with {check['measured_replicas']} replicas, up to "
+        f"{check['max_load_measured']:.0f} {unit}s/s) x {load:.0f} {unit}s/s = {check['cores_from_line']:.2f} cores"
+        if check["fixed_cores"] is not None
+        else None
+    )
+    if check["measured_at_load"] is not None:
+        how = (
+            f"measured at {check['measured_at_load']:.0f} {unit}s/s ({check['measured_replicas']} replicas, "
+            f"episodes of {args.turns} turn{'s' if args.turns != 1 else ''}): {check['router_cores']:.2f} cores"
+        )
+        others = f" (the line through the loads: {line})" if line else ""
+    elif line is not None:
+        how, others = line, f" (at most {bound})"
+    else:
+        how, others = f"{bound} (an upper bound: no line through the loads, {check['no_fit']})", ""
+    return (
+        f"router CPU there: {how}{others}; target <= {args.cpu_target:g}: "
+        f"{'met' if check['cpu_target_met'] else 'NOT met'}; "
+        f"{'keeps up' if check['keeps_up'] else 'does NOT keep up'} (margin {check['margin']:.2f}x of one core)"
+    )
+
+
+def _bound(ms: float | None) -> str:
+    """A pooled percentile's bound as the table and the check print it: '<=3', or '>10' past `OVER_MS`."""
+    return f"<={ms:g}" if ms is not None else f">{OVER_MS[-1]:g}"
 
 
 def _lag(p: dict[str, Any]) -> str:
-    """A point's router loop lag at p99, 'all/its own work' ms, or '-' with no row of the router's in its window."""
-    return f"{p['router_lag_p99_ms']:.0f}/{p['router_work_lag_p99_ms']:.1f}" if p["router_lag_rows"] else "-"
+    """A point's router loop lag at p99 over the window's ticks, 'all/its own work' ms, or '-' with no row of
+    the router's in its window."""
+    if not p["router_lag_ticks"]:
+        return "-"
+    return f"{_bound(p['router_lag_p99_bound_ms'])}/{_bound(p['router_work_lag_p99_bound_ms'])}"
+
+
+def own_delay(args: argparse.Namespace, check: dict[str, Any]) -> str:
+    """The deployment check's line on the router's own delay: its loop's lag at p99 over the window's ticks,
+    judged against `--p99-bound-ms` on the whole lag when the router has a core of its own (`--router-core`),
+    else on its own work (the rest being the simulators' CPU on the shared cores)."""
+    alone = args.router_core is not None
+    bound = check["router_lag_p99_bound_ms" if alone else "router_work_lag_p99_bound_ms"]
+    verdict = "met" if bound is not None and bound <= args.p99_bound_ms else "NOT met"
+    over = check["router_lag_share_over_ms" if alone else "router_work_lag_share_over_ms"].get(f"{args.p99_bound_ms:g}")
+    share = "" if over is None else f"; {over:.2%} of the ticks over {args.p99_bound_ms:g} ms"
+    where = f"on core {args.router_core} alone" if alone else "on the shared cores"
+    line = (
+        f"the router's own delay (at {check['router_lag_at_load']:.0f} {check['unit']}s/s, {where}): its loop ran "
+        f"{_bound(check['router_lag_p99_bound_ms'])} ms late at p99 over the window's {check['router_lag_ticks']} ticks"
+    )
+    if alone:
+        line += f" (all of it the router's own: its loop and libzmq's threads{share})"
+    else:
+        line += (
+            f", of which its own work {_bound(check['router_work_lag_p99_bound_ms'])} ms{share} (the rest the "
+            f"simulators' CPU on the shared cores)"
+        )
+    return (
+        f"{line}; what every message it handles waits. The worst of the {check['router_lag_rows']} iteration rows: "
+        f"p99 {check['router_lag_p99_ms']:.2f} ms of its own ticks, own work {check['router_work_lag_p99_ms']:.2f} ms; "
+        f"at most {check['router_lag_max_ms']:.2f} ms (own work {check['router_work_lag_max_ms']:.2f} ms). Target <= "
+        f"{args.p99_bound_ms:g} ms at p99{'' if alone else ', its own work'}: {verdict}"
+        + (" (with leases no request passes through the router)" if args.leases else "")
+    )
 
 
 def groups_note(p: dict[str, Any]) -> str:
@@ -1190,8 +1329,8 @@ def report(args: argparse.Namespace, points: list[dict[str, Any]], calibration_s
         "threads (CURVE, TCP); router: its cores over the window; sims: the simulators' cores; p50/p99: latency added per request, "
         "end-to-end minus the replica's service time, the simulators' loop lag included; transit: requests "
         "in transit, Little's law; lag p99: the simulators' loop lag; router lag: how late the router's "
-        "loop ran, what every message waits before the router handles it, p99 of the window's worst iteration row: "
-        "all / the router's own work)"
+        "loop ran, what every message waits before the router handles it, p99 over the window's ticks (a bound: "
+        "router/loop_lag.py's OVER_MS): all / the router's own work)"
     )
     sat: dict[int, dict[str, Any]] = {}
     for count in sorted({p["replicas"] for p in points}):
@@ -1212,12 +1351,13 @@ def report(args: argparse.Namespace, points: list[dict[str, Any]], calibration_s
         f"deployment: {args.gpus} GPUs x {args.tokens_per_s_per_gpu:g} tokens/s / ({args.tokens_per_turn} tokens/turn "
         f"x K={args.k}) = {check['rate_rps']:.0f} requests/s ({check['formula']})"
     )
-    print(
-        f"  router CPU there: {check['cpu_us_per_request']:.0f} us/request (measured with {check['measured_replicas']} "
-        f"replicas, at its most requests/s) x {check['rate_rps']:.0f} req/s = {check['router_cores']:.2f} cores; "
-        f"target <= {args.cpu_target:g}: {'met' if check['cpu_target_met'] else 'NOT met'}; "
-        f"{'keeps up' if check['keeps_up'] else 'does NOT keep up'} (margin {check['margin']:.2f}x of one core)"
-    )
+    if check["unit"] == "episode":
+        print(
+            f"  with leases and Groups straight to the trainers the router sees episodes, not requests: "
+            f"{check['rate_rps']:.0f} requests/s in episodes of {check['deployment_turns']} turns are "
+            f"{check['load']:.0f} episodes/s"
+        )
+    print("  " + cpu_line(args, check))
     print(
         f"  one core here is taken as one server core (this machine: {calibration_s * 1000:.0f} ms for the fixed "
         f"pure-Python workload, `core_calibration`)"
@@ -1231,58 +1371,54 @@ def report(args: argparse.Namespace, points: list[dict[str, Any]], calibration_s
             f"  p99 added latency at that rate: not measured here (the most requests/s reached with "
             f"{check['measured_replicas']} replicas: {check['max_rps_measured']:.0f})"
         )
-    if check["router_lag_p99_ms"] is not None and args.router_core is not None:
-        verdict = "met" if check["router_lag_p99_ms"] <= args.p99_bound_ms else "NOT met"
-        print(
-            f"  the router's own delay (at {check['router_lag_at_rps']:.0f} requests/s, on core {args.router_core} "
-            f"alone): its loop ran {check['router_lag_p99_ms']:.2f} ms late at p99 (the window's worst iteration; "
-            f"at most {check['router_lag_max_ms']:.2f} ms), what every message it handles waits, all of it the "
-            f"router's own (its loop and libzmq's threads) (target <= {args.p99_bound_ms:g} ms at p99: {verdict}"
-            + ("; with leases no request passes through the router)" if args.leases else ")")
-        )
-    elif check["router_lag_p99_ms"] is not None:
-        verdict = "met" if check["router_work_lag_p99_ms"] <= args.p99_bound_ms else "NOT met"
-        print(
-            f"  the router's own delay (at {check['router_lag_at_rps']:.0f} requests/s): its loop ran "
-            f"{check['router_lag_p99_ms']:.2f} ms late at p99 (the window's worst iteration; at most "
-            f"{check['router_lag_max_ms']:.2f} ms), what every message it handles "
-            f"waits; of which its own work {check['router_work_lag_p99_ms']:.2f} ms at p99 (at most "
-            f"{check['router_work_lag_max_ms']:.2f} ms), the rest the simulators' CPU on the shared cores (target <= "
-            f"{args.p99_bound_ms:g} ms at p99, its own work: {verdict}"
-            + ("; with leases no request passes through the router)" if args.leases else ")")
-        )
+    if check["router_lag_ticks"]:
+        print("  " + own_delay(args, check))
     print(
         f"  largest deployment of one router ({args.tokens_per_s_per_gpu:g} tokens/s/GPU, {args.tokens_per_turn} "
-        f"tokens/turn, K={args.k}): {check['max_gpus_at_target']} GPUs at <= {args.cpu_target:g} core, "
+        f"tokens/turn, K={args.k}"
+        + (f", {check['deployment_turns']} turns an episode" if check["unit"] == "episode" else "")
+        + f"): {check['max_gpus_at_target']} GPUs at <= {args.cpu_target:g} core, "
         f"{check['max_gpus_one_core']} GPUs at one full core"
     )
     return {"saturation": {str(k): v for k, v in sat.items()}, "deployment": check}
 
 
-def plot(points: list[dict[str, Any]], path: Path, bound_ms: float, cpu_target: float) -> None:
+def plot(points: list[dict[str, Any]], path: Path, bound_ms: float, cpu_target: float, alone: bool = False) -> None:
+    """Requests/s, the end-to-end added p99, the router's loop lag p99 (with `alone`, the router on a core of its
+    own: all of it; else the part that was its own work) and its cores, against the offered load."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4.2))
     for count in sorted({p["replicas"] for p in points}):
         mine = sorted((p for p in points if p["replicas"] == count), key=lambda p: p["offered_rps"])
         x = [p["offered_rps"] for p in mine]
         label = f"{count} replicas"
         axes[0].plot(x, [p["rps"] for p in mine], "o-", label=label)
         axes[1].plot(x, [p["added_p99_ms"] for p in mine], "o-", label=label)
-        axes[2].plot(x, [p["router_cores"] for p in mine], "o-", label=label)
+        key = "router_lag_p99_bound_ms" if alone else "router_work_lag_p99_bound_ms"
+        lag = [p[key] if p["router_lag_ticks"] else None for p in mine]
+        axes[2].plot(x, [math.nan if ms is None else ms for ms in lag], "o-", label=label)  # (None: past OVER_MS)
+        axes[3].plot(x, [p["router_cores"] for p in mine], "o-", label=label)
     top = max(p["offered_rps"] for p in points)
     axes[0].plot([0, top], [0, top], ":", color="grey", label="offered")
-    axes[1].axhline(bound_ms, ls="--", color="red", label=f"{bound_ms:g} ms bound")
-    axes[2].axhline(cpu_target, ls="--", color="red", label=f"{cpu_target:g} core target")
-    titles = ("requests/s", "added latency p99 (ms)", "router CPU (cores)")
+    for ax in axes[1:3]:
+        ax.axhline(bound_ms, ls="--", color="red", label=f"{bound_ms:g} ms bound")
+    axes[3].axhline(cpu_target, ls="--", color="red", label=f"{cpu_target:g} core target")
+    titles = (
+        "requests/s",
+        "added latency p99, end to end (ms)",
+        "router's loop lag p99 (ms, at most)" if alone else "router's loop lag p99, its own work (ms, at most)",
+        "router CPU (cores)",
+    )
     for ax, title in zip(axes, titles, strict=True):
         ax.set_xlabel("offered load (requests/s)")
         ax.set_title(title)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
+    axes[2].set_ylim(0, max(bound_ms, OVER_MS[-1]) * 1.1)
     axes[1].set_yscale("log")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -1305,6 +1441,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--env-step-sigma", type=float, default=0.5, help="sigma of the env step's lognormal")
     p.add_argument("--episodes-per-worker", type=int, default=64, help="C: concurrent episodes per env worker")
     p.add_argument("--staleness", type=int, default=1, help="rollout.max_staleness of the simulated run")
+    p.add_argument(
+        "--iteration-episodes", type=int,
+        help="episodes per iteration (rollout.batch_size) at every point; by default half of each point's concurrent "
+        "episodes (with --staleness 1). The deployment check reads the router's CPU as a line through the loads only "
+        "where their iterations are of one size",
+    )  # fmt: skip
     p.add_argument("--step-ms", type=float, default=100.0, help="the simulated trainer's step")
     p.add_argument("--procs", type=int, default=2, help="simulator processes the peers are packed into")
     p.add_argument("--curve", action=argparse.BooleanOptionalAction, default=True, help="CURVE on every socket")
@@ -1326,6 +1468,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=float, default=3.0, help="seconds after every peer joined, before counting")
     p.add_argument("--seconds", type=float, default=6.0, help="the measured window per point")
     p.add_argument("--gpus", type=int, default=1024, help="the deployment checked")
+    p.add_argument(
+        "--deployment-turns", type=int,
+        help="turns per episode of the deployment checked (default: --turns): its requests/s in episodes/s, the "
+        "router's load with leases",
+    )  # fmt: skip
     p.add_argument("--p99-bound-ms", type=float, default=5.0, help="added latency target, p99")
     p.add_argument("--cpu-target", type=float, default=0.5, help="router CPU target, cores")
     p.add_argument("--json", type=Path, help="also write the figures to this file")
@@ -1333,6 +1480,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--profile", type=Path, help="run the router under cProfile, writing its stats here (one point)")
     p.add_argument("--smoke", action="store_true", help="a tiny run (seconds), for the tests")
     args = p.parse_args(argv)
+    if args.deployment_turns is not None and args.deployment_turns < 1:
+        p.error(f"--deployment-turns must be at least 1, got {args.deployment_turns}")
+    if args.iteration_episodes is not None and args.iteration_episodes < 1:
+        p.error(f"--iteration-episodes must be at least 1, got {args.iteration_episodes}")
     if args.smoke:
         args.replicas, args.episodes, args.turns, args.procs = [6], [8, 16], 2, 2
         args.episodes_per_worker, args.warmup, args.seconds = 8, 1.0, 2.0
@@ -1362,7 +1513,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
     summary = report(args, points, calibration_s)
     if args.plot:
-        plot(points, args.plot, args.p99_bound_ms, args.cpu_target)
+        plot(points, args.plot, args.p99_bound_ms, args.cpu_target, alone=args.router_core is not None)
         print(f"plot: {args.plot}")
     if args.json:
         result = {

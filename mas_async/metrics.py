@@ -69,6 +69,9 @@ class Keys:
     operating system gave other processes), 99th percentile, in ms."""
     LOOP_WORK_LAG_MAX_MS = "router/loop_work_lag_max_ms"
     """The same, the most."""
+    LOOP_LAG_TICKS = "router/loop_lag_ticks"
+    """How many times the router's loop-lag timer fired since the previous row (the count the row's
+    `loop_lag_over` figures are out of)."""
     DIRECT_REQUESTS = "leases/direct_requests"
     """`cluster.leases` only: Generate requests the env workers sent straight to a leased replica, as their
     EpisodeDone messages reported them since the previous row (router/leases.py)."""
@@ -135,6 +138,13 @@ class Keys:
     def restarts(role: str) -> str:
         """Restarts of lost `role` processes seen in the iteration (all but an env worker's: of the whole run)."""
         return f"faults/restarts/{role}"
+
+    @staticmethod
+    def loop_lag_over(ms: float, work: bool = False) -> str:
+        """Of the row's `LOOP_LAG_TICKS`, how many ran over `ms` late (router/loop_lag_over_ms/<ms>), or whose
+        lag's own work did (router/loop_work_lag_over_ms/<ms>), for each of router/loop_lag.py's `OVER_MS`:
+        rows add up, so a window of rows has its percentiles (`loop_lag.pooled_percentile`)."""
+        return f"router/loop_{'work_' if work else ''}lag_over_ms/{ms:g}"
 
     @staticmethod
     def policy(policy: str, key: str) -> str:

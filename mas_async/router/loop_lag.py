@@ -6,7 +6,9 @@ the handler's own time comes on top. Of each tick's lag, the part the loop's thr
 time over the gap, at most the lag) is the router's own work; the rest is time the operating system gave
 other processes (on a shared machine). Each metrics row gets the ticks since the previous row:
 `router/loop_lag_p50_ms`, `_p99_ms`, `_max_ms`, and `router/loop_work_lag_p99_ms`, `_max_ms` (left out of
-a row with no tick).
+a row with no tick), and the counts that add up over rows: the ticks (`router/loop_lag_ticks`) and how many
+of them ran over each of `OVER_MS` (`Keys.loop_lag_over`), from which `pooled_percentile` bounds a percentile
+of a window of rows (a row's own p99 is of the row's ticks alone: tens to hundreds).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from typing import Any
 
 import numpy as np
 
@@ -21,6 +24,8 @@ from mas_async.metrics import Keys
 
 INTERVAL_S = 0.02
 """Seconds between ticks (50 a second: a few microseconds of the loop's time per second)."""
+OVER_MS = (1, 2, 3, 4, 5, 6, 8, 10)
+"""Lags, in ms, of which each row counts the ticks that ran later."""
 KEPT_TICKS = 200_000
 """The most ticks kept between two rows (over an hour at `INTERVAL_S`; the latest are kept)."""
 
@@ -58,4 +63,21 @@ class LoopLag:
             Keys.LOOP_LAG_MAX_MS: float(wall.max()),
             Keys.LOOP_WORK_LAG_P99_MS: float(np.percentile(work, 99)),
             Keys.LOOP_WORK_LAG_MAX_MS: float(work.max()),
+            Keys.LOOP_LAG_TICKS: len(lags),
+            **{Keys.loop_lag_over(ms): int((wall > ms).sum()) for ms in OVER_MS},
+            **{Keys.loop_lag_over(ms, work=True): int((work > ms).sum()) for ms in OVER_MS},
         }
+
+
+def pooled_percentile(rows: list[dict[str, Any]], q: float, work: bool = False) -> float | None:
+    """An upper bound of the q-th percentile of the lag (its own work's with `work`) over all the ticks of
+    `rows` (metrics rows; those without the counts are left out): the least of `OVER_MS` that at most
+    (100 - q)% of the ticks ran over. None with no tick, or with more than that over the largest."""
+    counted = [row for row in rows if Keys.LOOP_LAG_TICKS in row]
+    ticks = sum(row[Keys.LOOP_LAG_TICKS] for row in counted)
+    if not 0 <= q <= 100:
+        raise ValueError(f"a percentile is between 0 and 100, got {q}")
+    for ms in OVER_MS if ticks else ():
+        if sum(row[Keys.loop_lag_over(ms, work)] for row in counted) <= ticks * (100 - q) / 100:
+            return float(ms)
+    return None

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from mas_async.router.loop_lag import OVER_MS
 from mas_async.sandbox import isolation_available
 from tests.support.paths import ROOT
 
@@ -213,7 +214,8 @@ def test_sandbox_start_smoke(tmp_path: Path) -> None:
 def test_scale_smoke(tmp_path: Path) -> None:
     """The control plane's scale simulator: the real router process against simulated replicas, env
     workers and trainer, and figures that come from real measurements."""
-    stdout, figures = _run("scale.py", tmp_path, "--plot", str(tmp_path / "scale.png"))
+    # (iterations of 8 episodes at both loads: the deployment check may read the router's CPU as a line)
+    stdout, figures = _run("scale.py", tmp_path, "--plot", str(tmp_path / "scale.png"), "--iteration-episodes", "8")
     assert "deployment: 1024 GPUs" in stdout and "requests/s" in stdout
     points = figures["points"]
     assert len(points) == 2
@@ -234,6 +236,13 @@ def test_scale_smoke(tmp_path: Path) -> None:
         assert point["router_rss_mb"] > 0
         # The router's own loop lag, from its metrics rows written in the window (router/loop_lag.py).
         assert point["router_lag_rows"] > 0 and 0 <= point["router_lag_p99_ms"] <= point["router_lag_max_ms"]
+        # Over all the window's ticks: the p99's bound is the least lag at most 1% of them ran over.
+        over = point["router_lag_share_over_ms"]
+        assert point["router_lag_ticks"] > 0 and list(over.values()) == sorted(over.values(), reverse=True)
+        bound = point["router_lag_p99_bound_ms"]
+        assert bound is None or (
+            over[f"{bound:g}"] <= 0.01 and all(over[f"{ms:g}"] > 0.01 for ms in OVER_MS if ms < bound)
+        )
         assert point["router_on_cores"] == sorted(os.sched_getaffinity(0))  # (no --router-core: not pinned)
     # Twice the offered load gives more requests through the router (these loads are far below saturation).
     low, high = sorted(points, key=lambda p: p["offered_rps"])
@@ -241,9 +250,20 @@ def test_scale_smoke(tmp_path: Path) -> None:
     check = figures["deployment"]
     assert check["rate_rps"] == 1024 * 3000 / (100 * 4)  # the smoke run keeps the checked deployment's knobs
     assert check["router_cores"] > 0 and check["max_gpus_one_core"] > 0
-    # The router's own delay, at the point of the most requests/s: its own work is part of its loop's lag.
+    # With leases the router's load is in episodes: the deployment's 7,680 requests/s in 2-turn episodes (the
+    # smoke's turns), far above what 6 replicas reach, so its CPU there comes from the loads measured.
+    assert check["unit"] == "episode" and check["load"] == check["rate_rps"] / 2 and check["measured_at_load"] is None
+    if check["fixed_cores"] is not None:  # the line through the two loads
+        expected = check["fixed_cores"] + check["marginal_us_per_unit"] / 1e6 * check["load"]
+        assert check["fit_loads"] == 2 and math.isclose(check["router_cores"], expected)
+        assert all(p["batch_size"] == 8 for p in points)
+        assert "cores fixed +" in stdout
+    else:  # (a noisy pair of loads: each cost counted per episode)
+        assert check["no_fit"] == "a negative fixed or marginal cost"
+        assert math.isclose(check["router_cores"], check["cores_per_unit_bound"])
+    # The router's own delay, at the point of the most episodes/s: its own work is part of its loop's lag.
     assert 0 <= check["router_work_lag_p99_ms"] <= check["router_lag_p99_ms"]
-    assert check["router_lag_at_rps"] == high["rps"]
+    assert check["router_lag_at_load"] == max(p["episodes_per_s"] for p in points)
     assert (tmp_path / "scale.png").stat().st_size > 0
 
 

@@ -47,6 +47,13 @@ def test_three_iterations_role_specialised(tmp_path):
         # The router's loop ticks 50 times a second: each iteration's row has its lag, in ms.
         assert 0.0 <= row["router/loop_lag_p50_ms"] <= row["router/loop_lag_p99_ms"] <= row["router/loop_lag_max_ms"]
         assert 0.0 <= row["router/loop_work_lag_p99_ms"] <= row["router/loop_work_lag_max_ms"]
+        # and the counts that add up over rows: its ticks, and of them those over each lag (fewer over more).
+        over = [row[f"router/loop_lag_over_ms/{ms}"] for ms in (1, 2, 3, 4, 5, 6, 8, 10)]
+        assert (
+            row["router/loop_lag_ticks"] > 0
+            and over == sorted(over, reverse=True)
+            and 0 <= over[0] <= row["router/loop_lag_ticks"]
+        )
         assert 0.0 <= row["team/success_rate"] <= 1.0
         assert 0.0 <= row["eval/progress_rate/vertical"] <= 1.0
     assert "eval/team_success_rate" in rows[3] and "team/success_rate" not in rows[3]

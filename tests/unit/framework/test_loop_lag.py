@@ -9,7 +9,7 @@ import time
 import pytest
 
 from mas_async.metrics import Keys
-from mas_async.router.loop_lag import LoopLag
+from mas_async.router.loop_lag import OVER_MS, LoopLag, pooled_percentile
 
 
 def test_a_blocked_loop_shows_in_the_lag_and_each_take_starts_afresh():
@@ -61,3 +61,42 @@ def test_a_row_before_any_tick_has_no_lag_figure_and_a_bad_interval_is_refused()
     assert LoopLag().take() == {}
     with pytest.raises(ValueError, match="loop-lag interval must be positive"):
         LoopLag(interval_s=0)
+
+
+def test_a_row_counts_its_ticks_over_each_lag_and_rows_pool_into_a_window_percentile():
+    """A held loop's late tick is counted over every lag it passed; over a window of rows, the p99's bound is
+    of all their ticks together, not the worst row's own p99 (a row of a few ticks has its worst as its p99)."""
+
+    async def scenario() -> dict:
+        lag = LoopLag(interval_s=0.005)
+        task = asyncio.get_running_loop().create_task(lag.run())
+        await asyncio.sleep(0.01)
+        time.sleep(0.03)  # one tick 20-30 ms late
+        await asyncio.sleep(0.02)
+        task.cancel()
+        return lag.take()
+
+    row = asyncio.run(scenario())
+    assert row[Keys.LOOP_LAG_TICKS] >= 3
+    assert row[Keys.loop_lag_over(10)] >= 1  # the held tick
+    counts = [row[Keys.loop_lag_over(ms)] for ms in OVER_MS]
+    assert counts == sorted(counts, reverse=True) and counts[0] < row[Keys.LOOP_LAG_TICKS]
+    assert all(row[Keys.loop_lag_over(ms, work=True)] <= row[Keys.loop_lag_over(ms)] for ms in OVER_MS)
+
+    def counted(ticks: int, over: dict[float, int]) -> dict:
+        """A row of `ticks` ticks, `over[ms]` of them over ms (0 where not named), its own work none."""
+        return {
+            Keys.LOOP_LAG_TICKS: ticks,
+            **{Keys.loop_lag_over(ms): over.get(ms, 0) for ms in OVER_MS},
+            **{Keys.loop_lag_over(ms, work=True): 0 for ms in OVER_MS},
+        }
+
+    quiet = counted(980, {1: 30, 2: 8})  # 3% over 1 ms, 0.8% over 2 ms
+    burst = counted(20, {1: 3, 2: 3, 3: 3, 4: 3, 5: 3, 6: 2})  # its own p99 is past 6 ms
+    assert pooled_percentile([quiet, burst], 99) == 3.0  # 11 of 1,000 ticks over 2 ms (> 1%), 3 over 3 ms
+    assert pooled_percentile([burst], 99) == 8.0  # alone: 2 of its 20 over 6 ms, none over 8 ms
+    assert pooled_percentile([quiet, burst], 99, work=True) == 1.0  # (the least lag counted)
+    assert pooled_percentile([counted(10, dict.fromkeys(OVER_MS, 1))], 95) is None  # 10% past the largest: no bound
+    assert pooled_percentile([{"iteration": 3}], 99) is None  # no counts, no tick
+    with pytest.raises(ValueError, match="between 0 and 100"):
+        pooled_percentile([quiet], 101)

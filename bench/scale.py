@@ -1183,12 +1183,20 @@ def deployment_check(args: argparse.Namespace, points: list[dict[str, Any]], sat
         "cpu_target_met": cores <= args.cpu_target,
         "keeps_up": cores < 1.0,
         "margin": 1.0 / cores if cores > 0 else float("inf"),
-        "max_gpus_at_target": max(0, int((args.cpu_target - fixed) / (marginal * per_gpu))),
-        "max_gpus_one_core": max(0, int((1.0 - fixed) / (marginal * per_gpu))),
+        "max_gpus_at_target": gpus_within(args.cpu_target, fixed, marginal * per_gpu),
+        "max_gpus_one_core": gpus_within(1.0, fixed, marginal * per_gpu),
         "p99_at_rate_ms": min(p["added_p99_ms"] for p in near_rate) if near_rate else None,
         **_lag_at(at if at is not None else top, key),
         "max_rps_measured": sat[nearest]["max_rps"],
     }
+
+
+def gpus_within(cores: float, fixed: float, per_gpu: float) -> int | None:
+    """The most GPUs whose load fits in `cores` at `fixed` cores plus `per_gpu` cores per GPU; None with no cost
+    per GPU measured (no load in the window)."""
+    if not 0 < per_gpu < math.inf:
+        return None
+    return max(0, int((cores - fixed) / per_gpu))
 
 
 def _lag_at(p: dict[str, Any], key: str) -> dict[str, Any]:
@@ -1377,8 +1385,12 @@ def report(args: argparse.Namespace, points: list[dict[str, Any]], calibration_s
         f"  largest deployment of one router ({args.tokens_per_s_per_gpu:g} tokens/s/GPU, {args.tokens_per_turn} "
         f"tokens/turn, K={args.k}"
         + (f", {check['deployment_turns']} turns an episode" if check["unit"] == "episode" else "")
-        + f"): {check['max_gpus_at_target']} GPUs at <= {args.cpu_target:g} core, "
-        f"{check['max_gpus_one_core']} GPUs at one full core"
+        + (
+            f"): {check['max_gpus_at_target']} GPUs at <= {args.cpu_target:g} core, {check['max_gpus_one_core']} GPUs "
+            f"at one full core"
+            if check["max_gpus_one_core"] is not None
+            else "): not measured (no load in the window)"
+        )
     )
     return {"saturation": {str(k): v for k, v in sat.items()}, "deployment": check}
 

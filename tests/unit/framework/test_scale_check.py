@@ -55,6 +55,11 @@ def test_a_point_at_the_deployments_load_or_above_is_the_measurement_the_check_t
     assert deployment_check(args, [point(1919, 0.3, turns=1)], SAT)["measured_at_load"] is None  # below: none
 
 
+def test_a_window_with_no_load_gives_no_deployment_size():
+    check = deployment_check(parse_args([]), [point(0, 0.1)], SAT)
+    assert check["max_gpus_at_target"] is None and check["max_gpus_one_core"] is None and not check["keeps_up"]
+
+
 def test_without_leases_the_load_is_in_requests():
     points = [point(250, 0.25), point(750, 0.65)]  # 1,000 and 3,000 requests/s: 0.05 cores + 200 us/request
     check = deployment_check(parse_args(["--no-leases"]), points, SAT)

@@ -73,10 +73,10 @@ def pooled_percentile(rows: list[dict[str, Any]], q: float, work: bool = False) 
     """An upper bound of the q-th percentile of the lag (its own work's with `work`) over all the ticks of
     `rows` (metrics rows; those without the counts are left out): the least of `OVER_MS` that at most
     (100 - q)% of the ticks ran over. None with no tick, or with more than that over the largest."""
-    counted = [row for row in rows if Keys.LOOP_LAG_TICKS in row]
-    ticks = sum(row[Keys.LOOP_LAG_TICKS] for row in counted)
     if not 0 <= q <= 100:
         raise ValueError(f"a percentile is between 0 and 100, got {q}")
+    counted = [row for row in rows if Keys.LOOP_LAG_TICKS in row]
+    ticks = sum(row[Keys.LOOP_LAG_TICKS] for row in counted)
     for ms in OVER_MS if ticks else ():
         if sum(row[Keys.loop_lag_over(ms, work)] for row in counted) <= ticks * (100 - q) / 100:
             return float(ms)

@@ -1411,8 +1411,9 @@ def plot(points: list[dict[str, Any]], path: Path, bound_ms: float, cpu_target: 
         axes[0].plot(x, [p["rps"] for p in mine], "o-", label=label)
         axes[1].plot(x, [p["added_p99_ms"] for p in mine], "o-", label=label)
         key = "router_lag_p99_bound_ms" if alone else "router_work_lag_p99_bound_ms"
-        lag = [p[key] if p["router_lag_ticks"] else None for p in mine]
-        axes[2].plot(x, [math.nan if ms is None else ms for ms in lag], "o-", label=label)  # (None: past OVER_MS)
+        ceiling = OVER_MS[-1] * 1.05  # (a p99 past the largest of OVER_MS is drawn at the top of the panel)
+        lag = [(ceiling if p[key] is None else p[key]) if p["router_lag_ticks"] else math.nan for p in mine]
+        axes[2].plot(x, lag, "o-", label=label)
         axes[3].plot(x, [p["router_cores"] for p in mine], "o-", label=label)
     top = max(p["offered_rps"] for p in points)
     axes[0].plot([0, top], [0, top], ":", color="grey", label="offered")

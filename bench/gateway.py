@@ -23,6 +23,12 @@ The mock answers at once by default: the ratio is then the gateway's overhead al
 shows what the overhead costs when calls take as long as a model's: the env worker's extra CPU per call
 matters only while it, not the replies, bounds the rollout.
 
+Beside the throughput, what bounds it: the whole machine's CPU per request of each side over its measured
+phases (their ratio is the most the gateway's requests/s can be of the node classes' wherever CPU bounds
+both), and the `openai` client's own CPU per call of this program, measured alone in this process (a
+canned reply through an in-process transport: no server, no socket), which bounds the ratio even with the
+gateway's own work free.
+
     python bench/gateway.py                      # 3 rounds, a few minutes on 2 cores
     python bench/gateway.py --mock-step-ms 100   # calls of 100 ms each
     python bench/gateway.py --smoke              # 1 round, 1 short phase; run by the tests
@@ -31,18 +37,22 @@ matters only while it, not the replies, bounds the rollout.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import statistics
 import sys
 import tempfile
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from bench.machine_cpu import CpuTimeline
 from mas_async.config import Config, load_config
 from mas_async.inference.backends.mock import MockSpeed
 from mas_async.throughput.command import measure
+from mas_async.throughput.run import load_record
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = 0.9
@@ -75,16 +85,60 @@ def configs(args: argparse.Namespace, run_dir: Path) -> dict[str, Config]:
     }
 
 
-def side_figures(result: dict[str, Any]) -> dict[str, float]:
+def side_figures(result: dict[str, Any], cpu: CpuTimeline) -> dict[str, float]:
     total = result["total"]
     episodes = total["episodes_per_s"] * total["seconds"]
+    phases = [p for p in load_record(Path(result["run_dir"]))["phases"] if not p["warmup"]]
     return {
+        # The whole machine's busy CPU over the measured phases, per request (every process of the side).
+        "cpu_ms_per_request": 1000 * sum(cpu.busy_between(p["start"], p["end"]) for p in phases) / total["requests"],
         "requests_per_s": total["requests"] / total["seconds"],
         "episodes_per_s": total["episodes_per_s"],
         "requests_per_episode": total["requests"] / episodes if episodes else float("nan"),
         "latency_p50_ms": total["latency_ms"]["p50"],
         "dropped": total["dropped"],
     }
+
+
+CANNED_REPLY = {
+    "id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": "vertical",
+    "choices": [{"index": 0, "finish_reason": "length", "message": {"role": "assistant", "content": "U"},
+                 "token_ids": [85], "prompt_token_ids": list(range(64)), "weight_version": 0}],
+    "usage": {"prompt_tokens": 64, "completion_tokens": 1, "total_tokens": 65},
+}  # fmt: skip
+"""A reply of the gateway's shape (one choice, its token ids and weight version) for `client_ms_per_call`."""
+
+
+def client_ms_per_call(turns: int, calls_per_size: int = 200) -> float:
+    """The `openai` client's own CPU per call of the movers' program, alone in this process: the calls of
+    turns 1 to `turns` (2t - 1 messages each, as the program resends its history), each answered at once
+    with `CANNED_REPLY` by an in-process transport (no server, no socket). Milliseconds of this process's
+    CPU, the mean over the turns."""
+    import httpx
+    import openai
+
+    body = json.dumps(CANNED_REPLY).encode()
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=body))
+
+    async def per_turn() -> list[float]:
+        http = httpx.AsyncClient(transport=transport)
+        client = openai.AsyncOpenAI(base_url="http://gateway/v1", api_key="bench", http_client=http, max_retries=0)
+        costs = []
+        for turn in range(1, turns + 1):
+            chat = [
+                {"role": "user" if i % 2 == 0 else "assistant", "content": "position 3,4; goal 7,1; moves: U or D"}
+                for i in range(2 * turn - 1)
+            ]
+            for _ in range(10):  # warm: the client's caches of its types
+                await client.chat.completions.create(model="vertical", messages=chat)
+            cpu = time.process_time()
+            for _ in range(calls_per_size):
+                await client.chat.completions.create(model="vertical", messages=chat)
+            costs.append(1000 * (time.process_time() - cpu) / calls_per_size)
+        await http.aclose()
+        return costs
+
+    return statistics.mean(asyncio.run(per_turn()))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -95,10 +149,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             sides = configs(args, Path(tmp) / f"round-{index}")
             figures = {}
             for name, config in sides.items():
-                result = measure(config, warmup=args.warmup, with_baseline=False, timeout_s=args.timeout)
-                figures[name] = side_figures(result)
+                with CpuTimeline() as cpu:
+                    result = measure(config, warmup=args.warmup, with_baseline=False, timeout_s=args.timeout)
+                figures[name] = side_figures(result, cpu)
                 if figures[name]["dropped"]:
                     raise RuntimeError(f"round {index}, {name}: {figures[name]['dropped']:.0f} episodes dropped")
+            figures["openai client alone"] = {"cpu_ms_per_request": client_ms_per_call(args.turns)}
             rounds.append(figures)
             ratio = figures["gateway"]["requests_per_s"] / figures["node classes"]["requests_per_s"]
             print(
@@ -118,17 +174,41 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> dict[str, Any]:
         f"(+{args.warmup} warm-up) per side, "
         f"{len(rounds)} rounds"
     )
-    print(f"  {'side':<13} {'requests/s':>18} {'episodes/s':>18} {'requests/episode':>17} {'latency p50 ms':>15}")
+    print(
+        f"  {'side':<13} {'requests/s':>18} {'episodes/s':>18} {'requests/episode':>17} {'latency p50 ms':>15} "
+        f"{'CPU ms/request':>18}"
+    )
+
+    def spread(values: list[float], digits: int = 1) -> str:
+        return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+
     for name in ("node classes", "gateway"):
 
-        def spread(key: str, name: str = name) -> str:
-            values = [r[name][key] for r in rounds]
-            return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
+        def column(key: str, digits: int = 1, name: str = name) -> str:
+            return spread([r[name][key] for r in rounds], digits)
 
         print(
-            f"  {name:<13} {spread('requests_per_s'):>18} {spread('episodes_per_s'):>18} "
-            f"{spread('requests_per_episode'):>17} {spread('latency_p50_ms'):>15}"
+            f"  {name:<13} {column('requests_per_s'):>18} {column('episodes_per_s'):>18} "
+            f"{column('requests_per_episode'):>17} {column('latency_p50_ms'):>15} {column('cpu_ms_per_request', 2):>18}"
         )
+    # What the CPU per request allows where it bounds the rollout (both cores busy), and what of the
+    # gateway's is the `openai` client's own work.
+    cpu_ratios = [r["node classes"]["cpu_ms_per_request"] / r["gateway"]["cpu_ms_per_request"] for r in rounds]
+    client = [r["openai client alone"]["cpu_ms_per_request"] for r in rounds]
+    # A call through the gateway does all a node's call does (the episode, the env, the router, the
+    # server) and the client's work besides: even with the gateway's own work (HTTP, JSON, the template)
+    # free, the most it can make of the node classes' requests/s where CPU bounds both.
+    client_bounds = [
+        r["node classes"]["cpu_ms_per_request"]
+        / (r["node classes"]["cpu_ms_per_request"] + r["openai client alone"]["cpu_ms_per_request"])
+        for r in rounds
+    ]
+    print(
+        f"  CPU per request (the whole machine's, over the measured phases): node classes / gateway "
+        f"{spread(cpu_ratios, 2)}x, the most the gateway's requests/s can be of theirs where CPU bounds both; "
+        f"of the gateway's, the openai client's own work alone (a canned reply, no server): {spread(client, 2)} ms, "
+        f"so with the gateway's own work free: at most {spread(client_bounds, 2)}x"
+    )
     median = statistics.median(ratios)
     judged = args.mock_step_ms == 0  # (the target is the overhead alone: calls that take no time)
     verdict = ("met" if median >= TARGET else "NOT met") if judged else "judged with --mock-step-ms 0 only"
@@ -140,6 +220,9 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> dict[str, Any]:
         "ratios": ratios,
         "median": median,
         "target": TARGET,
+        "cpu_ratios": cpu_ratios,
+        "client_ms_per_call": client,
+        "client_bounds": client_bounds,
         **({"target_met": median >= TARGET} if judged else {}),
     }
 

@@ -26,31 +26,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
+from bench.machine_cpu import background, cpu_seconds
 from envs.code_data import load_own
 from mas_async.sandbox import isolation_available, run_python
 from mas_async.sandbox.tests import HARNESS, calls_only
 
 WAYS = {"zygote": True, "fresh": False, "bare": None}
-
-
-def cpu_seconds() -> float:
-    """Busy CPU time of the whole machine (every CPU's user, system, irq and steal time, /proc/stat).
-
-    Not this process's rusage: a run in a fresh sandbox ends with its pid namespace, whose processes the
-    kernel reaps, so their CPU is charged to no parent (measured: 4 ms per run by rusage, 62 ms by the
-    machine). The machine's time counts every process a run touches, and everything else too: run it on a
-    quiet machine (`background()` says how quiet)."""
-    t = psutil.cpu_times()
-    return t.user + t.nice + t.system + t.irq + t.softirq + getattr(t, "steal", 0.0)
-
-
-def background(seconds: float = 2.0) -> float:
-    """The machine's busy CPU per second of wall time while the bench does nothing (CPU seconds per second)."""
-    cpu, start = cpu_seconds(), time.perf_counter()
-    time.sleep(seconds)
-    return (cpu_seconds() - cpu) / (time.perf_counter() - start)
 
 
 def programs() -> dict[str, Any]:

@@ -31,7 +31,9 @@ cores are shared between the sandbox programs, the env worker, the server and th
 strict step (k=0 streaming) overlaps the step's compute with its own iteration's rollout and keeps only
 the tail (the compute left after the last group, the optimiser step, the weight sync) between rollouts;
 its phase times per iteration are printed with an estimate of what a trainer on a device of its own
-(its compute no longer taking the rollout's cores) would give.
+(its compute no longer taking the rollout's cores) would give. Every side's CPU is measured too (the
+whole machine's busy time over its measured window): with it, what this machine's cores allow the
+streamed step (its CPU per iteration spread perfectly over every core), and how busy it kept them.
 
     python bench/staleness.py              # several minutes on 2 cores
     python bench/staleness.py --smoke      # well under a minute; run by the tests
@@ -52,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.lockstep import ScriptedEngine, run_phase
+from bench.machine_cpu import CpuTimeline
 from mas_async.config import Config, load_config
 from mas_async.launch.engines.local import LocalEngine
 from mas_async.launch.launcher import prepare_deployment, prepare_run_dir, start_children, stop_children
@@ -123,28 +126,33 @@ ROLES = {**TRAINING_ROLES, "router": _router}
 """The training deployment's roles with the recording router (started by the launcher)."""
 
 
-def run_training(config: Config, timeout_s: float) -> Path:
+def run_training(config: Config, timeout_s: float) -> tuple[Path, CpuTimeline]:
     """Run the training deployment to its end; raise naming the process that failed (with its log
-    tail) or the timeout. Every process is stopped by pid before this returns."""
+    tail) or the timeout. Every process is stopped by pid before this returns. Returns the run dir and
+    the machine's busy CPU over the run, with the time each metrics row appeared."""
     run_dir = prepare_run_dir(config)
     prepare_deployment(config, run_dir, training=True)
     engine = LocalEngine(config)
     try:
-        children = start_children(config, run_dir, training=True, roles="bench.staleness:ROLES", engine=engine)
-        try:
-            wait_for_router(children, timeout_s)
-        finally:
-            stop_children(children)
+        with CpuTimeline(rows=run_dir / "metrics.jsonl") as cpu:
+            children = start_children(config, run_dir, training=True, roles="bench.staleness:ROLES", engine=engine)
+            try:
+                wait_for_router(children, timeout_s)
+            finally:
+                stop_children(children)
     finally:
         engine.close()
-    return run_dir
+    return run_dir, cpu
 
 
-def training_figures(run_dir: Path, warmup: int, iterations: int) -> dict[str, Any]:
-    """The measured iterations' figures from the run's metrics.jsonl."""
-    rows = {r["iteration"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+def training_figures(run_dir: Path, warmup: int, iterations: int, cpu: CpuTimeline) -> dict[str, Any]:
+    """The measured iterations' figures from the run's metrics.jsonl (and the machine's CPU over them)."""
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = {r["iteration"]: r for r in lines}
+    line_of = {r["iteration"]: i for i, r in enumerate(lines)}
     measured = [rows[i] for i in range(warmup, warmup + iterations)]
     seconds = measured[-1]["time/elapsed_s"] - rows[warmup - 1]["time/elapsed_s"]  # warmup >= 1
+    window = (cpu.row_seen[line_of[warmup - 1]], cpu.row_seen[line_of[warmup + iterations - 1]])
     tokens = sum(r["throughput/rollout_tokens_per_s"] * r["time/rollout_s"] for r in measured)
     key = f"policy/{POLICY}/"
     return {
@@ -163,6 +171,8 @@ def training_figures(run_dir: Path, warmup: int, iterations: int) -> dict[str, A
         / seconds,
         "inference_idle_fraction": sum(r["time/inference_idle_s"] for r in measured) / seconds,
         "step_s": [rows[i]["time/step_s"] for i in range(warmup + iterations)],  # every iteration, for lockstep
+        "cpu_s": cpu.busy_between(*window),  # the whole machine's, between the rows that bound the window
+        "cpu_window_s": window[1] - window[0],
         # Strict runs (k=0) write no staleness keys: every sample is of the version it trains.
         "staleness_mean": sum(r.get(key + "staleness_mean", 0.0) for r in measured) / iterations,
         "staleness_max": max(r.get(key + "staleness_max", 0) for r in measured),
@@ -214,7 +224,8 @@ def run_lockstep(config: Config, run_dir: Path, step_s: list[float], warmup: int
             done.append({**phase, "iteration": iteration, "step_s": step, "end": time.time()})
         return done
 
-    phases = uvloop.run(iterations())
+    with CpuTimeline() as cpu:
+        phases = uvloop.run(iterations())
     measured = [p for p in phases if p["iteration"] >= warmup]
     seconds = measured[-1]["end"] - measured[0]["start"]
     rollout_s = sum(p["end"] - p["start"] - p["step_s"] for p in measured)
@@ -229,6 +240,8 @@ def run_lockstep(config: Config, run_dir: Path, step_s: list[float], warmup: int
         "iterations_per_min": 60 * len(measured) / seconds,
         "trainer_idle_fraction": rollout_s / seconds,
         "inference_idle_fraction": sum(p["step_s"] for p in measured) / seconds,
+        "cpu_s": cpu.busy_between(measured[0]["start"], measured[-1]["end"]),
+        "cpu_window_s": seconds,
     }
 
 
@@ -261,6 +274,7 @@ def report(args: argparse.Namespace, sides: dict[str, dict[str, Any]], same_epis
     print(f"  same episodes (ids, problems, seeds) on every side: {'yes' if same_episodes else 'NO'}")
     print("ratios (tokens/s against lockstep): " + ", ".join(f"{k} {r:.2f}x" for k, r in ratios.items()))
     own_device = phases(sides)
+    machine = machine_bound(sides)
     return {
         "bench": "staleness",
         "date": datetime.now().isoformat(timespec="seconds"),
@@ -269,7 +283,41 @@ def report(args: argparse.Namespace, sides: dict[str, dict[str, Any]], same_epis
         "ratios": ratios,
         "same_episodes": same_episodes,
         "own_device_estimate": own_device,
+        "machine_bound": machine,
     }
+
+
+def machine_bound(sides: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Print each side's CPU (the whole machine's busy time over its measured window, per iteration, and
+    the share of the cores it kept busy), and what this machine's cores allow the streamed step: its own
+    CPU per iteration spread perfectly over every core, against lockstep's iteration. Lockstep's step is
+    costed as a sleep, so its CPU is its rollout's alone."""
+    cores = len(os.sched_getaffinity(0))
+    figures = {
+        name: {
+            "cpu_s_per_iteration": side["cpu_s"] / side["iterations"],
+            "busy": side["cpu_s"] / (cores * side["cpu_window_s"]),
+        }
+        for name, side in sides.items()
+    }
+    print(
+        f"  machine CPU ({cores} cores, every process): "
+        + ", ".join(
+            f"{name} {f['cpu_s_per_iteration']:.1f} core-s/iter, {f['busy']:.0%} busy" for name, f in figures.items()
+        )
+    )
+    out: dict[str, Any] = {"cores": cores, "sides": figures}
+    if STREAMING in figures:
+        lockstep = sides["lockstep"]["seconds"] / sides["lockstep"]["iterations"]
+        packed = figures[STREAMING]["cpu_s_per_iteration"] / cores
+        out.update(packed_seconds_per_iteration=packed, ratio_bound=lockstep / packed)
+        print(
+            f"  what this machine's cores allow the streamed step: its {figures[STREAMING]['cpu_s_per_iteration']:.1f} "
+            f"core-s per iteration on {cores} cores, {packed:.2f} s (it took "
+            f"{sides[STREAMING]['seconds'] / sides[STREAMING]['iterations']:.2f}): at most {lockstep / packed:.2f}x "
+            f"lockstep's {lockstep:.2f} s"
+        )
+    return out
 
 
 def phases(sides: dict[str, dict[str, Any]]) -> dict[str, float]:
@@ -357,8 +405,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.streaming:
             runs.insert(1, (STREAMING, 0, True))
         for name, k, streaming in runs:
-            run_dir = run_training(build_config(args, base / name.replace(" ", "-"), k, streaming), args.timeout)
-            sides[name] = training_figures(run_dir, args.warmup, args.iterations)
+            run_dir, cpu = run_training(build_config(args, base / name.replace(" ", "-"), k, streaming), args.timeout)
+            sides[name] = training_figures(run_dir, args.warmup, args.iterations, cpu)
             episodes[name] = json.loads((run_dir / "episodes.json").read_text())
         lockstep = run_lockstep(build_config(args, base / "k=0", 0), base / "k=0", sides["k=0"]["step_s"], args.warmup)
     same = all(e == episodes["k=0"] for e in episodes.values())

@@ -108,6 +108,15 @@ def test_staleness_smoke(tmp_path: Path) -> None:
     assert "what the rule allows" in stdout and figures["own_device_estimate"]["bound_ratio"] > 0
     assert sides["k=1"]["staleness_max"] <= 1 and sides["k=1"]["stale_dropped"] == 0
     assert all(ratio > 0 for ratio in figures["ratios"].values())
+    # The machine's CPU over each side's window, and what its cores allow the streamed step.
+    machine = figures["machine_bound"]
+    assert machine["cores"] == len(os.sched_getaffinity(0)) and set(machine["sides"]) == set(sides)
+    for name, cpu in machine["sides"].items():
+        assert cpu["cpu_s_per_iteration"] > 0 and 0.0 < cpu["busy"] <= 1.05, name
+    packed = machine["sides"]["k=0 streaming"]["cpu_s_per_iteration"] / machine["cores"]
+    assert machine["packed_seconds_per_iteration"] == pytest.approx(packed)
+    lockstep = sides["lockstep"]["seconds"] / sides["lockstep"]["iterations"]
+    assert machine["ratio_bound"] == pytest.approx(lockstep / packed) and "what this machine's cores allow" in stdout
 
 
 def test_gateway_smoke(tmp_path: Path) -> None:
@@ -120,6 +129,13 @@ def test_gateway_smoke(tmp_path: Path) -> None:
         assert sides[name]["requests_per_s"] > 0 and sides[name]["episodes_per_s"] > 0, name
         assert sides[name]["requests_per_episode"] >= 1 and sides[name]["dropped"] == 0, name
     assert figures["ratios"] == [sides["gateway"]["requests_per_s"] / sides["node classes"]["requests_per_s"]]
+    # The machine's CPU per request on each side, and the openai client's own share of the gateway's.
+    node, gateway = sides["node classes"]["cpu_ms_per_request"], sides["gateway"]["cpu_ms_per_request"]
+    assert node > 0 and gateway > 0 and figures["cpu_ratios"] == [node / gateway]
+    (client,) = figures["client_ms_per_call"]
+    assert 0 < client < gateway and client == sides["openai client alone"]["cpu_ms_per_request"]
+    assert "the openai client's own work alone" in stdout
+    assert figures["client_bounds"] == [pytest.approx(node / (node + client))]
 
 
 def test_faults_smoke(tmp_path: Path) -> None:

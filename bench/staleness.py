@@ -6,7 +6,8 @@ candidates, exactly `--turns` turns) whose candidates are the scripted programs 
 `--iterations` iterations of `--episodes` episodes, the same problems and seeds on every side.
 
 1. mas-async, once per k, and once more for k=0 with the streamed step (`trainer.streaming`: each
-   problem's gradient computed while the other episodes run; the k=0 side is the batch step): a
+   group's gradient computed as its turn is recorded, while the episodes play on; the k=0 side is the
+   batch step): a
    TRAINING deployment through the launcher: the real router (recording the
    episodes it dispatches), one env worker, one inference server whose backend is `ScriptedEngine`
    (`policies.shared.backend=bench.lockstep:ScriptedEngine`; like the mock it accepts every weight
@@ -354,7 +355,7 @@ def phases(sides: dict[str, dict[str, Any]]) -> dict[str, float]:
     rest = max(0.0, streamed["tail_s"] - (1 - streamed["overlap"]) * compute)
     best = strict["rollout_s"] + compute - early + rest
     print(
-        f"  what the rule allows (a problem is computed once its episodes are in): {streamed['ready_early']:.0%} of "
+        f"  what the rule allows (a group is computed once it is final): {streamed['ready_early']:.0%} of "
         f"the samples were ready before the last group, the first {streamed['ready_lead_s']:.2f} s before it; at "
         f"best (all of them computed by then) {best:.2f} s per iteration = rollout {strict['rollout_s']:.2f} + "
         f"compute left {compute - early:.2f} + step and sync {rest:.2f}: {lockstep / best:.2f}x lockstep"

@@ -847,6 +847,14 @@ class Config(_Section):
         one_step = algo.ppo_epochs == 1 and algo.mini_batches == 1 and self.rollout.max_staleness == 0
         return self.trainer.streaming is not False and one_step
 
+    def streams_turns(self) -> bool:
+        """Whether each recorded group goes to its trainer at once, before its episode ends (streaming with
+        groups whose advantages are final on their own: tree sampling, `grouping: agent_turn`, `std_scope:
+        group`); routed groups only: with `cluster.leases` an episode's groups go at its end."""
+        algo = self.algorithm
+        own = algo.sampling == "tree" and algo.grouping == "agent_turn" and algo.std_scope == "group"
+        return self.streams() and own and not self.cluster.leases
+
     def trainer_device(self, policy: str, rank: int = 0) -> str:
         """Where trainer rank `rank` of `policy` runs ("cpu", "cuda:N" as that process sees its GPUs)."""
         # Ray processes with reserved GPUs and SLURM steps see only GPUs of their own, from cuda:0.

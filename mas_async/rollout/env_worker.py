@@ -6,7 +6,8 @@ inference server of the agent's policy, with a request id and a deadline; with `
 straight to a replica the router leased to this worker (`leases.py`, `direct_link.py`). When an episode
 ends, its recorded groups go to the router as one Groups message per policy (routed to that policy's
 trainer; with `cluster.leases` straight to the trainer rank its RunEpisode names, which trains them once
-the router accepts the episode), then an EpisodeDone with the episode's summary. An exception in an
+the router accepts the episode), then an EpisodeDone with the episode's summary; when groups stream by
+turn (`Config.streams_turns`) each group goes to the router as it is recorded instead. An exception in an
 episode (a bug in a node, an env or a workflow) fails that episode only: it is reported in
 EpisodeDone.error and counted as dropped, and the worker lives on. A "baseline/<name>" episode is played
 by the env's reference policy <name> (`BaselineEpisode`): no request, no groups, only its EpisodeDone. With a `workflow.program` (agents
@@ -60,7 +61,7 @@ from mas_async.wire.messages import (
 if TYPE_CHECKING:
     from mas_async.gateway.episode import GatewayEpisode
     from mas_async.gateway.server import Gateway
-    from mas_async.wire.samples import Completion
+    from mas_async.wire.samples import Completion, Sample
 
 log = logging.getLogger("mas_async.rollout.env_worker")
 
@@ -343,18 +344,17 @@ class EnvWorker(Peer):
             env = self.env_cls()
             env.reset(seed=msg.seed, options={"problem": msg.problem})
             episode = self._episode(msg, env)
+            if isinstance(episode, Episode) and msg.mode == "train" and self.cfg.streams_turns():
+                episode.on_group = lambda samples: self._stream_group(msg, samples, counts)
             await self.workflow.run(episode)
             summary = episode.finish()
             by_policy = defaultdict(list)
-            for sample in episode.samples:
+            for sample in episode.samples[episode.streamed if isinstance(episode, Episode) else 0 :]:
                 by_policy[sample.policy].append(sample)
             for policy, samples in by_policy.items():
-                wire = samples_to_wire(samples)
-                tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
-                episode = (msg.iteration, msg.episode_id, msg.attempt)
-                groups = Groups(policy, *episode, len(samples), tokens, wire, msg.problem_episodes)
+                groups = self._groups_message(msg, policy, samples)
                 await self._send_groups(groups, msg.trainer_ranks.get(policy, 0))
-                counts[policy] = len(samples)
+                counts[policy] = counts.get(policy, 0) + len(samples)
         except Exception as e:  # a failed episode is reported and counted, never a dead worker
             error = f"{type(e).__name__}: {e}"
             log.error("episode %s failed:\n%s", msg.episode_id, traceback.format_exc())
@@ -363,6 +363,20 @@ class EnvWorker(Peer):
                 env.close()
         leased = self.leases.take_counts() if self.leases is not None else {}
         self.send(EpisodeDone(msg.episode_id, msg.iteration, msg.mode, msg.attempt, error, summary, counts, leased))
+
+    @staticmethod
+    def _groups_message(msg: RunEpisode, policy: str, samples: list[Sample]) -> Groups:
+        tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+        episode = (msg.iteration, msg.episode_id, msg.attempt)
+        return Groups(policy, *episode, len(samples), tokens, samples_to_wire(samples), msg.problem_episodes)
+
+    def _stream_group(self, msg: RunEpisode, samples: list[Sample], counts: dict[str, int]) -> None:
+        """A group just recorded, to the router at once (`Config.streams_turns`: its advantages need nothing
+        else, so its trainer computes it while the episode plays on); `counts` adds up the episode's samples."""
+        for policy in dict.fromkeys(s.policy for s in samples):
+            mine = [s for s in samples if s.policy == policy]
+            self.send(self._groups_message(msg, policy, mine))
+            counts[policy] = counts.get(policy, 0) + len(mine)
 
     def _episode(self, msg: RunEpisode, env) -> Episode | GatewayEpisode:
         """The episode context of `msg`: the model plays ("train", "eval"), or a reference policy of the

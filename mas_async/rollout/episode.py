@@ -99,6 +99,7 @@ class Episode:
         seed: int = 0,
         greedy: bool | None = None,
         template_kwargs: Mapping[str, dict[str, Any]] | None = None,
+        on_group: Callable[[list[Sample]], None] | None = None,
     ) -> None:
         check_mode(mode)
         if not isinstance(k, int) or k < 1:
@@ -132,6 +133,10 @@ class Episode:
         staleness let a weight update land between two of its requests; one request is one version)."""
         self._groups: set[tuple[str, int]] = set()
         self._turns_played: set[int] = set()
+        self.on_group = on_group
+        """Called with each group's samples as it is recorded (train mode), when groups stream by turn."""
+        self.streamed = 0
+        """How many of `samples` (the first ones) `on_group` was given."""
 
     # -- the tree-sampling step -------------------------------------------------------------------
 
@@ -203,6 +208,9 @@ class Episode:
                     info={"index": c.index, "error": c.error} if c.error else {"index": c.index},
                 )
             )
+        if self.on_group is not None:
+            group, self.streamed = self.samples[self.streamed :], len(self.samples)
+            self.on_group(group)
 
     def choose(self, candidates: list[Candidate]) -> Candidate:
         """The best candidate by reward; ties are broken by an RNG seeded with (seed, episode, agent,

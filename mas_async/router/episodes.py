@@ -3,8 +3,11 @@
 Each dispatch of an episode is an attempt (`RunEpisode.attempt`, 0, 1, ...). An episode's Groups are
 held until its EpisodeDone of the same attempt arrives and only then forwarded to the trainers, so a
 failed episode, a timed-out one or an abandoned attempt (its worker was declared dead and the episode
-runs again elsewhere) never contributes a sample, and no episode is counted twice. Whatever arrives
-for an attempt that is not the current one is dropped and counted (`late`).
+runs again elsewhere) never contributes a sample, and no episode is counted twice. When groups stream by
+turn (`Config.streams_turns`) they are forwarded as they come instead, and the trainers are told to drop
+those of an attempt that fails or is abandoned (`Withdrawn`); they count into the step only once the
+attempt is done. Whatever arrives for an attempt that is not the current one is dropped and counted
+(`late`).
 
 Baseline episodes ("baseline/<name>": a reference policy of the env plays, `rollout/baseline.py`) are
 in the book of the run's first evaluation, but outside its barrier: `done` (what the step waits for)
@@ -44,6 +47,10 @@ class EpisodeTask:
     deadline: float = 0.0
     groups: list[tuple[str, int, int, list]] = field(default_factory=list)
     """(policy, samples, tokens, frames) of each Groups message of the current attempt, held until it is done."""
+    streamed: dict[tuple[str, int], list[int]] = field(default_factory=dict)
+    """(policy, trainer rank) -> [samples, tokens] of the current attempt's Groups forwarded before it was
+    done (groups streamed by turn): counted into the step when it is done; its ranks are told to drop them
+    when it fails or is abandoned (`Withdrawn`)."""
     alone: bool = False
     """The episode's last attempt: it runs on a worker that runs no other episode meanwhile."""
 

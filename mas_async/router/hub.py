@@ -8,7 +8,9 @@ iteration barrier as the version clock (`VersionClock`) says:
 1. dispatch the iteration's episodes at the clock's version v (and, every few iterations, the held-out
    eval episodes; beside the run's first evaluation, the env's reference policies on the same problems,
    `rollout/baseline.py`, which no step waits for);
-2. forward each finished episode's groups to the trainers, counted per policy and version by the clock;
+2. forward each finished episode's groups to the trainers, counted per policy and version by the clock
+   (where groups stream by turn, `Config.streams_turns`, each as it comes, counted when its attempt is
+   done; a failed or abandoned attempt's are `Withdrawn`);
 3. when every episode of iteration v is in, send TrainStep(v) to every trainer; trainers step in
    parallel and broadcast weights v+1; each inference server acknowledges WeightsLoaded(v+1); when the
    clock says the step is complete it advances, and only then does iteration v+1 start (strict mode).
@@ -98,6 +100,7 @@ from mas_async.wire.messages import (
     UpdateWeights,
     WeightsLoaded,
     Welcome,
+    Withdrawn,
     decode,
     encode,
     peek,
@@ -178,6 +181,8 @@ class Router(Actor):
         self._accept_soon = False
         self.routed = 0
         """Generate requests of env workers forwarded to a replica since the last row."""
+        self.streams_turns = config.streams_turns()
+        """Forward each Groups message at once, not at its episode's end (`Config.streams_turns`)."""
         self.leases = (
             LeaseBook(
                 {p: config.policies[config.server_policy(p, deployment.training)].replicas for p in config.policies},
@@ -403,10 +408,36 @@ class Router(Actor):
         if task is not None and task.msg.mode != "train":  # eval and baseline episodes record nothing
             self.refuse(worker, Groups, "its episode is not a training episode")
             return
+        if self.streams_turns and task is not None:
+            assert book is not None
+            self._forward_now(book, task, header, frames)
+            return
         if book is None or not book.hold_groups(header, frames):
             # An abandoned attempt, a timed-out episode or an old iteration (counted as late): its
             # samples must never reach a trainer (counted twice, or from weights that are gone).
             log.warning("dropped late groups of episode %s (attempt %s)", header.episode_id, header.attempt)
+
+    def _forward_now(self, book: EpisodeBook, task: EpisodeTask, header: Any, frames: list) -> None:
+        """A group streamed by turn, to its trainer rank at once; its samples count into the step when the
+        attempt is done (`_on_episode_done`), and are withdrawn if it fails or is abandoned (`_withdraw`)."""
+        policy = header.policy
+        rank = book.trainer_rank(
+            policy, task.msg.problem_id, lambda: self.clock.least_loaded_rank(policy, book.version)
+        )  # fmt: skip
+        counts = task.streamed.setdefault((policy, rank), [0, 0])
+        counts[0] += header.n_samples
+        counts[1] += header.n_tokens
+        self.forward(trainer_peer(policy, rank).encode(), frames)
+
+    def _withdraw(self, book: EpisodeBook, task: EpisodeTask) -> None:
+        """Tell the trainer ranks that got groups of `task`'s attempt before it ended that they must not train."""
+        msg = task.msg
+        for policy, rank in sorted(task.streamed):
+            withdrawn = Withdrawn(policy, book.iteration, msg.episode_id, msg.attempt)
+            self.send_to(trainer_peer(policy, rank).encode(), withdrawn)
+        if task.streamed:
+            log.warning("withdrew the streamed groups of episode %s (attempt %d)", msg.episode_id, msg.attempt)
+        task.streamed.clear()
 
     # -- control messages --------------------------------------------------------------------------
 
@@ -594,6 +625,10 @@ class Router(Actor):
             log.error("episode %s failed: %s", msg.episode_id, msg.error)
         elif task.worker is not None and (recovered := self.faults.result_from(task.worker)) is not None:
             log.info("recovered from a lost process in %.1fs (first episode done since: %s)", recovered, msg.episode_id)
+        if msg.error:
+            self._withdraw(book, task)
+        for (policy, rank), (samples, tokens) in task.streamed.items():
+            self.clock.forwarded(policy, book.version, samples, rank, tokens)
         for policy, samples, tokens, frames in task.groups:
             rank = book.trainer_rank(
                 policy, task.msg.problem_id, lambda p=policy: self.clock.least_loaded_rank(p, book.version)
@@ -799,6 +834,8 @@ class Router(Actor):
             return
         lost, max_attempts = 0, self.cfg.rollout.max_attempts
         for book in self.books.values():
+            for task in [t for t in book.in_flight.values() if t.worker == ident and t.streamed]:
+                self._withdraw(book, task)
             again, poisoned = book.requeue(ident, max_attempts)
             lost += again
             for task in poisoned:

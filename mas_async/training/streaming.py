@@ -17,14 +17,18 @@ and every term can be computed before the iteration's last episode is in:
 - N, the token-mean (or sequence-mean) normaliser, is a count over the policy's whole batch (over every
   rank): the backward runs on sums (normaliser 1) and the accumulated gradient is divided by N once.
 
-`StreamingStep.add` (the trainer's event loop) takes each episode's samples as its Groups arrive and hands
-every complete problem to a compute pass in a thread (forward and backward; the gradients accumulate in
-`.grad`; with several ranks inside DDP's `no_sync`); no weight changes. `finish` (at TrainStep, after the
+`StreamingStep.add` (the trainer's event loop) takes each episode's samples as its Groups arrive (or each
+group's as it is recorded, when groups stream by turn: `Config.streams_turns`, where a group's advantages
+need no other sample) and hands every complete problem to a compute pass in a thread (forward and
+backward; the gradients accumulate in `.grad`; with several ranks inside DDP's `no_sync`); no weight
+changes. `finish` (at TrainStep, after the
 iteration's last episode) computes what is left (a problem one of whose episodes was dropped: its
 advantages are relative to the episodes that came, as in the batch step), divides by N, all-reduces
 once (one zero-loss backward outside `no_sync`: DDP's reducer sums the accumulated gradients), clips,
 steps the optimiser and the schedule. The update equals `PolicyLearner.step` on the same samples up to
-float rounding (tests/unit/framework/test_streaming.py).
+float rounding (tests/unit/framework/test_streaming.py). A group streamed by turn whose episode's attempt
+then fails is taken back (`withdraw`); if a pass had computed it, `finish` computes the step again from
+the samples that stay.
 """
 
 from __future__ import annotations
@@ -65,7 +69,11 @@ class StreamingStep:
         self.ready: list[Sample] = []
         """Samples of complete problems, for the next compute pass (shared with the thread: `_lock`)."""
         self.given = 0
-        """Samples given so far (`add`)."""
+        """Samples given (`add`) and not withdrawn."""
+        self.withdrawn: set[int] = set()
+        """ids of the samples withdrawn (`withdraw`)."""
+        self.redo = False
+        """A withdrawn sample may have been computed: `finish` computes the step again from the others."""
         self.samples: list[Sample] = []
         """Every sample computed, in the order of its pass (for the step's metrics)."""
         self.advantages: list[np.ndarray] = []
@@ -109,6 +117,29 @@ class StreamingStep:
                 self.ready += complete
             self._passes.append(self._thread.submit(self._pass))
             self._passes[-1].add_done_callback(_log_failure)
+
+    def withdraw(self, samples: list[Sample]) -> None:
+        """Take back samples given earlier (their episode's attempt failed or was abandoned after its groups
+        streamed in). Those no pass took yet are dropped; if a pass may have computed one, `finish` computes
+        the step again from the samples that stay (exact, at the cost of one batch step's compute)."""
+        gone = {id(s) for s in samples} - self.withdrawn
+        if not gone:
+            return
+        self.withdrawn |= gone
+        self.given -= len(gone)
+        dropped = 0
+        with self._lock:
+            before = len(self.ready)
+            self.ready = [s for s in self.ready if id(s) not in gone]
+            dropped += before - len(self.ready)
+        for problem in list(self.waiting):
+            before = len(self.waiting[problem])
+            self.waiting[problem] = [s for s in self.waiting[problem] if id(s) not in gone]
+            dropped += before - len(self.waiting[problem])
+        if dropped < len(gone):  # the others were taken by a pass
+            self.redo = True
+            log.warning("step from v%d: %d withdrawn samples were computed; the step is computed again at its end",
+                        self.version, len(gone) - dropped)  # fmt: skip
 
     async def drain(self) -> None:
         """Wait for the compute passes under way (re-raising a failure of theirs)."""
@@ -167,6 +198,9 @@ class StreamingStep:
     def _finish(self, chunk: list[Sample]) -> dict[str, Any]:
         with self._lock:
             chunk, self.ready = self.ready + chunk, []
+        if self.redo:  # start again from the weights v: the passes' gradients held a withdrawn sample's
+            chunk = [s for s in self.samples if id(s) not in self.withdrawn] + chunk
+            self._reset()
         if chunk:
             self._compute(chunk)
         learner = self.learner
@@ -195,6 +229,13 @@ class StreamingStep:
         return learner._step_metrics(
             self.samples, advantages, self.stats, 1, self.active, self.computed_tokens, diffs, self.entropy
         )  # fmt: skip
+
+    def _reset(self) -> None:
+        """Forget every pass: no gradient, no sample computed."""
+        self.learner.optimizer.zero_grad(set_to_none=True)
+        self.samples, self.advantages, self.diffs, self.entropy = [], [], [], []
+        self.stats = self.learner._new_stats()
+        self.active = self.computed_tokens = 0
 
     def timing(self) -> dict[str, float]:
         """Seconds of compute in all (`time/compute_s`) and before the last samples came in

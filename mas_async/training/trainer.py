@@ -27,7 +27,10 @@ Streaming (`trainer.streaming`, strict mode with one optimiser step; training/st
 the step will admit go to its `StreamingStep` as each Groups message arrives, which computes every
 complete problem's forward and backward in a thread while the other episodes run; TrainStep then only
 finishes it (what is left, one all-reduce, the optimiser step). Each step reports how it overlapped the
-rollout: `trainer/<p>/compute_s`, `overlap` and `tail_s` (`streaming.overlap_metrics`).
+rollout: `trainer/<p>/compute_s`, `overlap` and `tail_s` (`streaming.overlap_metrics`). When groups stream
+by turn (`Config.streams_turns`) each comes as its episode records it, before the episode is done; the
+router withdraws those of an attempt that fails or is abandoned (`Withdrawn`), and they leave the buffer
+and the step as if they had never come.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ from mas_async.wire.messages import (
     ReformWeightGroup,
     Trained,
     TrainStep,
+    Withdrawn,
     samples_from_wire,
 )
 from mas_async.wire.samples import Sample
@@ -109,9 +113,11 @@ class Trainer(Peer):
         """Only its sample rule is used here: the router's clock runs the barrier."""
         self.learner.keep_weights(self.version)
         self.buffers: dict[int, list[Sample]] = defaultdict(list)
-        self.episodes: dict[int, Counter[str]] = defaultdict(Counter)
-        """iteration -> Groups messages received per episode id (one each, unless an episode came twice)."""
         """iteration -> its samples, waiting for the step that trains them (checked by the rule then)."""
+        self.deliveries: dict[int, Counter[tuple[str, str]]] = defaultdict(Counter)
+        """iteration -> Groups messages received per (episode id, group) (one each, unless an episode came twice)."""
+        self.attempts: dict[int, dict[tuple[str, int], list[Sample]]] = defaultdict(dict)
+        """Groups streamed by turn: iteration -> (episode id, attempt) -> its samples so far (`Withdrawn` drops them)."""
         self.stepped = self.version - 1
         """The last iteration stepped (iteration v steps from version v)."""
         self.late = 0
@@ -124,6 +130,8 @@ class Trainer(Peer):
         """Compute each iteration's step while its episodes run (`trainer.streaming`, training/streaming.py)."""
         self.stream: StreamingStep | None = None
         """The step from the version held, under way (streaming mode)."""
+        self.streams_turns = config.streams_turns()
+        """Groups come one at a time as recorded, before their episode ends (`Config.streams_turns`)."""
         self.held: dict[int, list[Sample]] = defaultdict(list)
         """Streaming: admitted samples of an iteration that came while another version was held."""
         self.last_group_at: dict[int, float] = {}
@@ -183,6 +191,8 @@ class Trainer(Peer):
     async def on_message(self, msg: Message) -> None:
         if isinstance(msg, Groups):
             self._take(msg)
+        elif isinstance(msg, Withdrawn) and msg.policy == self.policy:
+            self._withdraw(msg)
         elif isinstance(msg, Accepted) and self.direct is not None and msg.policy == self.policy:
             self.direct.on_accepted(msg)
         elif isinstance(msg, TrainStep):
@@ -194,10 +204,32 @@ class Trainer(Peer):
             self.unexpected(msg)
 
     def _take(self, msg: Groups) -> None:
-        """An episode's groups of this policy, forwarded by the router or accepted on the direct socket."""
-        if msg.iteration > self.stepped:  # each episode's groups of this policy come in one message
-            self.episodes[msg.iteration][msg.episode_id] += 1
-        self.receive(samples_from_wire(msg.samples), msg.iteration, msg.episode_id, msg.problem_episodes)
+        """An episode's groups of this policy (or one group, streamed by turn), forwarded by the router or
+        accepted on the direct socket."""
+        samples = samples_from_wire(msg.samples)
+        if msg.iteration > self.stepped:
+            self.deliveries[msg.iteration].update({(msg.episode_id, s.group) for s in samples})
+            if self.streams_turns:
+                self.attempts[msg.iteration].setdefault((msg.episode_id, msg.attempt), []).extend(samples)
+        self.receive(samples, msg.iteration, msg.episode_id, msg.problem_episodes)
+
+    def _withdraw(self, msg: Withdrawn) -> None:
+        """The router withdrew an attempt's groups that streamed in before it failed or was abandoned: they
+        leave the buffer (and the step under way, `StreamingStep.withdraw`), as if they had never come."""
+        if msg.iteration <= self.stepped or msg.iteration not in self.attempts:
+            return
+        samples = self.attempts[msg.iteration].pop((msg.episode_id, msg.attempt), [])
+        if not samples:
+            return
+        gone = {id(s) for s in samples}
+        self.buffers[msg.iteration] = [s for s in self.buffers[msg.iteration] if id(s) not in gone]
+        self.held[msg.iteration] = [s for s in self.held[msg.iteration] if id(s) not in gone]
+        self.deliveries[msg.iteration].subtract({(msg.episode_id, s.group) for s in samples})
+        if self.stream is not None and self.stream.version == msg.iteration:
+            self.stream.withdraw([s for s in samples if self._admits(s, msg.iteration)])  # (those it was given)
+        log.warning(
+            "dropped %d samples of episode %s (attempt %d): withdrawn", len(samples), msg.episode_id, msg.attempt
+        )
 
     def _stepping(self) -> asyncio.Lock | contextlib.nullcontext:
         return self.publisher.lock if self.publisher is not None else contextlib.nullcontext()
@@ -257,7 +289,8 @@ class Trainer(Peer):
                 await self.direct.wait_for(msg.iteration, self.cfg.cluster.peer_timeout_s)
                 unaccepted = self.direct.stepped_through(msg.iteration)
             received = self.buffers.pop(msg.iteration, [])
-            episodes = self.episodes.pop(msg.iteration, Counter())
+            deliveries = self.deliveries.pop(msg.iteration, Counter())
+            self.attempts.pop(msg.iteration, None)
             last_group_at = self.last_group_at.pop(msg.iteration, None)
             if len(received) != msg.expected_samples:
                 raise RuntimeError(
@@ -310,9 +343,9 @@ class Trainer(Peer):
                     "version_mismatch": refused,
                     **({"stale_dropped": stale_dropped} if self.clock.max_staleness else {}),
                     "empty_steps": self.empty_steps,
-                    # By episode id: an episode whose groups came twice (run twice, forwarded twice) shows here.
-                    "episodes": len(episodes),
-                    "repeated_episodes": sum(count - 1 for count in episodes.values()),
+                    # An episode whose groups came twice (run twice, forwarded twice) shows here.
+                    "episodes": len({episode for episode, _ in +deliveries}),
+                    "repeated_episodes": len({episode for (episode, _), count in deliveries.items() if count > 1}),
                     "time/train_s": train_s,
                     **({"last_group_at": last_group_at} if last_group_at is not None else {}),
                     # cluster.leases: samples sent straight here by an episode attempt the router never accepted

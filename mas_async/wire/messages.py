@@ -47,6 +47,7 @@ class Kind(IntEnum):
     WEIGHTS_LOADED = 33
     REFORM_WEIGHT_GROUP = 34
     ACCEPTED = 35
+    WITHDRAWN = 36
 
 
 @dataclass(slots=True)
@@ -149,7 +150,9 @@ class EpisodeDone(Message):
 class Groups(Message):
     """env worker -> router -> trainer of `policy`: the recorded groups of one episode. The router holds
     them until the episode's EpisodeDone (same attempt) arrives, then forwards them; groups of a failed
-    or abandoned attempt never reach a trainer. With cluster.leases: env worker -> trainer straight, held
+    or abandoned attempt never reach a trainer. When groups stream by turn (`Config.streams_turns`), each
+    group comes as it is recorded and is forwarded at once; a failed or abandoned attempt's are then
+    `Withdrawn`. With cluster.leases: env worker -> trainer straight, held
     there until the router accepts the attempt (`Accepted`)."""
 
     KIND = Kind.GROUPS
@@ -329,12 +332,25 @@ class Accepted(Message):
     episodes: list  # [[episode id, attempt, env worker name, samples], ...]
 
 
+@dataclass(slots=True)
+class Withdrawn(Message):
+    """router -> trainer (`Config.streams_turns`): the Groups of `policy` that this attempt of the episode sent
+    before its end were forwarded at once, and the attempt failed or was abandoned: they must not train."""
+
+    KIND = Kind.WITHDRAWN
+    HEADER = 4
+    policy: str
+    iteration: int
+    episode_id: str
+    attempt: int
+
+
 MESSAGES: dict[int, type[Message]] = {
     cls.KIND: cls
     for cls in (
         Hello, Welcome, Heartbeat, Shutdown, RunEpisode, EpisodeDone, Groups, GroupsReceived,
         Generate, GenerateResult, Lease, Trainers, TrainStep, Trained, UpdateWeights, WeightsLoaded, ReformWeightGroup,
-        Accepted,
+        Accepted, Withdrawn,
     )
 }  # fmt: skip
 

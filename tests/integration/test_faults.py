@@ -167,7 +167,10 @@ def test_a_lone_replica_killed_during_a_weight_update_is_replaced_alone_and_join
     run_dir, iterations, batch = tmp_path / "run", 6, 4
     args = [f"run.iterations={iterations}", f"rollout.batch_size={batch}", "algorithm.k=4", "eval.every=3",
             "eval.size=4", "policies.vertical.replicas=1", "policies.horizontal.replicas=1",
-            f"cluster.leases={str(leases).lower()}"]  # fmt: skip
+            f"cluster.leases={str(leases).lower()}",
+            # The batch step: its compute after TrainStep leaves the kill below time to land before the send
+            # (a streamed step has computed the iteration's groups by then and sends within milliseconds).
+            "trainer.streaming=false"]  # fmt: skip
     proc = start_train(CONFIG, run_dir, *args)
     try:
         child_pids(run_dir)

@@ -286,6 +286,26 @@ def test_workflow_episode_return_and_summary() -> None:
     assert sample.completion_ids.dtype == np.int32 and sample.logprobs.dtype == np.float32
 
 
+def test_each_group_is_handed_on_as_it_is_recorded_when_groups_stream_by_turn() -> None:
+    """`Episode.on_group` (set by the env worker under `Config.streams_turns`) gets each group's samples when it
+    is recorded, before the next turn is sampled, and `streamed` says how many samples it was given."""
+    scripts = [["D", "D"], ["R", "S"], ["D", "U"], ["R", "L"]]
+    events: list[tuple] = []
+    episode = make_episode(scripts, events, k=2)
+    handed: list[tuple[list[str], int]] = []
+    episode.on_group = lambda samples: handed.append(
+        ([s.group for s in samples], [e[0] for e in events].count("generate"))
+    )
+    workflow = PlanPathWorkflow({"vertical": VerticalMover(), "horizontal": HorizontalMover()})
+    asyncio.run(workflow.run(episode))
+    episode.finish()
+    assert [(groups[0], len(groups), calls) for groups, calls in handed] == [
+        ("it0/p0/0/vertical/0", 2, 1), ("it0/p0/0/horizontal/0", 2, 2),
+        ("it0/p0/0/vertical/1", 2, 3), ("it0/p0/0/horizontal/1", 2, 4),
+    ]  # fmt: skip
+    assert episode.streamed == len(episode.samples) == 8
+
+
 def test_parse_failure_rate_per_agent() -> None:
     """`parse/invalid_rate/<agent>`: the fraction of the agent's candidates that did not parse."""
     episode = make_episode([["X", "  ", "D"], ["Q", "R", "?"]], k=3)

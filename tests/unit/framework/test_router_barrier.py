@@ -22,6 +22,7 @@ from mas_async.wire.messages import (
     Trained,
     TrainStep,
     WeightsLoaded,
+    Withdrawn,
     decode,
     encode,
 )
@@ -85,7 +86,8 @@ def _finish_step(router: Router, version: int) -> None:
 
 def test_groups_wait_for_their_episode_and_a_late_attempt_is_never_forwarded(tmp_path):
     async def scenario() -> dict:
-        router = _router(tmp_path)
+        router = _router(tmp_path, "algorithm.std_scope=agent")  # (groups that do not stream by turn)
+        assert not router.streams_turns
         iteration = asyncio.create_task(router._iteration(0, evaluate=False, train=True))
         await asyncio.sleep(0)
         runs = router.io.of(RunEpisode)
@@ -120,6 +122,49 @@ def test_groups_wait_for_their_episode_and_a_late_attempt_is_never_forwarded(tmp
 
     row = asyncio.run(scenario())
     assert row["router/late_groups"] == 2 and row["rollout/episodes"] == 2 and row["rollout/dropped"] == 0
+
+
+def test_groups_streamed_by_turn_go_at_once_and_those_of_a_failed_or_abandoned_attempt_are_withdrawn(tmp_path):
+    """`Config.streams_turns` (the tiny demo's default): each Groups goes to its trainer as it comes; when the
+    attempt's worker is declared dead, and when an episode fails, the trainers that got its groups are told
+    (`Withdrawn`), the attempt's late groups are dropped, and only done attempts count into the step."""
+
+    async def scenario() -> tuple[dict, list]:
+        router = _router(tmp_path, "env.train_size=16", "rollout.batch_size=3")
+        assert router.streams_turns
+        iteration = asyncio.create_task(router._iteration(0, evaluate=False, train=True))
+        await asyncio.sleep(0)
+        (w0, run0), (w1, run1) = router.io.of(RunEpisode)
+        _groups(router, run0, "vertical", 4)
+        _groups(router, run1, "vertical", 4)
+        _groups(router, run1, "horizontal", 4)
+        forwarded = [w for w, m in router.io.sent if isinstance(m, Groups)]
+        assert forwarded == [b"trainer/vertical", b"trainer/vertical", b"trainer/horizontal"]  # not held
+        router.peers[w1].last_seen = time.monotonic() - 10 * router.cfg.cluster.peer_timeout_s
+        router._peer_died(w1, router.peers[w1])  # run1's attempt 0 is abandoned
+        _groups(router, run0, "horizontal", 4)
+        _done(router, w0, run0)
+        run2 = router.io.of(RunEpisode)[-1][1]  # (worker 0 runs one episode at a time: the plan's next first)
+        assert run2.episode_id == "train0-2"
+        _groups(router, run2, "vertical", 4)
+        _done(router, w0, run2, error="ValueError: boom")
+        rerun = router.io.of(RunEpisode)[-1][1]
+        assert rerun.episode_id == run1.episode_id and rerun.attempt == 1
+        _groups(router, run1, "vertical", 4)  # the "dead" worker was slow: late, dropped
+        _groups(router, rerun, "vertical", 4)
+        _done(router, w0, rerun)
+        await asyncio.sleep(0)
+        withdrawn = [(w, m.episode_id, m.attempt) for w, m in router.io.of(Withdrawn)]
+        steps = {w: m.expected_samples for w, m in router.io.of(TrainStep)}
+        _finish_step(router, 1)
+        return await asyncio.wait_for(iteration, 5), [withdrawn, steps]
+
+    row, (withdrawn, steps) = asyncio.run(scenario())
+    assert withdrawn == [
+        (b"trainer/horizontal", "train0-1", 0), (b"trainer/vertical", "train0-1", 0), (b"trainer/vertical", "train0-2", 0),
+    ]  # fmt: skip
+    assert steps == {b"trainer/vertical": 8, b"trainer/horizontal": 4}  # run0's and the rerun's
+    assert row["router/late_groups"] == 1 and row["rollout/episodes"] == 2 and row["rollout/dropped"] == 1
 
 
 def test_failed_and_timed_out_eval_episodes_count_as_failures(tmp_path):

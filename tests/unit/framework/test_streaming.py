@@ -23,7 +23,7 @@ from mas_async.tiny_model import materialise
 from mas_async.training.learner import PolicyLearner
 from mas_async.training.logprobs import completion_logprobs
 from mas_async.training.streaming import StreamingStep, overlap_metrics
-from mas_async.wire.messages import Groups, TrainStep, sample_to_wire
+from mas_async.wire.messages import Groups, TrainStep, Withdrawn, sample_to_wire
 from mas_async.wire.samples import Sample
 from tests.support.paths import ROOT
 from tests.unit.framework.test_trainer_rule import _stepping_trainer
@@ -276,3 +276,103 @@ def test_the_trainer_computes_each_episode_when_it_arrives_and_steps_at_trainste
     assert metrics["active_samples"] == 8 and metrics["version_mismatch"] == 0
     assert 0.0 < metrics["trainer/overlap"] < 1.0  # the first episode's pass came before the last group
     assert metrics["trainer/tail_s"] >= 0.0
+
+
+def by_group(delivered: list) -> list[tuple[str, int, list[Sample]]]:
+    """Each episode's groups as deliveries of their own (groups streamed by turn), in the episodes' order."""
+    out = []
+    for episode, count, samples in delivered:
+        for group in dict.fromkeys(s.group for s in samples):
+            out.append((episode, count, [s for s in samples if s.group == group]))
+    return out
+
+
+@pytest.mark.parametrize("computed_first", [True, False])
+def test_groups_streamed_by_turn_and_a_withdrawn_attempt_give_the_batch_step_of_the_others(model_path, computed_first):
+    """Tree sampling, agent_turn, std_scope group (`Config.streams_turns`): every group delivered alone, in a
+    random order with random passes, and one episode's attempt withdrawn after its groups came: the update is
+    the batch step's on the other episodes' samples, whether a pass had computed the withdrawn groups (the
+    step is computed again at the end) or not (they came first and waited for their problem's other
+    episode: they are dropped before any pass)."""
+    overrides = CASES["agent_turn-group"]
+    assert load_config(CONFIG, overrides).streams_turns()
+    delivered = episodes(model_path, parallel=False)
+    lost = delivered[1][0]  # p0's second episode: its problem keeps the first
+    groups = by_group(delivered)
+    order, cuts = orders(groups, seed=3)
+    stream_learner = learner(model_path, *overrides)
+
+    mine = [g for g in groups if g[0] == lost]
+    if not computed_first:  # its groups first: they wait for p0's first episode
+        order = mine + [g for g in order if g[0] != lost]
+
+    async def run() -> StreamingStep:
+        step = StreamingStep(stream_learner, 0)
+        for n, (episode, count, samples) in enumerate(order):
+            step.add(samples, episode, count)
+            if n in cuts or computed_first:
+                await step.drain()
+            if n == len(mine) - 1 and not computed_first:
+                step.withdraw([s for _, _, samples in mine for s in samples])
+        await step.drain()
+        if computed_first:
+            step.withdraw([s for _, _, samples in mine for s in samples])
+        await step.finish()
+        return step
+
+    step = asyncio.run(run())
+    assert step.redo is computed_first
+    kept = [s for episode, _, samples in delivered if episode != lost for s in samples]
+    assert step.given == len(step.samples) == len(kept)
+    batch = learner(model_path, *overrides)
+    start = params(batch)
+    batch.step(kept, 0)
+    assert_same_update(stream_learner, batch, start)
+
+
+def test_groups_stream_by_turn_only_where_a_group_s_advantages_need_no_other_sample():
+    assert load_config(CONFIG, TREE).streams_turns()
+    for overrides in (
+        [*TREE, "algorithm.std_scope=agent"],
+        [*PARALLEL, "algorithm.grouping=agent"],
+        [*TREE, "trainer.streaming=false"],
+        [*TREE, "cluster.leases=true"],
+    ):
+        assert not load_config(CONFIG, overrides).streams_turns(), overrides
+
+
+def test_the_trainer_takes_groups_one_at_a_time_and_drops_a_withdrawn_attempt_s(model_path):
+    """Through the Trainer's messages, groups streamed by turn: two episodes' groups come one message each,
+    the router withdraws the second episode's attempt 0 (its groups were computed) and its attempt 1 comes
+    again; the step trains the first episode's and attempt 1's, each episode counted once."""
+    config = load_config(ROOT / "configs/plan_path_tiny.yaml")
+    assert config.streams_turns()
+    deployment = Deployment("tcp://127.0.0.1:1", {"vertical": 1, "horizontal": 2}, dict.fromkeys(AGENTS, model_path))
+    trainer, sent = _stepping_trainer((config, deployment), lambda: None)
+
+    def group(episode: int, turn: int, attempt: int = 0) -> Groups:
+        samples = [
+            Sample(f"train0-{episode}/vertical/{turn}", f"train0-{episode}", f"p{episode}", "vertical", "vertical",
+                   turn, np.array([1, 5, 6, 7 + turn], dtype=np.int32), np.array([20 + i], dtype=np.int32),
+                   np.array([-3.4], dtype=np.float32), 0, float(i))
+            for i in range(4)
+        ]  # fmt: skip
+        wire = [sample_to_wire(s) for s in samples]
+        return Groups("vertical", 0, f"train0-{episode}", attempt, 4, 20, wire, 1)
+
+    async def run() -> None:
+        for message in (group(0, 0), group(1, 0), group(0, 1), group(1, 1)):
+            await trainer.on_message(message)
+        assert trainer.stream is not None
+        await trainer.stream.drain()
+        await trainer.on_message(Withdrawn("vertical", 0, "train0-1", 0))
+        await trainer.on_message(Withdrawn("vertical", 0, "train0-1", 0))  # (again: nothing left to drop)
+        for message in (group(1, 0, attempt=1), group(1, 1, attempt=1)):
+            await trainer.on_message(message)
+        assert trainer.stream.redo and trainer.stream.given == 16
+        await trainer._step(TrainStep("vertical", 0, 0, 16))
+
+    asyncio.run(run())
+    metrics = sent[-1].metrics
+    assert not sent[-1].error and metrics["samples"] == 16 and metrics["version_mismatch"] == 0
+    assert metrics["episodes"] == 2 and metrics["repeated_episodes"] == 0

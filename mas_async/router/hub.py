@@ -421,9 +421,10 @@ class Router(Actor):
         """A group streamed by turn, to its trainer rank at once; its samples count into the step when the
         attempt is done (`_on_episode_done`), and are withdrawn if it fails or is abandoned (`_withdraw`)."""
         policy = header.policy
-        rank = book.trainer_rank(
-            policy, task.msg.problem_id, lambda: self.clock.least_loaded_rank(policy, book.version)
-        )  # fmt: skip
+        # Spread by problems (a problem's first group comes long before any sample of the iteration counts as
+        # a rank's load), as with leases.
+        ranks = self.clock.ranks[policy]
+        rank = book.trainer_rank(policy, task.msg.problem_id, lambda: book.fewest_problems(policy, ranks))
         counts = task.streamed.setdefault((policy, rank), [0, 0])
         counts[0] += header.n_samples
         counts[1] += header.n_tokens

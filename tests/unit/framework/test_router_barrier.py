@@ -277,14 +277,15 @@ def test_trainer_ranks_get_whole_episodes_and_the_step_waits_for_every_rank(tmp_
         config = load_config(
             ROOT / "configs/plan_path_tiny.yaml",
             ["env.train_size=16", "env.test_size=4", "rollout.batch_size=3", "cluster.env_workers=2",
-             "rollout.episodes_per_worker=2", "policies.vertical.trainer_ranks=2"],
+             "rollout.episodes_per_worker=2", "policies.vertical.trainer_ranks=2",
+             "algorithm.std_scope=agent"],  # (groups by episode: balanced by the tokens forwarded)
         )  # fmt: skip
         deployment = Deployment(
             "tcp://127.0.0.1:1", {"vertical": 1, "horizontal": 2}, {"vertical": "", "horizontal": ""}
         )
         router = Router(config, deployment, tmp_path)
         router.io = _Sent()
-        assert b"trainer/vertical/1" in {n.encode() for n in router.table.expected}
+        assert b"trainer/vertical/1" in {n.encode() for n in router.table.expected} and not router.streams_turns
         for name in sorted(router.table.expected):
             role, policy = name.split("/")[0], (name.split("/")[1] if not name.startswith("env_worker") else "")
             router._on_hello(name.encode(), Hello(role, name, policy, 2, PROTOCOL_VERSION, 1))
@@ -317,6 +318,40 @@ def test_trainer_ranks_get_whole_episodes_and_the_step_waits_for_every_rank(tmp_
 
     row = asyncio.run(scenario())
     assert row["rollout/episodes"] == 3
+
+
+def test_groups_streamed_by_turn_spread_over_the_trainer_ranks_by_problem(tmp_path):
+    """Groups streamed by turn come before any episode is done (no sample counts as a rank's load yet): each
+    problem's first group picks the rank with the fewest problems, and its later groups follow it."""
+
+    async def scenario() -> list[bytes]:
+        config = load_config(
+            ROOT / "configs/plan_path_tiny.yaml",
+            ["env.train_size=16", "env.test_size=4", "rollout.batch_size=3", "cluster.env_workers=2",
+             "rollout.episodes_per_worker=2", "policies.vertical.trainer_ranks=2"],
+        )  # fmt: skip
+        deployment = Deployment(
+            "tcp://127.0.0.1:1", {"vertical": 1, "horizontal": 2}, {"vertical": "", "horizontal": ""}
+        )
+        router = Router(config, deployment, tmp_path)
+        router.io = _Sent()
+        assert router.streams_turns
+        for name in sorted(router.table.expected):
+            role, policy = name.split("/")[0], (name.split("/")[1] if not name.startswith("env_worker") else "")
+            router._on_hello(name.encode(), Hello(role, name, policy, 2, PROTOCOL_VERSION, 1))
+        router.io.sent.clear()
+        iteration = asyncio.create_task(router._iteration(0, evaluate=False, train=True))
+        await asyncio.sleep(0)
+        runs = [run for _, run in router.io.of(RunEpisode)]
+        for turn in range(2):
+            for run in runs:
+                _groups(router, run, "vertical", 4 + turn)
+        iteration.cancel()
+        return [w for w, m in router.io.sent if isinstance(m, Groups)]
+
+    to = asyncio.run(scenario())
+    rank0, rank1 = b"trainer/vertical", b"trainer/vertical/1"
+    assert to == [rank0, rank1, rank0, rank0, rank1, rank0]
 
 
 def test_under_parallel_sampling_every_episode_of_a_problem_goes_to_one_trainer_rank(tmp_path):

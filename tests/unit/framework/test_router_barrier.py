@@ -272,24 +272,29 @@ def test_bounded_staleness_runs_the_next_iteration_during_the_step_but_not_its_e
     asyncio.run(scenario())
 
 
+def _two_rank_router(tmp_path, capacity: int, *overrides: str) -> Router:
+    """A router with 2 trainer ranks for policy vertical (3 training problems an iteration, 2 env workers of
+    `capacity` episodes each), every peer joined."""
+    config = load_config(
+        ROOT / "configs/plan_path_tiny.yaml",
+        ["env.train_size=16", "env.test_size=4", "rollout.batch_size=3", "cluster.env_workers=2",
+         f"rollout.episodes_per_worker={capacity}", "policies.vertical.trainer_ranks=2", *overrides],
+    )  # fmt: skip
+    deployment = Deployment("tcp://127.0.0.1:1", {"vertical": 1, "horizontal": 2}, {"vertical": "", "horizontal": ""})
+    router = Router(config, deployment, tmp_path)
+    router.io = _Sent()
+    for name in sorted(router.table.expected):
+        role, policy = name.split("/")[0], (name.split("/")[1] if not name.startswith("env_worker") else "")
+        router._on_hello(name.encode(), Hello(role, name, policy, capacity, PROTOCOL_VERSION, 1))
+    router.io.sent.clear()
+    return router
+
+
 def test_trainer_ranks_get_whole_episodes_and_the_step_waits_for_every_rank(tmp_path):
     async def scenario() -> dict:
-        config = load_config(
-            ROOT / "configs/plan_path_tiny.yaml",
-            ["env.train_size=16", "env.test_size=4", "rollout.batch_size=3", "cluster.env_workers=2",
-             "rollout.episodes_per_worker=2", "policies.vertical.trainer_ranks=2",
-             "algorithm.std_scope=agent"],  # (groups by episode: balanced by the tokens forwarded)
-        )  # fmt: skip
-        deployment = Deployment(
-            "tcp://127.0.0.1:1", {"vertical": 1, "horizontal": 2}, {"vertical": "", "horizontal": ""}
-        )
-        router = Router(config, deployment, tmp_path)
-        router.io = _Sent()
+        # (groups by episode: balanced by the tokens forwarded)
+        router = _two_rank_router(tmp_path, 2, "algorithm.std_scope=agent")
         assert b"trainer/vertical/1" in {n.encode() for n in router.table.expected} and not router.streams_turns
-        for name in sorted(router.table.expected):
-            role, policy = name.split("/")[0], (name.split("/")[1] if not name.startswith("env_worker") else "")
-            router._on_hello(name.encode(), Hello(role, name, policy, 2, PROTOCOL_VERSION, 1))
-        router.io.sent.clear()
         iteration = asyncio.create_task(router._iteration(0, evaluate=False, train=True))
         await asyncio.sleep(0)
         runs = router.io.of(RunEpisode)
@@ -325,21 +330,8 @@ def test_groups_streamed_by_turn_spread_over_the_trainer_ranks_by_problem(tmp_pa
     problem's first group picks the rank with the fewest problems, and its later groups follow it."""
 
     async def scenario() -> list[bytes]:
-        config = load_config(
-            ROOT / "configs/plan_path_tiny.yaml",
-            ["env.train_size=16", "env.test_size=4", "rollout.batch_size=3", "cluster.env_workers=2",
-             "rollout.episodes_per_worker=2", "policies.vertical.trainer_ranks=2"],
-        )  # fmt: skip
-        deployment = Deployment(
-            "tcp://127.0.0.1:1", {"vertical": 1, "horizontal": 2}, {"vertical": "", "horizontal": ""}
-        )
-        router = Router(config, deployment, tmp_path)
-        router.io = _Sent()
+        router = _two_rank_router(tmp_path, 2)
         assert router.streams_turns
-        for name in sorted(router.table.expected):
-            role, policy = name.split("/")[0], (name.split("/")[1] if not name.startswith("env_worker") else "")
-            router._on_hello(name.encode(), Hello(role, name, policy, 2, PROTOCOL_VERSION, 1))
-        router.io.sent.clear()
         iteration = asyncio.create_task(router._iteration(0, evaluate=False, train=True))
         await asyncio.sleep(0)
         runs = [run for _, run in router.io.of(RunEpisode)]
@@ -360,21 +352,9 @@ def test_under_parallel_sampling_every_episode_of_a_problem_goes_to_one_trainer_
     it goes where the problem's first one went."""
 
     async def scenario() -> None:
-        config = load_config(
-            ROOT / "configs/plan_path_tiny.yaml",
-            ["env.train_size=16", "env.test_size=4", "rollout.batch_size=3", "cluster.env_workers=2",
-             "rollout.episodes_per_worker=12", "policies.vertical.trainer_ranks=2", "algorithm.sampling=parallel",
-             "algorithm.grouping=trajectory", "algorithm.k=4"],
-        )  # fmt: skip
-        deployment = Deployment(
-            "tcp://127.0.0.1:1", {"vertical": 1, "horizontal": 2}, {"vertical": "", "horizontal": ""}
+        router = _two_rank_router(
+            tmp_path, 12, "algorithm.sampling=parallel", "algorithm.grouping=trajectory", "algorithm.k=4"
         )
-        router = Router(config, deployment, tmp_path)
-        router.io = _Sent()
-        for name in sorted(router.table.expected):
-            role, policy = name.split("/")[0], (name.split("/")[1] if not name.startswith("env_worker") else "")
-            router._on_hello(name.encode(), Hello(role, name, policy, 12, PROTOCOL_VERSION, 1))
-        router.io.sent.clear()
         iteration = asyncio.create_task(router._iteration(0, evaluate=False, train=True))
         for _ in range(20):  # (a dispatch goes on over the loop's turns when a slice's time is up)
             await asyncio.sleep(0)

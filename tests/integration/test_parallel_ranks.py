@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections import defaultdict
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -27,7 +28,7 @@ LAUNCH = (
     "sys.exit(launch(load_config(sys.argv[1], sys.argv[2:]), roles='tests.support.recording_trainer:RECORDING_ROLES'))"
 )
 PARALLEL = [
-    "algorithm.sampling=parallel", "algorithm.grouping=trajectory", "algorithm.k=4", "rollout.batch_size=3",
+    "algorithm.sampling=parallel", "algorithm.grouping=trajectory", "algorithm.k=4", "rollout.batch_size=4",
     "policies.vertical.trainer_ranks=2", "policies.vertical.lr=1e-5", "run.iterations=1", "eval.size=2",
     "workflow.options.max_turns=4",
 ]  # fmt: skip
@@ -54,21 +55,35 @@ def test_two_ranks_under_parallel_sampling_make_the_update_of_one(tmp_path):
     episodes = defaultdict(set)
     for sample in batch:
         episodes[sample.problem_id].add(sample.episode_id)
-    assert sorted(len(e) for e in episodes.values()) == [4, 4, 4]  # every episode of the 3 problems trained
+    assert sorted(len(e) for e in episodes.values()) == [4, 4, 4, 4]  # every episode of the 4 problems trained
+    # (4 problems, not 3: with 12 episodes all returns came out equal once in a few runs)
     assert any(compute_advantages(batch, "trajectory") != 0)  # the returns differ: the update is no no-op
 
     config = load_config(run_dir / "config.yaml")
     model_path = json.loads((run_dir / "deployment.json").read_text())["model_paths"]["vertical"]
     torch.manual_seed(0)
     alone = PolicyLearner(config, "vertical", model_path)
-    alone.step(batch, 0)
+    alone_metrics = alone.step(batch, 0)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    # The gradient itself: Adam's first step is nearly blind to its scale (a sum where a mean was due
+    # would move the weights alike), its norm is not.
+    assert rows[0]["policy/vertical/grad_norm"] == pytest.approx(alone_metrics["grad_norm"], rel=1e-5)
     run = AutoModelForCausalLM.from_pretrained(policy_checkpoint(run_dir, "vertical", 1))
     start = AutoModelForCausalLM.from_pretrained(model_path)
     moved = max(
         float((a - b).detach().abs().max()) for a, b in zip(alone.model.parameters(), start.parameters(), strict=True)
     )
     assert moved > 5e-6
+    # Adam's first step moves a weight by lr * g / (|g| + eps): where |g| is within ~100 eps of zero, the
+    # rounding of a gradient summed in another order (the ranks' shares) moves it by a visible part of lr.
+    # Those weights are left out (their gradient, alone's, is still in .grad after the step), and must be few.
+    near_zero = 100 * alone.optimizer.defaults["eps"]
+    compared = 0
     for (name, a), b in zip(alone.model.named_parameters(), run.parameters(), strict=True):
-        assert torch.allclose(a, b, atol=1e-6, rtol=0), f"{name}: the 2-rank run's update is not 1 rank's"
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        steady = a.grad.abs() >= near_zero
+        compared += int(steady.sum())
+        assert torch.allclose(a[steady], b[steady], atol=1e-6, rtol=0), (
+            f"{name}: the 2-rank run's update is not 1 rank's"
+        )
+    assert compared >= 0.9 * sum(a.numel() for a in alone.model.parameters()), "too few weights compared"
     assert rows[0]["policy/vertical/ranks"] == 2 and rows[0]["policy/vertical/version_mismatch"] == 0

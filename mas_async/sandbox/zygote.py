@@ -29,7 +29,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import random  # noqa: F401  imported once here: the function-test harness of most runs imports it (~2 ms each)
+import random  # noqa: F401  imported once here: the function-test harness of most runs imports it (~1.5 ms each)
 import resource
 import runpy  # noqa: F401  imported here once, for every run's program
 import selectors

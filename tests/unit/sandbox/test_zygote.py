@@ -135,7 +135,7 @@ def test_the_program_sees_only_its_own_fds_and_runs_get_their_own_random_state()
 
 def test_the_function_test_harness_finds_its_modules_imported() -> None:
     # Most runs are the harness's (sandbox/harness.py); a module it imports that the zygote has not costs
-    # every run its import (`random`: ~2 ms of ~12).
+    # every run its import (`random`: ~1.5 ms of ~14).
     harness = ast.parse((Path(sandbox.__file__).parent / "harness.py").read_text())
     imported = sorted({alias.name for node in harness.body if isinstance(node, ast.Import) for alias in node.names})
     assert "random" in imported

@@ -2,7 +2,8 @@
 
 Never imported by the framework: it runs inside bubblewrap (`bwrap.py`), as a script of its own
 (`python -I -S child.py FD`, the run's request as JSON in the file FD) or loaded by the zygote (`zygote.py`),
-which calls `lead` in a fork per run. It uses the standard library only. bubblewrap has already
+which forks each run's PID 1 straight into its namespaces (`fork_into_namespaces`, then `init`: step 2,
+with no leader) where the machine's clone(2) is known, else forks a leader (`lead`). It uses the standard library only. bubblewrap has already
 given this process a read-only view of the host (`view.py`), no network, no /proc of the host and the
 SANDBOX seccomp filter. A run then goes:
 
@@ -11,7 +12,7 @@ SANDBOX seccomp filter. A run then goes:
    unprivileged uid instead (the parent picks it), as another user the run's own user namespace is
    what gives it a process count of its own (RLIMIT_NPROC counts per user namespace and uid), and
    the capabilities to build its mounts. It forks the namespace's PID 1 and exits with its status.
-2. PID 1 mounts a /proc of the run's PID namespace (only the run's processes), size-capped tmpfs on
+2. PID 1 takes the run's environment, mounts a /proc of the run's PID namespace (only the run's processes), size-capped tmpfs on
    /tmp, /dev/shm and the work dir (`workdir`, holding the request's files), forks the program and
    reaps every orphan until the program ends; when it exits the kernel kills what is left.
 3. The program's process sets the rlimits (CPU seconds, address space, file size, process count,
@@ -44,7 +45,10 @@ PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, PR_CAP_AMBIENT = 1, 38, 2
 PR_CAP_AMBIENT_CLEAR_ALL, SECCOMP_MODE_FILTER = 4, 2
 CAPABILITY_VERSION_3 = 0x20080522
 
+SYS_CLONE = {"x86_64": 56, "aarch64": 220}
+
 _libc = ctypes.CDLL(None, use_errno=True)
+_libc_holding_gil = ctypes.PyDLL(None, use_errno=True)  # a fork must not let another thread run mid-call
 
 
 class _CapHeader(ctypes.Structure):
@@ -133,21 +137,48 @@ def lead(request: dict) -> NoReturn:
     os.environ.update(request["env"])
     if not request["isolated"]:
         exit_as_interpreter(lambda: _program(request))
-    own_user = request["uid"] is None
     uid, gid = os.geteuid(), os.getegid()
-    flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | (CLONE_NEWUSER if own_user else 0)
-    libc_call("unshare", flags)
+    libc_call("unshare", namespace_flags(request))
     pid = os.fork()
     if pid == 0:
         # Should the leader die before this, the parent's kill of the run's process group ends it.
         libc_call("prctl", PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        exit_as_interpreter(lambda: _init(request, uid, gid))
+        exit_as_interpreter(lambda: init(request, uid, gid))
     _, status = os.waitpid(pid, 0)
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
 
 
-def _init(request: dict, uid: int, gid: int) -> None:
-    """PID 1 of the run's namespaces: mounts, then fork the program and reap until it ends."""
+def namespace_flags(request: dict) -> int:
+    """The namespaces a run gets: mount, PID, network and IPC, and a user namespace unless it has a uid of its own."""
+    return CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | (CLONE_NEWUSER if request["uid"] is None else 0)
+
+
+def can_fork_into_namespaces() -> bool:
+    return os.uname().machine in SYS_CLONE
+
+
+def fork_into_namespaces(flags: int) -> int:
+    """`os.fork()` whose child starts in new namespaces (clone(2) with `flags`): with CLONE_NEWPID the
+    child is PID 1 of its own PID namespace, with no leader in between. Python's fork hooks run as
+    `os.fork()` runs them; the call holds the GIL, so the caller must have no other thread."""
+    python = ctypes.pythonapi
+    python.PyOS_BeforeFork()
+    pid = _libc_holding_gil.syscall(SYS_CLONE[os.uname().machine], ctypes.c_ulong(flags | signal.SIGCHLD), 0, 0, 0, 0)
+    errno = ctypes.get_errno()
+    if pid == 0:
+        python.PyOS_AfterFork_Child()
+        return 0
+    python.PyOS_AfterFork_Parent()
+    if pid < 0:
+        raise OSError(errno, f"sandbox: clone failed: {os.strerror(errno)}")
+    return pid
+
+
+def init(request: dict, uid: int, gid: int) -> None:
+    """PID 1 of the run's namespaces (`uid`, `gid`: the caller's outside them): the run's environment,
+    mounts, then fork the program and reap until it ends."""
+    os.environ.clear()
+    os.environ.update(request["env"])
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     if request["uid"] is None:  # the run's own user namespace: map its one user to the caller's

@@ -1,20 +1,21 @@
 """The sandbox's inside: set up one run's namespaces and limits, then run the model's program.
 
 Never imported by the framework: it runs inside bubblewrap (`bwrap.py`), as a script of its own
-(`python -I -S child.py FD`, the run's request as JSON in the file FD) or loaded by the zygote (`zygote.py`),
-which forks each run's PID 1 straight into its namespaces (`fork_into_namespaces`, then `init`: step 2,
-with no leader) where the machine's clone(2) is known, else forks a leader (`lead`). It uses the standard library only. bubblewrap has already
-given this process a read-only view of the host (`view.py`), no network, no /proc of the host and the
-SANDBOX seccomp filter. A run then goes:
+(`python -I -S child.py FD`, the run's request as JSON in the file FD) or loaded by the zygote
+(`zygote.py`), which forks each run's PID 1 straight into its namespaces (`fork_into_namespaces`, then
+`init`: step 2, with no leader) where the machine's clone(2) is known, else forks a leader (`lead`). It
+uses the standard library only. bubblewrap has already given this process a read-only view of the host
+(`view.py`), no network, no /proc of the host and the SANDBOX seccomp filter. A run then goes:
 
 1. The leader (this process, the run's process group leader) enters fresh mount, PID, network and IPC
    namespaces, and a fresh user namespace too unless it is root: as root every run gets its own
    unprivileged uid instead (the parent picks it), as another user the run's own user namespace is
    what gives it a process count of its own (RLIMIT_NPROC counts per user namespace and uid), and
    the capabilities to build its mounts. It forks the namespace's PID 1 and exits with its status.
-2. PID 1 takes the run's environment, mounts a /proc of the run's PID namespace (only the run's processes), size-capped tmpfs on
-   /tmp, /dev/shm and the work dir (`workdir`, holding the request's files), forks the program and
-   reaps every orphan until the program ends; when it exits the kernel kills what is left.
+2. PID 1 takes the run's environment, mounts a /proc of the run's PID namespace (only the run's
+   processes), size-capped tmpfs on /tmp, /dev/shm and the work dir (`workdir`, holding the request's
+   files), forks the program and reaps every orphan until the program ends; when it exits the kernel
+   kills what is left.
 3. The program's process sets the rlimits (CPU seconds, address space, file size, process count,
    open files, no core dumps; hard limits too), drops every capability (as root: to the run's uid),
    sets no_new_privs, loads the PROGRAM seccomp filter (no exec, no mounts, no namespaces: see

@@ -18,9 +18,9 @@ asyncio's `Process.returncode`); a run it could not fork gets {"id", "error"}. T
   default signal handling;
 - is, for an isolated run, the run's PID 1, forked straight into the run's namespaces
   (`child.fork_into_namespaces`), and goes on as a fresh interpreter's PID 1 does (`child.init`: its
-  mounts, the program); a run has no leader between the zygote and its PID 1 (~1 ms of CPU less). Where the machine's
-  clone(2) is not known, and for a run without isolation, it is a leader that does what a fresh
-  interpreter's run does (`child.lead`).
+  mounts, the program): no leader stands between the zygote and PID 1 (~1 ms of CPU less per run).
+  Where the machine's clone(2) is not known, and for a run without isolation, it is a leader that does
+  what a fresh interpreter's run does (`child.lead`).
 
 The program's process ends as an interpreter would (`child.exit_as_interpreter`). What differs from a
 fresh interpreter: `str` hashes use the zygote's seed (`random` is reseeded at fork). The zygote exits

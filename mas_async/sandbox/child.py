@@ -132,11 +132,11 @@ def without_site(site_dirs: list[str]) -> None:
 
 
 def lead(request: dict) -> NoReturn:
-    """The run's leader: fds 0-2 are the run's and its process group is set. Takes the run's environment, enters the
-    run's namespaces, forks its PID 1 and exits with the program's status (128 + signal if killed)."""
-    os.environ.clear()
-    os.environ.update(request["env"])
+    """The run's leader: fds 0-2 are the run's and its process group is set. Enters the run's namespaces,
+    forks its PID 1 and exits with the program's status (128 + signal if killed); without isolation, runs
+    the program itself with the run's environment."""
     if not request["isolated"]:
+        _take_environment(request)
         exit_as_interpreter(lambda: _program(request))
     uid, gid = os.geteuid(), os.getegid()
     libc_call("unshare", namespace_flags(request))
@@ -178,8 +178,7 @@ def fork_into_namespaces(flags: int) -> int:
 def init(request: dict, uid: int, gid: int) -> None:
     """PID 1 of the run's namespaces (`uid`, `gid`: the caller's outside them): the run's environment,
     mounts, then fork the program and reap until it ends."""
-    os.environ.clear()
-    os.environ.update(request["env"])
+    _take_environment(request)
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     if request["uid"] is None:  # the run's own user namespace: map its one user to the caller's
@@ -205,6 +204,11 @@ def init(request: dict, uid: int, gid: int) -> None:
         exit_as_interpreter(lambda: _program(request))
     sys.stdout.flush()
     os._exit(_reap(pid))
+
+
+def _take_environment(request: dict) -> None:
+    os.environ.clear()
+    os.environ.update(request["env"])
 
 
 def _reap(pid: int) -> int:

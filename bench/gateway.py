@@ -1,21 +1,26 @@
 """Rollout throughput through the OpenAI-compatible gateway against the same workflow written as node
 classes, measured in the same run on the mock backend.
 
-Two rollout-only deployments of Plan-Path's two movers (`mas-async bench`'s measurement: router, env
+Rollout-only deployments of Plan-Path's two movers (`mas-async bench`'s measurement: router, env
 workers, one mock inference server per policy), the same problems, sampling (parallel, K episodes per
 problem), turns and decoding:
 
 - gateway: `configs/examples/openai_movers.yaml`, the workflow program `nodes/examples/openai_movers.py`
-  whose every call goes through the env worker's gateway with the `openai` package (HTTP, JSON, the chat
-  template, the exact-token bookkeeping);
+  whose every call goes through the env worker's gateway with the `openai` package's client that the
+  program is given, answered in-process (`gateway.in_process`, the default: the chat template, the
+  exact-token bookkeeping, the package's request and response models, no HTTP);
+- gateway over HTTP: the same with `gateway.in_process=false`, every call an HTTP request (the `openai`
+  package's request transform and HTTP client, aiohttp's server, JSON both ways), as from a program's own
+  clients or an agent service;
 - node classes (the raw baseline): `configs/plan_path_tiny.yaml` set to the same sampling, batch, turns and
   decoding: the shipped `PlanPathWorkflow` and its mover nodes, which call the env worker's `generate`
   directly.
 
 The mock backend charges the same time per batch whatever the prompt, so what differs is the work around
-each call. The figure is generate requests per second (one per agent turn: both sides play the same turns
-of the same problems, up to the goal), and the ratio gateway / node classes, per round, the two sides
-alternating; printed as the median and range of `--rounds` rounds. Episodes/s and turns per episode are
+each call. The figure is generate requests per second (one per agent turn: every side plays the same turns
+of the same problems, up to the goal), and the ratio of each gateway side to node classes, per round, the
+sides taking turns; printed as the median and range of `--rounds` rounds (the target is the in-process
+gateway's, the program's default). Episodes/s and turns per episode are
 printed beside it (an episode ends early on the goal, which a random move reaches now and then).
 
 The mock answers at once by default: the ratio is then the gateway's overhead alone, the strictest test.
@@ -24,10 +29,10 @@ shows what the overhead costs when calls take as long as a model's: the env work
 matters only while it, not the replies, bounds the rollout.
 
 Beside the throughput, what bounds it: the whole machine's CPU per request of each side over its measured
-phases (their ratio is the most the gateway's requests/s can be of the node classes' wherever CPU bounds
-both), and the `openai` client's own CPU per call of this program, measured alone in this process (a
-canned reply through an in-process transport: no server, no socket), which bounds the ratio even with the
-gateway's own work free.
+phases (their ratio is the most a gateway side's requests/s can be of the node classes' wherever CPU bounds
+both), and the `openai` client's own CPU per HTTP call of this program, measured alone in this process (a
+canned reply through an in-process transport: no server, no socket), which bounds the HTTP side's ratio
+even with the gateway's own work free.
 
     python bench/gateway.py                      # 3 rounds, a few minutes on 2 cores
     python bench/gateway.py --mock-step-ms 100   # calls of 100 ms each
@@ -57,6 +62,8 @@ from mas_async.throughput.run import load_record
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = 0.9
 """Issue 40: gateway requests/s at least 0.9 of the node classes' on the mock backend (median of 3)."""
+GATEWAY_SIDES = {"gateway": "true", "gateway over HTTP": "false"}
+"""The gateway sides and their `gateway.in_process`."""
 
 
 def configs(args: argparse.Namespace, run_dir: Path) -> dict[str, Config]:
@@ -73,11 +80,21 @@ def configs(args: argparse.Namespace, run_dir: Path) -> dict[str, Config]:
         "rollout.max_tokens=1",
         "cluster.env_workers=1",
     ]
+    program = ROOT / "configs/examples/openai_movers.yaml"
+    gateways = {
+        name: load_config(
+            program,
+            [
+                *common,
+                f"run.output_dir={run_dir / name.replace(' ', '-')}",
+                f"workflow.options.max_turns={args.turns}",
+                f"gateway.in_process={in_process}",
+            ],
+        )
+        for name, in_process in GATEWAY_SIDES.items()
+    }
     return {
-        "gateway": load_config(
-            ROOT / "configs/examples/openai_movers.yaml",
-            [*common, f"run.output_dir={run_dir / 'gateway'}", f"workflow.options.max_turns={args.turns}"],
-        ),
+        **gateways,
         "node classes": load_config(
             ROOT / "configs/plan_path_tiny.yaml",
             [*common, f"run.output_dir={run_dir / 'nodes'}", f"workflow.options.max_turns={args.turns}"],
@@ -110,7 +127,7 @@ CANNED_REPLY = {
 
 
 def client_ms_per_call(turns: int, calls_per_size: int = 200) -> float:
-    """The `openai` client's own CPU per call of the movers' program, alone in this process: the calls of
+    """The `openai` client's own CPU per HTTP call of the movers' program, alone in this process: the calls of
     turns 1 to `turns` (2t - 1 messages each, as the program resends its history), each answered at once
     with `CANNED_REPLY` by an in-process transport (no server, no socket). Milliseconds of this process's
     CPU, the mean over the turns."""
@@ -156,10 +173,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     raise RuntimeError(f"round {index}, {name}: {figures[name]['dropped']:.0f} episodes dropped")
             figures["openai client alone"] = {"cpu_ms_per_request": client_ms_per_call(args.turns)}
             rounds.append(figures)
-            ratio = figures["gateway"]["requests_per_s"] / figures["node classes"]["requests_per_s"]
+            nodes = figures["node classes"]["requests_per_s"]
             print(
-                f"round {index + 1}: gateway {figures['gateway']['requests_per_s']:.1f} requests/s, node classes "
-                f"{figures['node classes']['requests_per_s']:.1f}: {ratio:.2f}x",
+                f"round {index + 1}: node classes {nodes:.1f} requests/s; "
+                + ", ".join(
+                    f"{name} {figures[name]['requests_per_s']:.1f} ({figures[name]['requests_per_s'] / nodes:.2f}x)"
+                    for name in GATEWAY_SIDES
+                ),
                 flush=True,
             )
     return {"rounds": rounds}
@@ -168,6 +188,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def report(args: argparse.Namespace, result: dict[str, Any]) -> dict[str, Any]:
     rounds = result["rounds"]
     ratios = [r["gateway"]["requests_per_s"] / r["node classes"]["requests_per_s"] for r in rounds]
+    http_ratios = [r["gateway over HTTP"]["requests_per_s"] / r["node classes"]["requests_per_s"] for r in rounds]
     print(
         f"gateway vs node classes: Plan-Path movers, {args.problems} problems x K={args.k} episodes per phase, "
         f"up to {args.turns} turns, mock backend ({args.mock_step_ms:g} ms a call), {args.phases} phases "
@@ -175,29 +196,32 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> dict[str, Any]:
         f"{len(rounds)} rounds"
     )
     print(
-        f"  {'side':<13} {'requests/s':>18} {'episodes/s':>18} {'requests/episode':>17} {'latency p50 ms':>15} "
+        f"  {'side':<17} {'requests/s':>18} {'episodes/s':>18} {'requests/episode':>17} {'latency p50 ms':>15} "
         f"{'CPU ms/request':>18}"
     )
 
     def spread(values: list[float], digits: int = 1) -> str:
         return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
 
-    for name in ("node classes", "gateway"):
+    for name in ("node classes", *GATEWAY_SIDES):
 
         def column(key: str, digits: int = 1, name: str = name) -> str:
             return spread([r[name][key] for r in rounds], digits)
 
         print(
-            f"  {name:<13} {column('requests_per_s'):>18} {column('episodes_per_s'):>18} "
+            f"  {name:<17} {column('requests_per_s'):>18} {column('episodes_per_s'):>18} "
             f"{column('requests_per_episode'):>17} {column('latency_p50_ms'):>15} {column('cpu_ms_per_request', 2):>18}"
         )
-    # What the CPU per request allows where it bounds the rollout (both cores busy), and what of the
-    # gateway's is the `openai` client's own work.
+    # What the CPU per request allows where it bounds the rollout (both cores busy), and what of the HTTP
+    # side's is the `openai` client's own work.
     cpu_ratios = [r["node classes"]["cpu_ms_per_request"] / r["gateway"]["cpu_ms_per_request"] for r in rounds]
+    http_cpu_ratios = [
+        r["node classes"]["cpu_ms_per_request"] / r["gateway over HTTP"]["cpu_ms_per_request"] for r in rounds
+    ]
     client = [r["openai client alone"]["cpu_ms_per_request"] for r in rounds]
-    # A call through the gateway does all a node's call does (the episode, the env, the router, the
-    # server) and the client's work besides: even with the gateway's own work (HTTP, JSON, the template)
-    # free, the most it can make of the node classes' requests/s where CPU bounds both.
+    # A call through the gateway over HTTP does all a node's call does (the episode, the env, the router,
+    # the server) and the client's work besides: even with the gateway's own work (HTTP, JSON, the
+    # template) free, the most it can make of the node classes' requests/s where CPU bounds both.
     client_bounds = [
         r["node classes"]["cpu_ms_per_request"]
         / (r["node classes"]["cpu_ms_per_request"] + r["openai client alone"]["cpu_ms_per_request"])
@@ -205,9 +229,14 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> dict[str, Any]:
     ]
     print(
         f"  CPU per request (the whole machine's, over the measured phases): node classes / gateway "
-        f"{spread(cpu_ratios, 2)}x, the most the gateway's requests/s can be of theirs where CPU bounds both; "
-        f"of the gateway's, the openai client's own work alone (a canned reply, no server): {spread(client, 2)} ms, "
-        f"so with the gateway's own work free: at most {spread(client_bounds, 2)}x"
+        f"{spread(cpu_ratios, 2)}x, / gateway over HTTP {spread(http_cpu_ratios, 2)}x: the most each side's "
+        f"requests/s can be of theirs where CPU bounds both; over HTTP, the openai client's own work alone (a "
+        f"canned reply, no server): {spread(client, 2)} ms, so with the gateway's own work free: at most "
+        f"{spread(client_bounds, 2)}x"
+    )
+    print(
+        f"  ratio gateway over HTTP / node classes (requests/s): median {statistics.median(http_ratios):.2f}x, "
+        f"range {min(http_ratios):.2f}-{max(http_ratios):.2f}x"
     )
     median = statistics.median(ratios)
     judged = args.mock_step_ms == 0  # (the target is the overhead alone: calls that take no time)
@@ -221,6 +250,8 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> dict[str, Any]:
         "median": median,
         "target": TARGET,
         "cpu_ratios": cpu_ratios,
+        "http_ratios": http_ratios,
+        "http_cpu_ratios": http_cpu_ratios,
         "client_ms_per_call": client,
         "client_bounds": client_bounds,
         **({"target_met": median >= TARGET} if judged else {}),

@@ -450,6 +450,10 @@ class GatewayConfig(_Section):
     base URL is in deployment.json (`gateways`), and every request must carry the run's token, minted at
     each start into RUN_DIR/keys/gateway_token (mode 0600), before the episode's key: `Authorization:
     Bearer <token>.<episode key>` (a program's clients and `Task.api_key` carry it)."""
+    in_process: bool = True
+    """The clients a program is given (its `agents`) hand their plain chat and text completion calls to
+    the gateway in the env worker's process, without HTTP (docs/gateway.md, "In-process calls"): the
+    same requests, checks, responses and errors, at a fraction of the CPU; false: every call over HTTP."""
     max_calls_per_episode: int = Field(256, ge=1)
     """Most chat completion calls one episode may make; the next gets an OpenAI-shaped 400 error."""
     max_request_bytes: int = Field(4 * 1024 * 1024, ge=1024)

@@ -95,8 +95,8 @@ class Keys:
     PARSE_PREFIX = "parse/"
     PROGRESS_PREFIX = "progress_rate/"
     GATEWAY_PREFIX = "gateway/"
-    """Per-agent means of an OpenAI API program's calls: gateway/calls|reused|prefix_mismatch|retokenized/<agent>
-    (docs/gateway.md)."""
+    """Per-agent means of an OpenAI API program's calls:
+    gateway/calls|in_process|reused|prefix_mismatch|retokenized/<agent> (docs/gateway.md)."""
     BASELINE_PREFIX = "eval/baseline/"
     GATEWAY_REFUSED_AUTH = "gateway/refused_auth"
     """Requests that the run's external gateways (`gateway.external`) refused in the iteration for a missing or

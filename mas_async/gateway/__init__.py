@@ -13,5 +13,6 @@ OpenAI's object plus the exact ids and weight version (`responses.py`), a reply'
 into `message.tool_calls`. Every call is recorded as the agent's turn; when the program returns, the
 episode turns the calls into samples with the program's rewards (`episode.py`, `workflow.py`). Under tree
 sampling a training call is K candidates scored by the program's scorer, the best returned (`tree.py`).
-docs/gateway.md is the user's guide.
+The clients a program is given hand their plain calls to the gateway in-process, without HTTP, with the
+same requests, replies and errors (`in_process.py`). docs/gateway.md is the user's guide.
 """

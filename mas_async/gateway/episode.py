@@ -114,6 +114,8 @@ class GatewayEpisode:
         """Run the program with one client per agent on a new session; credit its calls with its rewards."""
         from openai import AsyncOpenAI  # imported by episodes of a program only
 
+        from mas_async.gateway.in_process import InProcessClient
+
         agents = tuple(self.policy_of)
         session = self.gateway.open(episode_id=self.episode_id, problem_id=self.problem_id, mode=self.mode)
         self.session = session
@@ -123,8 +125,10 @@ class GatewayEpisode:
         tree = self.gateway.limits.tree if self.mode == "train" else None
         # A tree-sampled call also awaits the scoring of its K candidates, each within tree.timeout_s.
         timeout = self.client_timeout_s + (tree.timeout_s if tree is not None else 0.0)
+        # In-process clients hand their plain calls to the gateway without HTTP (`in_process.py`).
+        client_class = InProcessClient if self.gateway.in_process else AsyncOpenAI
         clients = {
-            agent: AsyncOpenAI(
+            agent: client_class(
                 base_url=self.gateway.base_url,
                 api_key=api_key,
                 max_retries=0,
@@ -133,6 +137,9 @@ class GatewayEpisode:
             )
             for agent in agents
         }
+        for client in clients.values():
+            if isinstance(client, InProcessClient):
+                client.bind(self.gateway)
         task = Task(
             env=self.env,
             problem=self.problem,
@@ -193,8 +200,8 @@ class GatewayEpisode:
 
     def finish(self) -> dict[str, Any]:
         """The episode's metrics: success, reward/<agent>, turns, tokens, and the gateway's counts per agent
-        (calls, and the prompt sources: reused, prefix_mismatch (an edited history), retokenized; under tree
-        sampling the mean score of its candidates, gateway/score/<agent>)."""
+        (calls, those answered in-process, and the prompt sources: reused, prefix_mismatch (an edited
+        history), retokenized; under tree sampling the mean score of its candidates, gateway/score/<agent>)."""
         session, rewards = self.session, self.rewards
         assert session is not None and rewards is not None, "finish() before play()"
         tokens = sum(len(c.completion.token_ids) for c in session.calls)
@@ -214,6 +221,7 @@ class GatewayEpisode:
         for agent in self.policy_of:
             summary[f"reward/{agent}"] = self.alpha * rewards.team + rewards.local.get(agent, 0.0)
             summary[f"gateway/calls/{agent}"] = session.turns[agent]
+            summary[f"gateway/in_process/{agent}"] = session.in_process[agent]
             if agent in scores:  # tree sampling: the mean score of the agent's candidates
                 summary[f"gateway/score/{agent}"] = float(np.mean(scores[agent]))
             for source in SOURCES:

@@ -13,7 +13,8 @@ gated by the weight version and tagged like any other request, under the run's s
 the usual fields plus `token_ids`, `prompt_token_ids` and `weight_version` (`responses.py`); a chat
 reply's Hermes tool calls become `message.tool_calls` (`tools.py`). In a tree-sampled training episode a
 chat call is K candidates from one request, scored by the program's scorer, and only the best is returned
-and continues the agent's transcript (`tree.py`).
+and continues the agent's transcript (`tree.py`). The clients a program is given skip HTTP: they call
+`Gateway.answer`, which checks and answers their calls as the routes do (`in_process.py`).
 
 Why aiohttp: its server runs as tasks of the loop that already runs the worker's episodes and sockets
 (no thread, no second loop), its handlers are plain coroutines with no request-model layer of its own,
@@ -27,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -72,6 +73,7 @@ class Gateway:
         port: int = 0,
         generate_errors: tuple[type[BaseException], ...] = (),
         access: Access | None = None,
+        in_process: bool = True,
     ) -> None:
         self.policy_of = dict(policy_of)
         self.tokenizers = tokenizers
@@ -84,6 +86,8 @@ class Gateway:
         """Exceptions of `generate` that mean the inference side refused or failed the request (-> an error reply)."""
         self.access = access or Access()
         """Who may call (`access.py`): the episode key alone (loopback), or the run's token with it (external)."""
+        self.in_process = in_process
+        """Whether the episodes' program clients call `answer` in-process (`in_process.py`) rather than over HTTP."""
         self.scorer = load_scorer(limits.tree.scorer) if limits.tree is not None else None
         """The run's `workflow.scorer` under tree sampling (`tree.py`): each training episode binds it to its task."""
         self.sessions = Sessions()
@@ -148,6 +152,49 @@ class Gateway:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         session = self._session(request)
         chat = ChatRequest.parse(await _body(request))
+        response = await self.chat(session, chat)
+        deltas = responses.chat_deltas(self.tokenizers[self.policy_of[chat.model]])
+        return await _reply(request, response, chat.sampling, "chat.completion.chunk", deltas, {"delta": {}})
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        session = self._session(request)
+        text_request = TextRequest.parse(await _body(request))
+        response = await self.text(session, text_request)
+        deltas = responses.text_deltas(self.tokenizers[self.policy_of[text_request.model]])
+        return await _reply(request, response, text_request.sampling, "text_completion", deltas, {"text": ""})
+
+    async def answer(self, route: str, authorization: str, data: str) -> dict[str, Any]:
+        """An in-process client's call (`in_process.py`): the JSON body `data` of a chat ("chat") or text
+        ("text") completion request with its Authorization header, checked in the order of an HTTP request
+        (the run's token, the episode, the body's size and JSON, its fields); the response object, or the
+        `GatewayError` that the HTTP route would have answered."""
+        try:
+            self.access.admit(authorization, "this process")
+            session = self.sessions.get(self.access.episode_key(authorization), authenticated=self.access.external)
+            size = len(data.encode())
+            if size > self.limits.max_request_bytes:
+                path = "/v1/chat/completions" if route == "chat" else "/v1/completions"
+                too_large = web.HTTPRequestEntityTooLarge(max_size=self.limits.max_request_bytes, actual_size=size)
+                raise GatewayError(413, f"POST {path}: {too_large.reason}")
+            body = _parse_json(data)
+            if route == "chat":
+                response = await self.chat(session, ChatRequest.parse(body))
+            else:
+                response = await self.text(session, TextRequest.parse(body))
+            session.in_process[response["model"]] += 1
+            return response
+        except GatewayError:
+            raise
+        except Exception as e:  # (as the HTTP middleware answers it)
+            log.exception("gateway: an in-process %s completion failed", route)
+            raise GatewayError(
+                500, f"internal error of the gateway: {type(e).__name__}: {e}", type="server_error"
+            ) from e
+
+    # -- what a route does, whoever asks (the HTTP routes above, or an in-process client's `answer`) -------
+
+    async def chat(self, session: Session, chat: ChatRequest) -> dict[str, Any]:
+        """Answer a chat request of `session`: the response object (streamed or not by the caller)."""
         agent, policy = self._agent(chat.model)
         decode = decoding(chat.sampling, session.mode, self.limits)
         tree = self._tree(session)
@@ -166,12 +213,13 @@ class Gateway:
                     "argument), so the model could not see them; use a model whose template supports tools",
                     param="tools",
                 )
-            prompt_ids, source = transcript.prompt(chat.messages, chat.tools)
+            prompt = transcript.prompt(chat.messages, chat.tools)
         except GatewayError:
             raise
         except Exception as e:  # a template that cannot render these messages (jinja raises its own errors)
             raise bad_request(f"the chat template of policy {policy!r} cannot render these messages: {e}") from None
         n = chat.sampling.n if tree is None else tree.k
+        prompt_ids, source = prompt.ids, prompt.source
         turn, outputs, calls = await self._sample(session, agent, prompt_ids, source, chat.sampling, decode, n)
         tokenizer = self.tokenizers[policy]
         choices = [
@@ -187,22 +235,11 @@ class Gateway:
             choices, outputs = [{**choices[chosen], "index": 0}], [outputs[chosen]]
         session.calls += calls
         for choice, (completion, _) in zip(choices, outputs, strict=True):
-            transcript.add(chat.messages, choice["message"], prompt_ids, np.asarray(completion.token_ids), chat.tools)
-        response = responses.envelope("chat.completion", agent, choices, prompt_ids, about)
-        if not chat.sampling.stream:
-            return web.json_response(response)
-        events = streaming.chunks(
-            response,
-            "chat.completion.chunk",
-            responses.chat_deltas(tokenizer),
-            {"delta": {}},
-            chat.sampling.include_usage,
-        )
-        return await streaming.send(request, events)
+            transcript.add(chat.messages, choice["message"], prompt, np.asarray(completion.token_ids), chat.tools)
+        return responses.envelope("chat.completion", agent, choices, prompt_ids, about)
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        session = self._session(request)
-        text_request = TextRequest.parse(await _body(request))
+    async def text(self, session: Session, text_request: TextRequest) -> dict[str, Any]:
+        """Answer a text completion request of `session`: the response object."""
         agent, policy = self._agent(text_request.model)
         sampling = text_request.sampling
         decode = decoding(sampling, session.mode, self.limits)
@@ -220,15 +257,7 @@ class Gateway:
             responses.text_choice(tokenizer, index, text, completion, prompt_ids, sampling.logprobs)
             for index, (completion, text) in enumerate(outputs)
         ]
-        response = responses.envelope(
-            "text_completion", agent, choices, prompt_ids, _about(session, agent, turn, "fresh")
-        )
-        if not sampling.stream:
-            return web.json_response(response)
-        events = streaming.chunks(
-            response, "text_completion", responses.text_deltas(tokenizer), {"text": ""}, sampling.include_usage
-        )
-        return await streaming.send(request, events)
+        return responses.envelope("text_completion", agent, choices, prompt_ids, _about(session, agent, turn, "fresh"))
 
     # -- helpers -----------------------------------------------------------------------------------
 
@@ -340,9 +369,27 @@ class Gateway:
         return chosen
 
 
+async def _reply(
+    request: web.Request,
+    response: dict[str, Any],
+    sampling: Sampling,
+    kind: str,
+    deltas: Callable[[dict[str, Any]], Iterable[dict[str, Any]]],
+    empty: dict[str, Any],
+) -> web.StreamResponse:
+    """`response` as one JSON object, or with `stream: true` as server-sent chunks of `kind` (`streaming.py`)."""
+    if not sampling.stream:
+        return web.json_response(response)
+    return await streaming.send(request, streaming.chunks(response, kind, deltas, empty, sampling.include_usage))
+
+
 async def _body(request: web.Request) -> Any:
+    return _parse_json(await request.read())
+
+
+def _parse_json(data: bytes | str) -> Any:
     try:
-        return json.loads(await request.read())
+        return json.loads(data)
     except ValueError as e:  # JSONDecodeError and UnicodeDecodeError alike
         raise bad_request(f"the request body is not valid JSON: {e}") from None
 

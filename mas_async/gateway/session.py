@@ -70,6 +70,8 @@ class Session:
     """agent -> turns taken (calls admitted)."""
     sources: Counter[tuple[str, str]] = field(default_factory=Counter)
     """(agent, prompt source) -> calls: fresh, reused, edited (a prefix mismatch), retokenized."""
+    in_process: Counter[str] = field(default_factory=Counter)
+    """agent -> calls answered to an in-process client, without HTTP (`in_process.py`)."""
     closed: bool = False
     score: Score | None = None
     """The scorer bound to the episode's task in a tree-sampled training episode (`tree.py`): each call is

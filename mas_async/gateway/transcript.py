@@ -4,12 +4,14 @@ An OpenAI client resends the whole conversation at every call. Rendering it agai
 and tokenising the text would not give back the ids the model sampled (a BPE tokeniser may split the
 model's own reply differently, a template may rewrite it), and the sample would then train on a prompt
 the model never saw. So the transcript keeps, for every choice the gateway returned, the request's
-messages and tools, the reply message and the exact ids (prompt + completion). When a new request's
-messages are an earlier request's messages followed by the reply the gateway gave (its last assistant
-message: the same content and, for a reply with tool calls, the same calls by name and arguments; call ids
-are labels and may differ), with the same tools, its prompt is those recorded ids followed by the
-template's rendering of only what came after: the end of the assistant turn, the tool results and new
-messages, and the generation prompt ("reused").
+messages and tools, the reply message, the exact ids (prompt + completion) and the prompt's rendered text.
+When a new request's messages are an earlier request's messages followed by the reply the gateway gave
+(its last assistant message: the same content and, for a reply with tool calls, the same calls by name and
+arguments; call ids are labels and may differ), with the same tools, and the template's rendering of the
+new request starts with the text of those recorded ids (the earlier prompt's rendering, then the sampled
+reply as the tokenizer decodes it), its prompt is those recorded ids followed by the tokens of only what
+the template wrote after them: the end of the assistant turn, the tool results and new messages, and the
+generation prompt ("reused"). So a reused call renders the template once, as a fresh one does.
 
 Otherwise the prompt is the whole conversation rendered and tokenised afresh: "fresh" when it holds no
 assistant message (a new conversation), "edited" when it holds one that this agent did not produce in
@@ -29,18 +31,27 @@ from typing import Any
 import numpy as np
 
 from mas_async.gateway.tools import PROBE_MESSAGES, PROBE_TOOL, call_key, template_messages
-from mas_async.rollout.episode import _prompt_ids
 
 SOURCES = ("fresh", "reused", "edited", "retokenized")
 
 
 @dataclass(slots=True)
+class Prompt:
+    """The prompt of one call: the ids the model is sent, their text (the template's rendering) and source."""
+
+    ids: np.ndarray
+    text: str
+    source: str
+
+
+@dataclass(slots=True)
 class Exchange:
-    """One returned choice: the request's messages, the reply message, and the ids the model saw and sampled."""
+    """One returned choice: the request's messages, the reply message, the prompt the model saw and the ids
+    it sampled."""
 
     messages: list[dict[str, Any]]
     reply: dict[str, Any]
-    prompt_ids: np.ndarray
+    prompt: Prompt
     completion_ids: np.ndarray
 
 
@@ -63,27 +74,26 @@ class Transcript:
         self,
         messages: list[dict[str, Any]],
         reply: dict[str, Any],
-        prompt_ids: np.ndarray,
+        prompt: Prompt,
         completion_ids: np.ndarray,
         tools: list[dict[str, Any]] | None = None,
     ) -> None:
         """Remember a returned choice (`reply`: its assistant message), so that a request repeating it reuses its ids."""
-        self._exchanges[_key(messages, reply, tools)] = Exchange(list(messages), reply, prompt_ids, completion_ids)
+        self._exchanges[_key(messages, reply, tools)] = Exchange(list(messages), reply, prompt, completion_ids)
 
-    def prompt(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
-    ) -> tuple[np.ndarray, str]:
-        """The prompt ids (int32[P]) of a request with `messages` and `tools`, and their source (module docstring)."""
+    def prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> Prompt:
+        """The prompt of a request with `messages` and `tools`: its ids (int32[P]) and source (module docstring)."""
         last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
         if last is None:
-            return self._fresh(messages, tools), "fresh"
+            return self._fresh(messages, tools, "fresh")
         exchange = self._exchanges.get(_key(messages[:last], messages[last], tools))
         if exchange is None:
-            return self._fresh(messages, tools), "edited"
-        ids = self._glue(exchange, messages, last, tools)
+            return self._fresh(messages, tools, "edited")
+        text = self._render(messages, generation=True, tools=tools)
+        ids = self._glue(exchange, text)
         if ids is None:
-            return self._fresh(messages, tools), "retokenized"
-        return ids, "reused"
+            return self._fresh(messages, tools, "retokenized", text)
+        return Prompt(ids, text, "reused")
 
     def renders_tools(self) -> bool:
         """Whether the chat template writes a request's tools into the prompt (it may ignore them)."""
@@ -92,22 +102,17 @@ class Transcript:
             self._renders_tools = with_tools != self._render(PROBE_MESSAGES, generation=True)
         return self._renders_tools
 
-    def _glue(
-        self, exchange: Exchange, messages: list[dict[str, Any]], last: int, tools: list[dict[str, Any]] | None
-    ) -> np.ndarray | None:
-        """The recorded ids of `exchange` + the tokens of what the template renders after its reply."""
-        before = self._render(exchange.messages, generation=True, tools=tools)
-        with_reply = self._render(messages[: last + 1], generation=False, tools=tools)
-        after = self._render(messages, generation=True, tools=tools)
-        if not (with_reply.startswith(before) and after.startswith(with_reply)):
-            return None
-        body = with_reply[len(before) :]  # the assistant turn as the template writes it
+    def _glue(self, exchange: Exchange, text: str) -> np.ndarray | None:
+        """The recorded ids of `exchange` + the tokens of what `text` (the new request's rendering) holds
+        after them; None when `text` does not start with the text of the recorded ids (the earlier prompt's
+        rendering, then the sampled reply as decoded): the template rewrites the reply."""
+        before = exchange.prompt.text
         sampled = self.tokenizer.decode(exchange.completion_ids.tolist(), skip_special_tokens=False)
-        if not body.startswith(sampled):
+        if not (text.startswith(before) and text.startswith(sampled, len(before))):
             return None
-        rest = body[len(sampled) :] + after[len(with_reply) :]
+        rest = text[len(before) + len(sampled) :]
         tail = self.tokenizer.encode(rest, add_special_tokens=False) if rest else []
-        parts = [exchange.prompt_ids, exchange.completion_ids, np.asarray(tail, dtype=np.int32)]
+        parts = [exchange.prompt.ids, exchange.completion_ids, np.asarray(tail, dtype=np.int32)]
         return np.concatenate(parts).astype(np.int32)
 
     def _kwargs(self, tools: list[dict[str, Any]] | None) -> dict[str, Any]:
@@ -121,5 +126,14 @@ class Transcript:
         )
         return text if isinstance(text, str) else str(text)
 
-    def _fresh(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> np.ndarray:
-        return _prompt_ids(self.tokenizer, template_messages(messages), self._kwargs(tools))
+    def _fresh(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, source: str, text: str | None = None
+    ) -> Prompt:
+        """The whole conversation rendered (unless `text` is its rendering already) and tokenised, as
+        `apply_chat_template(..., tokenize=True)` tokenises it."""
+        if text is None:
+            text = self._render(messages, generation=True, tools=tools)
+        ids = np.asarray(self.tokenizer.encode(text, add_special_tokens=False), dtype=np.int32)
+        if ids.size == 0:
+            raise ValueError("the chat template rendered these messages as no tokens")
+        return Prompt(ids, text, source)

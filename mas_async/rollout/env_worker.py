@@ -146,6 +146,7 @@ class EnvWorker(Peer):
                 port=port,
                 generate_errors=(GenerateError,),
                 access=access,
+                in_process=config.gateway.in_process,
             )
         else:
             workflow_cls = resolve(config.workflow.name, WORKFLOWS, "workflow")

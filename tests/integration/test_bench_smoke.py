@@ -120,20 +120,25 @@ def test_staleness_smoke(tmp_path: Path) -> None:
 
 
 def test_gateway_smoke(tmp_path: Path) -> None:
-    """The movers through the OpenAI-compatible gateway (the `openai` package over HTTP) against the same
-    workflow as node classes, both on the mock backend: both sides played episodes, the ratio is theirs."""
+    """The movers through the OpenAI-compatible gateway (the `openai` package's clients, in-process and over
+    HTTP) against the same workflow as node classes, all on the mock backend: every side played episodes,
+    the ratios are theirs."""
     stdout, figures = _run("gateway.py", tmp_path)
-    assert "ratio gateway / node classes" in stdout
+    assert "ratio gateway / node classes" in stdout and "ratio gateway over HTTP / node classes" in stdout
     (sides,) = figures["rounds"]
-    for name in ("gateway", "node classes"):
+    for name in ("gateway", "gateway over HTTP", "node classes"):
         assert sides[name]["requests_per_s"] > 0 and sides[name]["episodes_per_s"] > 0, name
         assert sides[name]["requests_per_episode"] >= 1 and sides[name]["dropped"] == 0, name
-    assert figures["ratios"] == [sides["gateway"]["requests_per_s"] / sides["node classes"]["requests_per_s"]]
-    # The machine's CPU per request on each side, and the openai client's own share of the gateway's.
-    node, gateway = sides["node classes"]["cpu_ms_per_request"], sides["gateway"]["cpu_ms_per_request"]
+    nodes = sides["node classes"]
+    assert figures["ratios"] == [sides["gateway"]["requests_per_s"] / nodes["requests_per_s"]]
+    assert figures["http_ratios"] == [sides["gateway over HTTP"]["requests_per_s"] / nodes["requests_per_s"]]
+    # The machine's CPU per request on each side, and the openai client's own share of the HTTP side's.
+    node, gateway = nodes["cpu_ms_per_request"], sides["gateway"]["cpu_ms_per_request"]
+    http = sides["gateway over HTTP"]["cpu_ms_per_request"]
     assert node > 0 and gateway > 0 and figures["cpu_ratios"] == [node / gateway]
+    assert figures["http_cpu_ratios"] == [node / http]
     (client,) = figures["client_ms_per_call"]
-    assert 0 < client < gateway and client == sides["openai client alone"]["cpu_ms_per_request"]
+    assert 0 < client < http and client == sides["openai client alone"]["cpu_ms_per_request"]
     assert "the openai client's own work alone" in stdout
     assert figures["client_bounds"] == [pytest.approx(node / (node + client))]
 

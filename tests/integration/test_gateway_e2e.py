@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.integration.launch import cleanup, start_train
 
 CONFIG = "configs/examples/openai_movers.yaml"
@@ -27,8 +29,10 @@ def _train(config: str, run_dir: Path, *overrides: str) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_the_openai_movers_train_on_policy(tmp_path: Path) -> None:
-    rows = _train(CONFIG, tmp_path / "run", "workflow.options.max_turns=3")
+@pytest.mark.parametrize("in_process", [True, False], ids=["in-process", "over-http"])
+def test_the_openai_movers_train_on_policy(tmp_path: Path, in_process: bool) -> None:
+    """The program's clients hand their calls to the gateway in-process (the default), or send them over HTTP."""
+    rows = _train(CONFIG, tmp_path / "run", "workflow.options.max_turns=3", f"gateway.in_process={in_process}")
     train = [r for r in rows if "policy/vertical/version" in r]
     assert len(train) == 2, rows
     for i, row in enumerate(train):
@@ -42,6 +46,7 @@ def test_the_openai_movers_train_on_policy(tmp_path: Path) -> None:
             # each call after an episode's first repeats its history: its ids are reused, none edited
             calls = row[f"gateway/calls/{policy}"]
             assert calls >= 1 and row[f"gateway/prefix_mismatch/{policy}"] == 0, row
+            assert row[f"gateway/in_process/{policy}"] == (calls if in_process else 0), row
             assert abs(row[f"gateway/reused/{policy}"] - (calls - 1)) < 1e-9, row
     # The held-out evaluation after the last iteration runs the program too (greedy, nothing recorded).
     evaluated = [r for r in rows if "eval/episodes" in r]

@@ -1,12 +1,14 @@
-"""64 episodes at once through one gateway: every call answered, each recorded to its own episode and
-agent with its own history, within a bounded time."""
+"""64 episodes at once through one gateway, their clients over HTTP or in-process: every call answered,
+each recorded to its own episode and agent with its own history, within a bounded time."""
 
 from __future__ import annotations
 
 import asyncio
 
 import numpy as np
+import pytest
 
+from mas_async.gateway.in_process import InProcessClient
 from mas_async.gateway.server import Gateway
 from mas_async.gateway.session import Session
 from mas_async.tiny_model import build_tokenizer
@@ -16,14 +18,19 @@ EPISODES = 64
 TURNS = 2
 
 
-def test_64_concurrent_episodes_are_each_recorded_to_their_own_episode() -> None:
+@pytest.mark.parametrize("in_process", [False, True], ids=["over-http", "in-process"])
+def test_64_concurrent_episodes_are_each_recorded_to_their_own_episode(in_process: bool) -> None:
     from openai import AsyncOpenAI
 
     tokenizer = build_tokenizer()
 
     async def episode(gateway: Gateway, session: Session, i: int) -> list[str]:
         """Both agents at once, each two turns that resend its history; returns the replies' episode ids."""
-        client = AsyncOpenAI(base_url=gateway.base_url, api_key=session.key, max_retries=0, timeout=30.0)
+        client = (InProcessClient if in_process else AsyncOpenAI)(
+            base_url=gateway.base_url, api_key=session.key, max_retries=0, timeout=30.0
+        )
+        if in_process:
+            client.bind(gateway)
 
         async def agent(name: str) -> list[str]:
             messages, seen = [], []
@@ -72,5 +79,6 @@ def test_64_concurrent_episodes_are_each_recorded_to_their_own_episode() -> None
                 assert prompt.count("E") == call.turn + 1  # no other episode's message
             assert session.sources[("vertical", "reused")] == session.sources[("horizontal", "reused")] == 1
             assert session.requests == 2 * TURNS
+            assert sum(session.in_process.values()) == (2 * TURNS if in_process else 0)
 
     asyncio.run(main())

@@ -97,7 +97,7 @@ def test_the_programs_clients_share_the_gateways_pool_over_aiohttp() -> None:
 
     episode, fake = play(program)
     *clients, reply = seen
-    assert all(type(client) is AsyncOpenAI and client.max_retries == 0 for client in clients)
+    assert all(isinstance(client, AsyncOpenAI) and client.max_retries == 0 for client in clients)
     # One pool for all of them (the gateway's), on aiohttp's transport: the cheaper one per call.
     assert len({id(client._client) for client in clients}) == 1
     assert isinstance(clients[0]._client, DefaultAioHttpClient)

@@ -15,18 +15,19 @@ USER = {"role": "user", "content": "GO"}
 
 def _first_turn(transcript: Transcript, tokenizer) -> tuple[np.ndarray, np.ndarray]:
     """The first call's prompt, and a sampled reply "UD" as two tokens U, D then <|im_end|>."""
-    prompt, source = transcript.prompt([USER])
-    assert source == "fresh"
+    prompt = transcript.prompt([USER])
+    assert prompt.source == "fresh"
     completion = np.asarray([*tokenizer.convert_tokens_to_ids(["U", "D"]), IM_END_ID], dtype=np.int32)
     transcript.add([USER], {"role": "assistant", "content": "UD"}, prompt, completion)
-    return prompt, completion
+    return prompt.ids, completion
 
 
 def test_a_new_conversation_is_the_chat_template_of_its_messages() -> None:
     tokenizer = merging_tokenizer()
-    prompt, source = Transcript(tokenizer).prompt([USER])
-    assert source == "fresh"
-    assert prompt.tolist() == _prompt_ids(tokenizer, [USER]).tolist()
+    prompt = Transcript(tokenizer).prompt([USER])
+    assert prompt.source == "fresh"
+    assert prompt.ids.tolist() == _prompt_ids(tokenizer, [USER]).tolist()
+    assert prompt.text == tokenizer.apply_chat_template([USER], add_generation_prompt=True, tokenize=False)
 
 
 def test_a_repeated_exchange_reuses_the_sampled_ids_instead_of_retokenising() -> None:
@@ -34,7 +35,8 @@ def test_a_repeated_exchange_reuses_the_sampled_ids_instead_of_retokenising() ->
     transcript = Transcript(tokenizer)
     prompt, completion = _first_turn(transcript, tokenizer)
     messages = [USER, {"role": "assistant", "content": "UD"}, {"role": "user", "content": "AGAIN"}]
-    ids, source = transcript.prompt(messages)
+    reused = transcript.prompt(messages)
+    ids, source = reused.ids, reused.source
     assert source == "reused"
     fresh = _prompt_ids(tokenizer, messages)
     # The model sampled U, D; re-tokenising the text "UD" would give the merged token instead.
@@ -45,6 +47,7 @@ def test_a_repeated_exchange_reuses_the_sampled_ids_instead_of_retokenising() ->
     assert tokenizer.decode(ids.tolist()) == tokenizer.apply_chat_template(
         messages, add_generation_prompt=True, tokenize=False
     )
+    assert reused.text == tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert ids.dtype == np.int32
 
 
@@ -53,11 +56,13 @@ def test_reuse_chains_over_several_turns() -> None:
     transcript = Transcript(tokenizer)
     _first_turn(transcript, tokenizer)
     second = [USER, {"role": "assistant", "content": "UD"}, {"role": "user", "content": "AGAIN"}]
-    ids2, _ = transcript.prompt(second)
+    prompt2 = transcript.prompt(second)
+    ids2 = prompt2.ids
     reply2 = np.asarray(tokenizer.convert_tokens_to_ids(["U", "D"]), dtype=np.int32)  # cut by max_tokens: no end
-    transcript.add(second, {"role": "assistant", "content": "UD"}, ids2, reply2)
+    transcript.add(second, {"role": "assistant", "content": "UD"}, prompt2, reply2)
     third = [*second, {"role": "assistant", "content": "UD"}, {"role": "user", "content": "MORE"}]
-    ids3, source = transcript.prompt(third)
+    prompt3 = transcript.prompt(third)
+    ids3, source = prompt3.ids, prompt3.source
     assert source == "reused"
     assert ids3[: len(ids2) + 2].tolist() == [*ids2.tolist(), *reply2.tolist()]
     assert tokenizer.decode(ids3.tolist()) == tokenizer.apply_chat_template(
@@ -76,7 +81,8 @@ def test_an_edited_reply_or_history_is_a_prefix_mismatch_and_is_tokenised_afresh
         [USER, {"role": "assistant", "content": "UD", "tool_calls": [{"id": "1"}]}],  # not the reply given
     ]
     for messages in edits:
-        ids, source = transcript.prompt(messages)
+        prompt = transcript.prompt(messages)
+        ids, source = prompt.ids, prompt.source
         assert source == "edited", messages
         assert ids.tolist() == _prompt_ids(tokenizer, messages).tolist()
 
@@ -89,6 +95,7 @@ def test_a_template_that_rewrites_the_reply_is_retokenised_not_counted_as_an_edi
     transcript = Transcript(tokenizer)
     _first_turn(transcript, tokenizer)
     messages = [USER, {"role": "assistant", "content": "UD"}, {"role": "user", "content": "AGAIN"}]
-    ids, source = transcript.prompt(messages)
+    prompt = transcript.prompt(messages)
+    ids, source = prompt.ids, prompt.source
     assert source == "retokenized"
     assert ids.tolist() == _prompt_ids(tokenizer, messages).tolist()

@@ -126,7 +126,7 @@ async def _answer(client: Any, route: str, kwargs: dict[str, Any], method: Any) 
         return None
     if not kwargs.keys() <= _Parameters.of(method):
         return None
-    if any(kwargs[k] not in (None, False) and not _omitted(kwargs[k]) for k in PASSED_OVER_HTTP & kwargs.keys()):
+    if any(_given(kwargs[k]) for k in PASSED_OVER_HTTP & kwargs.keys()):
         return None
     body = {k: v for k, v in kwargs.items() if k != "extra_body" and not _omitted(v)}
     extra = kwargs.get("extra_body")
@@ -161,6 +161,11 @@ def _model(cls: type[BaseModel], response: dict[str, Any]) -> Any:
 
 def _omitted(value: Any) -> bool:
     return isinstance(value, (Omit, NotGiven))
+
+
+def _given(value: Any) -> bool:
+    """Whether an argument of `PASSED_OVER_HTTP` asks for something (a timeout of 0 does: `0 == False`)."""
+    return value is not None and value is not False and not _omitted(value)
 
 
 def _plain(value: Any) -> Any:

@@ -209,6 +209,11 @@ def test_what_the_in_process_path_does_not_serve_goes_over_http() -> None:
         other = InProcessClient(base_url=gateway.base_url, api_key=session.key, max_retries=0).bind(gateway)
         await asyncio.to_thread(asyncio.run, other.completions.create(model="vertical", prompt="GO"))
         assert session.turns["vertical"] == 6 and session.in_process["vertical"] == 1
+        # A per-call timeout, even 0 (which equals False), is the package's to apply, over HTTP.
+        with pytest.raises(openai.APITimeoutError):
+            await chat.create(model="vertical", messages=[USER], timeout=0)
+        await asyncio.sleep(0.1)
+        assert session.in_process["vertical"] == 1
 
     serve(test, limits=LIMITS.__class__(**{**LIMITS.__dict__, "max_calls": 10}))
 

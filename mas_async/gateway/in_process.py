@@ -16,10 +16,11 @@ cannot hold, a copy pointed at another base URL, and every other resource (`mode
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from openai import APITimeoutError, AsyncOpenAI, NotGiven, Omit
 from openai.resources.chat import AsyncChat
@@ -104,16 +105,10 @@ class _TextCompletions(AsyncTextCompletions):
         return _model(Completion, response)
 
 
-class _Parameters:
-    """The keyword arguments each package method takes (read once from its signature)."""
-
-    known: ClassVar[dict[Any, frozenset[str]]] = {}
-
-    @classmethod
-    def of(cls, method: Any) -> frozenset[str]:
-        if method not in cls.known:
-            cls.known[method] = frozenset(inspect.signature(method).parameters) - {"self"}
-        return cls.known[method]
+@functools.cache
+def _parameters(method: Any) -> frozenset[str]:
+    """The keyword arguments a package method takes (read once from its signature)."""
+    return frozenset(inspect.signature(method).parameters) - {"self"}
 
 
 async def _answer(client: Any, route: str, kwargs: dict[str, Any], method: Any) -> dict[str, Any] | None:
@@ -124,7 +119,7 @@ async def _answer(client: Any, route: str, kwargs: dict[str, Any], method: Any) 
         return None
     if not isinstance(client.api_key, str):  # (a key provider: the package resolves it per request)
         return None
-    if not kwargs.keys() <= _Parameters.of(method):
+    if not kwargs.keys() <= _parameters(method):
         return None
     if any(_given(kwargs[k]) for k in PASSED_OVER_HTTP & kwargs.keys()):
         return None

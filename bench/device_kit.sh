@@ -13,7 +13,8 @@
 #
 # It ends with the commands to run there: `python3 -m mas_async.placement` (the GPUs by UUID, as a run's
 # deployment.json records them; `mas_async.placement` also decides each policy's weight backend from
-# them), then bench/gpu_check.py.
+# them), then bench/gpu_step_check.py (a training step at Qwen3-1.7B's shape: memory, precision, the
+# weights' broadcast and a stalled one) and bench/gpu_check.py.
 #
 # Why each one: pyzmq (the actors' sockets), pydantic + pydantic-core + annotated-types +
 # typing-inspection (mas_async.config), typing-extensions (pydantic-core needs >= 4.14.1; the image's
@@ -78,4 +79,5 @@ echo "install on the device (carry: [\"$rel\"]), then run from the repository ro
 echo "python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $rel/*.whl && export PYTHONPATH=/tmp/site:\$PWD"
 # The placement code a run uses (mas_async.placement) first: the GPUs it will record by UUID in
 # deployment.json and decide each policy's weight backend from; then the check, whose demo reads them back.
-echo "then: python3 -m mas_async.placement && python3 bench/gpu_check.py   # this machine's GPUs by UUID, then the check"
+echo "then: python3 -m mas_async.placement && python3 bench/gpu_step_check.py && python3 bench/gpu_check.py"
+echo "  (this machine's GPUs by UUID; a Qwen3-1.7B-sized step, its precision, broadcast and a stalled send; the hf check)"

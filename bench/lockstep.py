@@ -15,7 +15,9 @@ differs:
   one test that no program passes, so no episode ends before its last turn. The choice is a pure
   function of the prompt text and the candidate's index: the same prompts get the same programs on
   both sides, whatever the batching. Slow programs sleep rather than compute, so that their run time
-  models a machine with cores to spare instead of measuring this one's CPU contention.
+  models a machine with cores to spare instead of measuring this one's CPU contention; `BurningScriptedEngine`
+  is the variant whose slow programs spin on the CPU for that time instead, and whose would-be hangs are slow
+  programs too (nothing waits for the alarm): a wait then costs CPU on every side.
 - `TimedCodeEnv`: the code env, recording how long each `astep` (its sandbox runs) took.
 - `LockstepBatcher` and `run_lockstep`: one process, one event loop. Episodes run the same `Episode`
   and the same parallel workflow as in an env worker; the batcher holds every generate request until
@@ -58,6 +60,9 @@ CODER_MIX = {"correct": 0.45, "wrong": 0.35, "slow": 0.15, "hang": 0.05}
 """Kinds of coder candidates and their probabilities (what makes env steps heterogeneous)."""
 SLOW_S = (0.2, 1.0)
 """A slow program sleeps a uniform time in this range (seconds) before defining its function."""
+BURN = "import time\n_until = time.perf_counter() + {seconds:.2f}\nwhile time.perf_counter() < _until:\n    pass\n"
+"""The burning variant's slow program: it spins on the CPU for as long as the sleep would have taken (wall-clock
+seconds, so that it ends well within the harness's per-test alarm however busy the cores are)."""
 HANG = "import time\nwhile True:\n    time.sleep(0.05)\n"
 """Blocks until the harness's per-test alarm (CodeEnv.per_test_s, 2 s) ends the run."""
 TASK = re.compile(r"TASK: Write the Python function `(\w+)`")
@@ -66,15 +71,18 @@ TASK = re.compile(r"TASK: Write the Python function `(\w+)`")
 # -- the scripted engine ---------------------------------------------------------------------------
 
 
-def coder_answer(problem: dict[str, Any], rng: random.Random) -> tuple[str, str]:
-    """(kind, answer) of one coder candidate: one ```python block, as `nodes.code.Coder` expects."""
+def coder_answer(problem: dict[str, Any], rng: random.Random, burn: bool = False) -> tuple[str, str]:
+    """(kind, answer) of one coder candidate: one ```python block, as `nodes.code.Coder` expects. With `burn`
+    a slow program spins instead of sleeping, and a hang is a slow program (kind "slow")."""
     kind = rng.choices(list(CODER_MIX), weights=list(CODER_MIX.values()))[0]
     if kind == "correct":
         program = problem["solution"]
     elif kind == "wrong":
         program = problem["prompt"] + "    return None\n"
-    elif kind == "slow":
-        program = f"import time\ntime.sleep({rng.uniform(*SLOW_S):.2f})\n" + problem["solution"]
+    elif kind == "slow" or burn:
+        seconds = rng.uniform(*SLOW_S)
+        wait = BURN.format(seconds=seconds) if burn else f"import time\ntime.sleep({seconds:.2f})\n"
+        kind, program = "slow", wait + problem["solution"]
     else:
         program = HANG + problem["solution"]
     return kind, f"```python\n{program}```"
@@ -108,6 +116,9 @@ class ScriptedEngine(MockEngine):
         self.calls = 0
         """generate() calls (batches handed to the engine)."""
 
+    burn = False
+    """Slow programs spin on the CPU rather than sleep, and none hangs (`BurningScriptedEngine`)."""
+
     def generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
         self.calls += 1
         return super().generate(requests)
@@ -122,7 +133,7 @@ class ScriptedEngine(MockEngine):
         for index in range(request.n):
             rng = random.Random(hashlib.sha256(f"{prompt}\0{index}".encode()).hexdigest())
             if CODER_SYSTEM.splitlines()[0] in prompt:
-                kind, text = coder_answer(problem, rng)
+                kind, text = coder_answer(problem, rng, self.burn)
             elif TESTER_SYSTEM.splitlines()[0] in prompt:
                 kind, text = "tests", tester_answer(problem, rng)
             else:
@@ -140,6 +151,12 @@ class ScriptedEngine(MockEngine):
                 )
             )
         return completions
+
+
+class BurningScriptedEngine(ScriptedEngine):
+    """`ScriptedEngine` whose slow programs burn CPU (`policies.<p>.backend: bench.lockstep:BurningScriptedEngine`)."""
+
+    burn = True
 
 
 # -- the env ---------------------------------------------------------------------------------------
@@ -216,7 +233,8 @@ class LockstepBatcher:
 async def run_phase(
     config: Config, episodes: list[dict[str, Any]], backend: InferenceBackend, tokenizer: Any, stop_ids: list[int]
 ) -> dict[str, Any]:
-    """Run one phase's episodes (dicts with episode_id, problem_id, problem, seed) in lockstep."""
+    """Run one phase's episodes (dicts with episode_id, problem_id, problem, seed) in lockstep; the result's
+    "samples" are every episode's recorded samples (what a lockstep trainer steps on)."""
     if len(config.policies) != 1:
         raise ValueError(f"the lockstep baseline serves one policy, the config has {sorted(config.policies)}")
     env_cls = resolve(config.env.name, ENVS, "env")
@@ -226,6 +244,8 @@ async def run_phase(
         raise ValueError(f"the lockstep baseline needs a parallel workflow, {config.workflow.name!r} is not one")
     batcher = LockstepBatcher(backend, config, stop_ids, per_turn=len(workflow.agents), live=len(episodes))
     policy = next(iter(config.policies))
+
+    samples: list[Any] = []
 
     async def play(spec: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -244,7 +264,9 @@ async def run_phase(
                 seed=spec["seed"],
             )
             await workflow.run(episode)
-            return episode.finish()
+            summary = episode.finish()
+            samples.extend(episode.samples)
+            return summary
         finally:
             batcher.leave()
 
@@ -257,4 +279,5 @@ async def run_phase(
         "turns": float(sum(s["turns"] for s in summaries)),
         "tokens": int(sum(s["tokens"] for s in summaries)),
         "batches": batcher.batches,
+        "samples": samples,
     }

@@ -23,7 +23,6 @@ import argparse
 import contextlib
 import json
 import statistics
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,7 +35,6 @@ from mas_async.inference.request import GenerationRequest
 from mas_async.training import logprobs
 from mas_async.training.logprobs import completion_logprobs
 
-ROOT = Path(__file__).resolve().parents[1]
 K = 4
 MICRO = 32
 
@@ -46,10 +44,9 @@ def mover_prompts(folder: str, problems: int) -> tuple[list[np.ndarray], list[in
     and the model's stop token ids."""
     from transformers import AutoTokenizer
 
-    sys.path.insert(0, str(ROOT))
     from envs.plan_path import PlanPathEnv
+    from mas_async.rollout.chat_prompt import chat_prompt_ids
     from mas_async.rollout.env_worker import stop_token_ids
-    from mas_async.rollout.episode import _prompt_ids
     from nodes.plan_path_answer import AnswerHorizontalMover, AnswerVerticalMover
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -58,7 +55,7 @@ def mover_prompts(folder: str, problems: int) -> tuple[list[np.ndarray], list[in
         for problem in PlanPathEnv.problems("train", problems, sizes=[4]):
             env = PlanPathEnv()
             env.reset(options={"problem": problem})
-            prompts.append(_prompt_ids(tokenizer, node.prompt(env.observe(node.agent))))
+            prompts.append(chat_prompt_ids(tokenizer, node.prompt(env.observe(node.agent))))
     return prompts, stop_token_ids(tokenizer)
 
 

@@ -15,8 +15,8 @@ What it checks:
   the env's charset (below), `team_reward()` is a finite number in [0, 1] and `success()` a bool.
 - problems: `problems(split, count, **options)` returns `count` plain dicts (fewer only when a dataset
   holds fewer) that survive a JSON round trip unchanged (they travel in messages), the same ones on
-  every call (same seed, same problem); the "train" and "test" splits share no problem (and no "seed"
-  value), and an unknown split is a ValueError.
+  every call (same seed, same problem); the "train" and "test" splits share no problem by content (its
+  seed aside: `problem_content`) and no "seed" value, and an unknown split is a ValueError.
 - determinism: two envs reset on the same problem observe the same thing, and stay equal step by step
   under the same actions.
 - clones: `clone()` is a new object that observes the same thing, shares no per-agent dict with the
@@ -46,7 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mas_async.api import Env
+from mas_async.api import Env, problem_content
 
 DEFAULT_CHARSET = string.printable  # digits, ASCII letters, punctuation and whitespace
 MAX_OBSERVATION_CHARS = 1 << 17
@@ -154,9 +154,11 @@ class _Checker:
             splits[split] = first
         self.passed("problems are plain JSON dicts")
         self.passed("problem determinism")
-        train = {json.dumps(p, sort_keys=True) for p in splits["train"]}
-        if any(json.dumps(p, sort_keys=True) in train for p in splits["test"]):
-            raise self.fail("split disjointness", "a problem appears in both the train and the test split")
+        train = {problem_content(p) for p in splits["train"]}
+        if any(problem_content(p) in train for p in splits["test"]):
+            raise self.fail(
+                "split disjointness", "a problem (its seed aside) appears in both the train and the test split"
+            )
         seeds = [{p["seed"] for p in splits[s] if "seed" in p} for s in ("train", "test")]
         if seeds[0] & seeds[1]:
             raise self.fail("split disjointness", f"train and test share seeds {sorted(seeds[0] & seeds[1])[:5]}")

@@ -28,12 +28,14 @@ The observation is a short string using only the characters of the tiny built-in
 
 from __future__ import annotations
 
+import math
 import random
 from collections import deque
 from functools import lru_cache
 from typing import Any
 
-from mas_async.api import Env, check_split
+from envs.reference_policies import mover_moves, movers_constant, movers_random, ties
+from mas_async.api import Env, ReferencePolicy, check_split
 
 Cell = tuple[int, int]
 
@@ -245,12 +247,11 @@ class PlanPathEnv(Env):
 
     @classmethod
     def reference_policies(cls) -> dict[str, Any]:
-        """random (uniform over the mover's two moves), always_<V>_<H> (each constant team answer),
-        toward_goal (along the mover's axis; when aligned, a move that is not blocked), optimal (the
-        fewest alternating moves left, `team_moves`): see envs/reference_policies.py."""
-        from envs.reference_policies import PLAN_PATH  # (that module reads this one's rules)
-
-        return dict(PLAN_PATH)
+        """random (uniform over the mover's two moves; the shipped movers never play "S"), always_<V>_<H> (the
+        four constant team answers: a collapsed policy), toward_goal (each mover steps toward the goal on its
+        own axis; once aligned, a move that is not blocked, else either), optimal (the move after which the
+        fewest alternating team moves are left, `team_moves`: a ceiling)."""
+        return dict(REFERENCE_POLICIES)
 
     def clone(self) -> PlanPathEnv:
         # The problem, walls and distance map are never mutated, so clones share them.
@@ -285,3 +286,45 @@ def _parse_problem(problem: dict[str, Any]) -> tuple[int, int, frozenset[Cell], 
         if not (0 <= cell[0] < rows and 0 <= cell[1] < cols) or cell in walls:
             raise ValueError(f"plan_path: {name} {list(cell)} is off the {rows}x{cols} grid or on a wall")
     return rows, cols, walls, goal, start
+
+
+# -- reference policies (`PlanPathEnv.reference_policies`) ----------------------------------------
+
+
+def landing(env: Any, delta: Cell) -> Cell:
+    """Where the token ends up after a move by `delta` (where it is, when the move is blocked)."""
+    cell = (env.position[0] + delta[0], env.position[1] + delta[1])
+    inside = 0 <= cell[0] < env.rows and 0 <= cell[1] < env.cols
+    return cell if inside and cell not in env.walls else env.position
+
+
+@lru_cache(maxsize=65536)
+def _team_left(rows: int, cols: int, walls: frozenset[Cell], cell: Cell, goal: Cell, phase: int) -> float:
+    left = team_moves(rows, cols, walls, cell, goal, first=phase)
+    return math.inf if left is None else left
+
+
+def _toward_goal(env: Any, agent: str, rng: random.Random) -> str:
+    moves, axis = mover_moves(MOVES, agent), 0 if agent == "vertical" else 1
+    gap = env.goal[axis] - env.position[axis]
+    if gap:
+        return next(m for m in moves if MOVES[agent][m][axis] * gap > 0)
+    free = [m for m in moves if landing(env, MOVES[agent][m]) != env.position]
+    return rng.choice(free or moves)
+
+
+def _optimal(env: Any, agent: str, rng: random.Random) -> str:
+    partner = 1 if agent == "vertical" else 0
+    return ties(
+        mover_moves(MOVES, agent),
+        lambda m: _team_left(env.rows, env.cols, env.walls, landing(env, MOVES[agent][m]), env.goal, partner),
+        rng,
+    )
+
+
+REFERENCE_POLICIES: dict[str, ReferencePolicy] = {
+    "random": movers_random(MOVES),
+    **{f"always_{v}_{h}": movers_constant(MOVES, v, h) for v in "UD" for h in "LR"},
+    "toward_goal": _toward_goal,
+    "optimal": _optimal,
+}

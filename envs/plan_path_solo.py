@@ -7,11 +7,16 @@ split of roles. `infos["solo"]["blocked"]` is True when the move hit a wall or t
 
 from __future__ import annotations
 
+import math
+import random
 from typing import Any
 
-from envs.plan_path import PlanPathEnv
+from envs.plan_path import MOVES, PlanPathEnv, landing
+from envs.reference_policies import solo_always, solo_moves, solo_random, ties
+from mas_async.api import ReferencePolicy
 
 AXIS = {"U": "vertical", "D": "vertical", "L": "horizontal", "R": "horizontal"}
+DELTAS = {letter: MOVES[agent][letter] for letter, agent in AXIS.items()}  # "U" -> (-1, 0), ...
 
 
 class PlanPathSoloEnv(PlanPathEnv):
@@ -40,13 +45,33 @@ class PlanPathSoloEnv(PlanPathEnv):
 
     @classmethod
     def reference_policies(cls) -> dict[str, Any]:
-        """random, always_<M>, toward_goal and optimal (down the BFS distance): see
-        envs/reference_policies.py."""
-        from envs.reference_policies import PLAN_PATH_SOLO  # (that module reads this one's rules)
-
-        return dict(PLAN_PATH_SOLO)
+        """random, always_<M>, toward_goal (a move that closes a gap, not blocked if one is free) and optimal
+        (down the BFS distance)."""
+        return dict(REFERENCE_POLICIES)
 
     @staticmethod
     def _check(agent: str) -> None:
         if agent != "solo":
             raise ValueError(f"plan_path_solo: unknown agent {agent!r}: the only agent is 'solo'")
+
+
+# -- reference policies (`PlanPathSoloEnv.reference_policies`) ------------------------------------
+
+
+def _toward_goal(env: Any, agent: str, rng: random.Random) -> str:
+    gaps = (env.goal[0] - env.position[0], env.goal[1] - env.position[1])
+    closing = [m for m in solo_moves(AXIS, agent) if any(d * g > 0 for d, g in zip(DELTAS[m], gaps, strict=True))]
+    free = [m for m in closing if landing(env, DELTAS[m]) != env.position]
+    return rng.choice(free or closing)
+
+
+def _optimal(env: Any, agent: str, rng: random.Random) -> str:
+    return ties(solo_moves(AXIS, agent), lambda m: env.dist.get(landing(env, DELTAS[m]), math.inf), rng)
+
+
+REFERENCE_POLICIES: dict[str, ReferencePolicy] = {
+    "random": solo_random(AXIS),
+    **{f"always_{m}": solo_always(m) for m in AXIS},
+    "toward_goal": _toward_goal,
+    "optimal": _optimal,
+}

@@ -35,13 +35,15 @@ The observation uses only the tiny built-in tokenizer's characters (digits, A-Z,
 
 from __future__ import annotations
 
+import math
 import random
 from collections import deque
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from mas_async.api import Env, check_split
+from envs.reference_policies import mover_moves, movers_constant, movers_random, ties
+from mas_async.api import Env, ReferencePolicy, check_split
 
 Cell = tuple[int, int]
 State = tuple[Cell, tuple[Cell, ...]]  # (keeper, sorted boxes)
@@ -316,11 +318,9 @@ class SokobanEnv(Env):
 
     @classmethod
     def reference_policies(cls) -> dict[str, Any]:
-        """random, always_<V>_<H> (each constant team answer) and optimal (the team's breadth-first
-        solver): see envs/reference_policies.py."""
-        from envs.reference_policies import SOKOBAN  # (that module reads this one's rules)
-
-        return dict(SOKOBAN)
+        """random, always_<V>_<H> (each constant team answer) and optimal (the move after which the fewest
+        alternating team moves are left: the team's breadth-first solver, `team_distances`)."""
+        return dict(REFERENCE_POLICIES)
 
     def action_examples(self, agent: str) -> list[str]:
         """Every action `agent` may play (blocked moves are legal): used by envs.check.check_env."""
@@ -385,3 +385,24 @@ def _parse_problem(problem: dict[str, Any]) -> tuple[Board, State]:
     if keeper in boxes:
         raise ValueError(f"sokoban: the player {list(keeper)} stands on a box")
     return board, (keeper, boxes)
+
+
+# -- reference policies (`SokobanEnv.reference_policies`) -----------------------------------------
+
+
+def _optimal(env: Any, agent: str, rng: random.Random) -> str:
+    left = team_distances(env.board, env.start)
+    partner = 1 - AGENTS.index(agent)
+
+    def after(m: str) -> float:
+        state, _ = move(env.board, env.state, MOVES[agent][m])
+        return left.get((state, partner), math.inf)
+
+    return ties(mover_moves(MOVES, agent), after, rng)
+
+
+REFERENCE_POLICIES: dict[str, ReferencePolicy] = {
+    "random": movers_random(MOVES),
+    **{f"always_{v}_{h}": movers_constant(MOVES, v, h) for v in "UD" for h in "LR"},
+    "optimal": _optimal,
+}

@@ -11,14 +11,19 @@ wall or a box that cannot move. Every generated level is solvable by the team, h
 
 from __future__ import annotations
 
+import math
+import random
 from collections import deque
 from functools import lru_cache
 from typing import Any
 
+from envs.reference_policies import solo_always, solo_moves, solo_random, ties
 from envs.sokoban import MOVES, Board, SokobanEnv, State, move
+from mas_async.api import ReferencePolicy
 
 AXIS = {letter: agent for agent, moves in MOVES.items() for letter in moves}  # "U" -> "vertical", ...
 DELTAS = tuple(delta for moves in MOVES.values() for delta in moves.values())
+DELTA = {letter: delta for moves in MOVES.values() for letter, delta in moves.items()}  # "U" -> (-1, 0), ...
 
 
 @lru_cache(maxsize=64)
@@ -80,12 +85,25 @@ class SokobanSoloEnv(SokobanEnv):
 
     @classmethod
     def reference_policies(cls) -> dict[str, Any]:
-        """random, always_<M> and optimal (the breadth-first solver): see envs/reference_policies.py."""
-        from envs.reference_policies import SOKOBAN_SOLO  # (that module reads this one's rules)
-
-        return dict(SOKOBAN_SOLO)
+        """random, always_<M> and optimal (down the breadth-first solver's distance, `solo_distances`)."""
+        return dict(REFERENCE_POLICIES)
 
     @staticmethod
     def _check(agent: str) -> None:
         if agent != "solo":
             raise ValueError(f"sokoban_solo: unknown agent {agent!r}: the only agent is 'solo'")
+
+
+# -- reference policies (`SokobanSoloEnv.reference_policies`) -------------------------------------
+
+
+def _optimal(env: Any, agent: str, rng: random.Random) -> str:
+    left = solo_distances(env.board, env.start)
+    return ties(solo_moves(AXIS, agent), lambda m: left.get(move(env.board, env.state, DELTA[m])[0], math.inf), rng)
+
+
+REFERENCE_POLICIES: dict[str, ReferencePolicy] = {
+    "random": solo_random(AXIS),
+    **{f"always_{m}": solo_always(m) for m in AXIS},
+    "optimal": _optimal,
+}

@@ -36,7 +36,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from mas_async.api import Env, check_split
+from mas_async.api import Env, ReferencePolicy, check_split
 
 Cell = tuple[int, int]
 
@@ -232,12 +232,10 @@ class SudokuEnv(Env):
 
     @classmethod
     def reference_policies(cls) -> dict[str, Any]:
-        """random, always_A_<d> (cell A, digit d), fewest_candidates (the simplest solver: the most
-        constrained open cell, one of its candidate digits) and optimal (that cell, its solution digit):
-        see envs/reference_policies.py."""
-        from envs.reference_policies import SUDOKU  # (that module reads this one's rules)
-
-        return dict(SUDOKU)
+        """random (an open cell, any digit), always_A_<d> (cell A, digit d), fewest_candidates (the simplest
+        solver: the most constrained open cell, then one of its candidate digits, the forced one when there is
+        one) and optimal (that cell, its solution digit)."""
+        return dict(REFERENCE_POLICIES)
 
     def action_examples(self, agent: str) -> list[str]:
         """Valid actions of `agent` now (used by envs.check.check_env): the empty cells for the chooser,
@@ -298,3 +296,62 @@ def _parse_problem(problem: dict[str, Any]) -> tuple[int, list[list[int]], list[
     if any(puzzle[r][c] not in (0, solution[r][c]) for r in range(n) for c in range(n)):
         raise ValueError(f"sudoku: problem {problem.get('seed')!r}: the puzzle's clues disagree with its solution")
     return n, puzzle, solution
+
+
+# -- reference policies (`SudokuEnv.reference_policies`; `SudokuSoloEnv`'s play the same as one action) -
+
+
+def open_cells(env: Any) -> list[str]:
+    """Letters of the cells still empty, in reading order."""
+    return [label for label, (r, c) in env.cells.items() if not env.grid[r][c]]
+
+
+def fewest_candidates_cell(env: Any) -> str:
+    """The open cell with the fewest candidate digits (the first in reading order on a tie)."""
+    return min(open_cells(env), key=lambda label: len(env.candidates(env.cells[label])))
+
+
+def candidate_digit(env: Any, cell: Cell, rng: random.Random) -> str:
+    """One of the cell's candidate digits, at random: a fixed choice would repeat a wrong digit forever (it is
+    never written)."""
+    return str(rng.choice(env.candidates(cell) or list(range(1, env.size + 1))))
+
+
+def _role(agent: str) -> str:
+    if agent not in AGENTS:
+        raise ValueError(f"sudoku: a team's reference policy plays chooser or placer, not {agent!r}")
+    return agent
+
+
+def _random(env: Any, agent: str, rng: random.Random) -> str:
+    if _role(agent) == "chooser":
+        return rng.choice(open_cells(env))
+    return str(rng.randint(1, env.size))
+
+
+def _constant(label: str, digit: int) -> ReferencePolicy:
+    def always(env: Any, agent: str, rng: random.Random) -> str:
+        return label if _role(agent) == "chooser" else str(digit)
+
+    return always
+
+
+def _fewest_candidates(env: Any, agent: str, rng: random.Random) -> str:
+    if _role(agent) == "chooser":
+        return fewest_candidates_cell(env)
+    return candidate_digit(env, env.selected, rng)
+
+
+def _optimal(env: Any, agent: str, rng: random.Random) -> str:
+    if _role(agent) == "chooser":
+        return fewest_candidates_cell(env)
+    r, c = env.selected
+    return str(env.solution[r][c])
+
+
+REFERENCE_POLICIES: dict[str, ReferencePolicy] = {
+    "random": _random,
+    **{f"always_A_{d}": _constant("A", d) for d in range(1, 5)},
+    "fewest_candidates": _fewest_candidates,
+    "optimal": _optimal,
+}

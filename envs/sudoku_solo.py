@@ -21,9 +21,12 @@ placer reads it:
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
-from envs.sudoku import LABELS, SudokuEnv
+from envs.reference_policies import check_solo, solo_always
+from envs.sudoku import LABELS, SudokuEnv, candidate_digit, fewest_candidates_cell, open_cells
+from mas_async.api import ReferencePolicy
 
 DIGITS = "0123456789"  # what the placer's step accepts (0 is never a solution's digit)
 
@@ -68,11 +71,9 @@ class SudokuSoloEnv(SudokuEnv):
 
     @classmethod
     def reference_policies(cls) -> dict[str, Any]:
-        """random, always_A<d>, fewest_candidates and optimal as one "B3" action: see
-        envs/reference_policies.py."""
-        from envs.reference_policies import SUDOKU_SOLO  # (that module reads this one's rules)
-
-        return dict(SUDOKU_SOLO)
+        """The team's random, always_A<d>, fewest_candidates and optimal (`SudokuEnv.reference_policies`), each
+        as one "B3" action."""
+        return dict(REFERENCE_POLICIES)
 
     def action_examples(self, agent: str) -> list[str]:
         self._check(agent)
@@ -84,3 +85,32 @@ class SudokuSoloEnv(SudokuEnv):
     def _check(agent: str) -> None:
         if agent != "solo":
             raise ValueError(f"sudoku_solo: unknown agent {agent!r}: the only agent is 'solo'")
+
+
+# -- reference policies (`SudokuSoloEnv.reference_policies`) --------------------------------------
+
+
+def _random(env: Any, agent: str, rng: random.Random) -> str:
+    check_solo(agent)
+    return rng.choice(open_cells(env)) + str(rng.randint(1, env.size))
+
+
+def _fewest_candidates(env: Any, agent: str, rng: random.Random) -> str:
+    check_solo(agent)
+    label = fewest_candidates_cell(env)
+    return label + candidate_digit(env, env.cells[label], rng)
+
+
+def _optimal(env: Any, agent: str, rng: random.Random) -> str:
+    check_solo(agent)
+    label = fewest_candidates_cell(env)
+    r, c = env.cells[label]
+    return label + str(env.solution[r][c])
+
+
+REFERENCE_POLICIES: dict[str, ReferencePolicy] = {
+    "random": _random,
+    **{f"always_A{d}": solo_always(f"A{d}") for d in range(1, 5)},
+    "fewest_candidates": _fewest_candidates,
+    "optimal": _optimal,
+}

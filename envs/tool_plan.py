@@ -34,12 +34,20 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import random
+from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
-from envs.plan_path import PlanPathEnv
+from envs.plan_path import MOVES as PLAN_PATH_MOVES
+from envs.plan_path import REFERENCE_POLICIES as PLAN_PATH_MOVERS
+from envs.plan_path import PlanPathEnv, landing
+from envs.sokoban import AGENTS as SOKOBAN_AGENTS
+from envs.sokoban import MOVES as SOKOBAN_MOVES
+from envs.sokoban import REFERENCE_POLICIES as SOKOBAN_MOVERS
 from envs.sokoban import SokobanEnv, move
 from envs.sudoku import BOX, SudokuEnv
-from mas_async.api import Env, Limits, RunCache, run_python, run_sync
+from mas_async.api import Env, Limits, ReferencePolicy, RunCache, run_python, run_sync
 
 AGENTS = ("tool", "plan")
 MARKER = "**Actions List**:"
@@ -266,10 +274,8 @@ class PlanPathToolPlanEnv(ToolPlanEnv, PlanPathEnv):
     @classmethod
     def reference_policies(cls) -> dict[str, Any]:
         """The Plan-Path movers' reference policies, one movers' turn per team turn, and solver (the
-        shortest path): see envs/reference_policies.py."""
-        from envs.reference_policies import PLAN_PATH_TOOL_PLAN  # (that module reads this one's rules)
-
-        return dict(PLAN_PATH_TOOL_PLAN)
+        shortest path): see "Reference policies" at the end of this module."""
+        return dict(PLAN_PATH_POLICIES)
 
     def answer(self) -> list[str]:
         # Walk down the BFS distance map (shared with the env) to the goal.
@@ -379,10 +385,8 @@ class SokobanToolPlanEnv(ToolPlanEnv, SokobanEnv):
     @classmethod
     def reference_policies(cls) -> dict[str, Any]:
         """The Sokoban movers' reference policies, one movers' turn per team turn, and solver: see
-        envs/reference_policies.py."""
-        from envs.reference_policies import SOKOBAN_TOOL_PLAN  # (that module reads this one's rules)
-
-        return dict(SOKOBAN_TOOL_PLAN)
+        "Reference policies" at the end of this module."""
+        return dict(SOKOBAN_POLICIES)
 
     def answer(self) -> list[str]:
         # Breadth-first over (keeper, boxes) with free moves; generated levels are small (one box).
@@ -426,11 +430,9 @@ class SudokuToolPlanEnv(ToolPlanEnv, SudokuEnv):
 
     @classmethod
     def reference_policies(cls) -> dict[str, Any]:
-        """random (a random digit in every empty cell) and solver (the solution grid): see
-        envs/reference_policies.py."""
-        from envs.reference_policies import SUDOKU_TOOL_PLAN  # (that module reads this one's rules)
-
-        return dict(SUDOKU_TOOL_PLAN)
+        """random (a random digit in every empty cell) and solver (the solution grid): see "Reference
+        policies" at the end of this module."""
+        return dict(SUDOKU_POLICIES)
 
     def answer(self) -> list[list[int]]:
         return [row[:] for row in self.solution]
@@ -455,3 +457,93 @@ def _history(turns: tuple[dict[str, Any], ...]) -> str:
         lines.append(f"Plan Agent's Action: {turn['plan']}")
     lines.append("=== END OF HISTORY ===")
     return "\n".join(lines)
+
+
+# -- Reference policies ---------------------------------------------------------------------------
+#
+# Each movers' policy (envs/plan_path.py, envs/sokoban.py) plays one movers' turn per team turn, so the two
+# teams' baselines are the same on the same problems: the vertical mover's move, then the horizontal mover's
+# on the state it left (a blocked move is left out: in the movers' game it leaves the token or keeper in
+# place), which the tool prints from a program and the plan adopts (alone, the plan computes it). Each env
+# also has `solver`: the tool prints `answer()` (the breadth-first solution, Sudoku's solution grid), the plan
+# adopts it: the team's own ceiling.
+
+Turn = Callable[[Any, random.Random], Any]
+"""`(env, rng) -> macro action`: what the tool + plan team's baseline plays in one turn."""
+
+
+def plan_path_turn(policy: ReferencePolicy) -> Turn:
+    """One movers' turn of `policy` on a Plan-Path grid, as a list of moves."""
+
+    def turn(env: Any, rng: random.Random) -> list[str]:
+        view = SimpleNamespace(rows=env.rows, cols=env.cols, walls=env.walls, goal=env.goal, position=env.position)
+        moves = []
+        for agent in ("vertical", "horizontal"):
+            if view.position == view.goal:
+                break
+            letter = policy(view, agent, rng)
+            cell = landing(view, PLAN_PATH_MOVES[agent][letter])
+            if cell != view.position:
+                view.position = cell
+                moves.append(letter)
+        return moves
+
+    return turn
+
+
+def sokoban_turn(policy: ReferencePolicy) -> Turn:
+    """One movers' turn of `policy` on a Sokoban level, as a list of moves."""
+
+    def turn(env: Any, rng: random.Random) -> list[str]:
+        view = SimpleNamespace(board=env.board, start=env.start, state=env.state)
+        moves = []
+        for agent in SOKOBAN_AGENTS:
+            if view.board.solved(view.state):
+                break
+            letter = policy(view, agent, rng)
+            state, blocked = move(view.board, view.state, SOKOBAN_MOVES[agent][letter])
+            if not blocked:
+                view.state = state
+                moves.append(letter)
+        return moves
+
+    return turn
+
+
+def solver_turn(env: Any, rng: random.Random) -> Any:
+    """The whole solution from here (`ToolPlanEnv.answer`)."""
+    return env.answer()
+
+
+def random_grid_turn(env: Any, rng: random.Random) -> list[list[int]]:
+    """The grid with a random digit in every empty cell."""
+    return [[d or rng.randint(1, env.size) for d in row] for row in env.grid]
+
+
+def tool_plan(turn: Turn) -> ReferencePolicy:
+    """The tool + plan team playing `turn`: the tool's program prints it, the plan adopts what the tool
+    printed (alone, or when the program printed nothing, it plays `turn` itself)."""
+
+    def policy(env: Any, agent: str, rng: random.Random) -> Any:
+        if agent == "tool":
+            return {"code": f"print({MARKER!r}, {turn(env, rng)!r})"}
+        if agent == "plan":
+            printed = env.tool_actions
+            return printed if printed is not None else turn(env, rng)
+        raise ValueError(f"tool_plan: a reference policy plays tool or plan, not {agent!r}")
+
+    return policy
+
+
+PLAN_PATH_POLICIES: dict[str, ReferencePolicy] = {
+    **{name: tool_plan(plan_path_turn(policy)) for name, policy in PLAN_PATH_MOVERS.items()},
+    "solver": tool_plan(solver_turn),
+}
+SOKOBAN_POLICIES: dict[str, ReferencePolicy] = {
+    **{name: tool_plan(sokoban_turn(policy)) for name, policy in SOKOBAN_MOVERS.items()},
+    "solver": tool_plan(solver_turn),
+}
+SUDOKU_POLICIES: dict[str, ReferencePolicy] = {
+    "random": tool_plan(random_grid_turn),
+    "solver": tool_plan(solver_turn),
+}

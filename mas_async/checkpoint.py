@@ -1,10 +1,12 @@
 """Checkpoints of a run, and which one a resumed run starts from.
 
 Layout under RUN_DIR/checkpoints/:
-- `<policy>/v<version>/`: the policy's weights (`save_pretrained`, loadable by an inference server as a
-  model folder; with LoRA the merged model, and the adapters in `adapter/`) and `trainer_state.pt`
-  (optimiser, scheduler, RNG states, version). Each policy has its
-  own folder, so checkpoints of different policies never overwrite each other.
+- `<policy>/v<version>/`: the policy's weights in the dtype its servers serve (`save_pretrained`, loadable
+  by an inference server as a model folder; with LoRA the merged model, merged from the float32 master,
+  and the adapters as the trainer keeps them in `adapter/`) and `trainer_state.pt` (optimiser, scheduler,
+  RNG states, version, the loss scaler of float16 compute, and the trainer's float32 master weights where
+  the folder holds them rounded: a resume continues from exactly the weights and state it left). Each
+  policy has its own folder, so checkpoints of different policies never overwrite each other.
 - `router/v<version>.json`: the router's data position at that version (the next iteration).
 - `best.json`: the version with the best held-out success so far (`eval/team_success_rate`) and that
   score; its checkpoint is kept when older ones are pruned.
@@ -71,7 +73,7 @@ def save_policy(run_dir: Path, policy: str, version: int, learner: PolicyLearner
     alone writes the folder."""
     import torch  # here, not at the top: the router imports this module and never needs torch
 
-    from mas_async.lora import ADAPTER_DIR, merged_model
+    from mas_async.lora import ADAPTER_DIR, merged_from_master
 
     final = policy_checkpoint(run_dir, policy, version)
     optimizer = learner.optimizer_state()
@@ -83,9 +85,10 @@ def save_policy(run_dir: Path, policy: str, version: int, learner: PolicyLearner
     tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     if learner.lora is None:
-        learner.model.save_pretrained(tmp, safe_serialization=True)
+        _save_model(learner.model, tmp, learner.serve_dtype)
     else:  # the merged model (a complete model folder), and the adapters a resumed run starts from
-        merged_model(learner.model).save_pretrained(tmp, safe_serialization=True)
+        merged = merged_from_master(learner.lora, learner.trained, learner.serve_dtype)
+        _save_model(merged, tmp, learner.serve_dtype)
         learner.model.save_pretrained(tmp / ADAPTER_DIR, safe_serialization=True)
     for name in TOKENIZER_FILES:  # so the checkpoint is a complete model folder (vLLM loads it as one)
         source = Path(learner.model_path) / name
@@ -98,10 +101,36 @@ def save_policy(run_dir: Path, policy: str, version: int, learner: PolicyLearner
         **ranks[0],
         "rank_rng": ranks[1:],  # ranks 1.. of a data-parallel trainer, in rank order
     }
+    master = learner.master_weights()
+    if master is not None:  # the folder holds them rounded to the served dtype
+        state["master"] = master
+    if learner.scaler is not None:
+        state["grad_scaler"] = learner.scaler.state_dict()
     torch.save(state, tmp / STATE)
     shutil.rmtree(final, ignore_errors=True)  # a leftover of a run killed after this rename
     os.rename(tmp, final)
     return final
+
+
+def _save_model(model: Any, folder: Path, dtype: Any) -> None:
+    """`model.save_pretrained` with its floating-point weights cast to `dtype` (a copy on the host where they
+    are kept in another dtype; tied weights stay one tensor), and config.json saying so."""
+    import torch
+
+    if all(t.dtype == dtype for t in model.state_dict().values() if t.is_floating_point()):
+        model.save_pretrained(folder, safe_serialization=True)
+        return
+    cast: dict[tuple, torch.Tensor] = {}
+    state = {
+        name: cast.setdefault(
+            (t.data_ptr(), t.shape, t.dtype), t.detach().to("cpu", dtype if t.is_floating_point() else t.dtype)
+        )
+        for name, t in model.state_dict().items()
+    }
+    model.save_pretrained(folder, state_dict=state, safe_serialization=True)
+    config = json.loads((folder / "config.json").read_text())
+    config["dtype"] = str(dtype).removeprefix("torch.")
+    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def load_policy_state(run_dir: Path, policy: str, version: int, learner: PolicyLearner) -> None:
@@ -111,8 +140,12 @@ def load_policy_state(run_dir: Path, policy: str, version: int, learner: PolicyL
     state: dict[str, Any] = torch.load(policy_checkpoint(run_dir, policy, version) / STATE, weights_only=True)
     if state["version"] != version:
         raise ValueError(f"checkpoint of {policy} at v{version} holds version {state['version']}")
+    if "master" in state:
+        learner.load_master_weights(state["master"])
     learner.optimizer.load_state_dict(state["optimizer"])
     learner.scheduler.load_state_dict(state["scheduler"])
+    if learner.scaler is not None and "grad_scaler" in state:
+        learner.scaler.load_state_dict(state["grad_scaler"])
     if learner.rank > 0:
         if len(state.get("rank_rng", [])) < learner.rank:
             raise ValueError(

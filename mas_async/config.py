@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from mas_async.peer_names import role_and_policy, trainer_peer, trainer_rank
+
 
 class ConfigError(ValueError):
     """A user mistake in a config file or an override, described in one sentence."""
@@ -36,7 +38,68 @@ class RunConfig(_Section):
 
 _DEVICE = r"^(cpu|cuda(:[0-9]+)?)$"
 SELF_PLACING_BACKENDS = ("vllm",)
-"""Backends that choose their own GPU: `device` and `server_device` do not say where they run."""
+"""Backends that choose their own GPU: `device` and `server_device` do not say where they run, they are never
+handed a device, and the engine gives each server GPUs of its own (`mas_async.gpu_plan`)."""
+
+VLLM_ARGS_SET_ELSEWHERE = {
+    "model": "the backend, from policies.<p>.model",
+    "tokenizer": "the backend, from policies.<p>.model",
+    "dtype": "the backend, from policies.<p>.dtype",
+    "seed": "the backend, from run.seed and the replica",
+    "max_num_seqs": "the backend, from policies.<p>.max_batch_sequences",
+    "runner": "the backend (generate)",
+    "logprobs_mode": "the backend (processed_logprobs: the log-probs the trainer recomputes)",
+    "worker_extension_cls": "the backend (the weight sync's worker extension)",
+    "worker_cls": "the backend (the weight sync's worker extension)",
+    "device_ids": "the engine, which gives each server GPUs of its own (never a device)",
+    "data_parallel_size": "the engine: serve more copies with policies.<p>.replicas",
+    "data_parallel_size_local": "the engine: serve more copies with policies.<p>.replicas",
+    "data_parallel_rank": "the engine: serve more copies with policies.<p>.replicas",
+    "pipeline_parallel_size": "the engine, which gives a server tensor_parallel_size GPUs",
+    "gpu_memory_utilization": "policies.<p>.vllm.gpu_memory_utilization",
+    "tensor_parallel_size": "policies.<p>.vllm.tensor_parallel_size",
+    "max_model_len": "policies.<p>.vllm.max_model_len",
+    "enforce_eager": "policies.<p>.vllm.enforce_eager",
+}
+"""vLLM engine arguments that `policies.<p>.vllm.engine_args` cannot give, and what sets each instead."""
+
+
+class VllmConfig(_Section):
+    """The engine of each of a policy's vLLM servers (`backend: vllm`, docs/vllm.md): named fields for the usual
+    settings, `engine_args` for any other field of vLLM's `AsyncEngineArgs`. Read by the vllm backend only."""
+
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    """Fraction of each of its GPUs' memory the engine takes (weights, activations, KV cache). None: the
+    server's share where the config lets it share its GPU (`cluster.gpu_shares`), else vLLM's default (0.92 in
+    vLLM 0.32). The weight sync's receive buffers (a copy of the model in the served dtype) are counted in
+    it: the backend starts vLLM with this share less their bytes over the GPU's (docs/vllm.md). Lower it to
+    leave room on the GPU for what vLLM does not count (the CUDA context)."""
+    tensor_parallel_size: int = Field(1, ge=1)
+    """GPUs of one server: the engine splits the model over this many, and every engine gives each server this
+    many GPUs of its own (the local engine through its CUDA_VISIBLE_DEVICES; a SLURM step or a Ray bundle holds
+    as many unless `cluster.slurm.gpus` or `cluster.ray.inference_gpus` say). A training run needs 1: its weight
+    sync joins one rank per server (Qwen3-1.7B and -8B fit one GPU; serve more with `replicas`); `mas-async eval`
+    takes more."""
+    max_model_len: int | None = Field(None, ge=1)
+    """Longest sequence (prompt + completion) the engine accepts; its KV cache must hold at least one. None: the
+    model's own (Qwen3: 40,960). The server refuses a request that would pass it."""
+    enforce_eager: bool | None = None
+    """true: no CUDA graphs and no torch.compile (a faster start, slower decoding). None: vLLM's default on a GPU
+    (compiled, with CUDA graphs); the CPU always runs eagerly."""
+    engine_args: dict[str, Any] = Field(default_factory=dict)
+    """Any other field of vLLM's `AsyncEngineArgs` by name, e.g. `{kv_cache_dtype: fp8, max_num_batched_tokens:
+    16384}`. A name vLLM does not have is refused where vLLM is installed (at launch and in `--dry-run`); the
+    fields above and those the backend or the engine set (`VLLM_ARGS_SET_ELSEWHERE`: model, dtype, seed,
+    max_num_seqs, logprobs_mode, device_ids, data and pipeline parallel sizes, ...) are refused here."""
+
+    @model_validator(mode="after")
+    def _engine_args_are_free(self) -> VllmConfig:
+        for key in self.engine_args:
+            if key in VLLM_ARGS_SET_ELSEWHERE:
+                raise ValueError(
+                    f"engine_args.{key} is set by {VLLM_ARGS_SET_ELSEWHERE[key]}; drop it from engine_args"
+                )
+        return self
 
 
 class LoraConfig(_Section):
@@ -66,14 +129,28 @@ class PolicyConfig(_Section):
     """Extra variables for the tokenizer's chat template when prompts are tokenised, e.g.
     `{enable_thinking: false}` for Qwen3 (the setting Stronger-MAS's reference trains with)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Weights dtype on both trainer and inference servers."""
+    """What the policy's inference servers serve (their weights' dtype) and what its trainer computes in:
+    with float32 master weights (`master_dtype`) the trainer's forward and backward run under
+    `torch.autocast` in this dtype (float16 with loss scaling), and every weight sync and checkpoint model
+    folder carries the master cast to it (docs/gpu.md "Precision")."""
+    master_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """What the trainer keeps: the parameters it trains (with LoRA, the adapters), their gradients and the
+    Adam state. float32 (the default) keeps master weights that every Adam step moves, however small,
+    whatever `dtype` serves; the policy's own `dtype` (bfloat16) trains in pure low precision, where an
+    update below half a bf16 step leaves a weight as it was (`trainer/<policy>/changed_fraction` shows
+    it). float16 is refused: Adam's state underflows in it (NaN after a step); compute in float16 with
+    `dtype: float16` and the float32 master instead."""
     device: str = Field("cpu", pattern=_DEVICE)
-    """Where this policy's trainer model and its hf inference servers run: cpu, cuda or cuda:N (vLLM
-    places its engine itself). Trainer and servers on one GPU (of one node) share the weights through CUDA
-    IPC, on different GPUs or nodes they travel over NCCL (`cluster.weight_backend: auto`)."""
+    """Where this policy's trainer model and its hf inference servers run: cpu, cuda or cuda:N. `cuda`: a GPU
+    of its own for each process, which the engine picks and the process sees as cuda:0 (every engine; the
+    local engine sets its CUDA_VISIBLE_DEVICES); `cuda:N`: GPU N of the node (local engine; under SLURM and
+    Ray the N-th of the process's own). A vLLM server is never handed a device: it gets GPUs of its own
+    (`vllm.tensor_parallel_size`). Processes share a GPU only with `cluster.gpu_shares` (docs/gpu.md,
+    "Placement"). Trainer and servers on one GPU share the weights through CUDA IPC, on different GPUs or
+    nodes they travel over NCCL, with any member on the CPU over gloo (`cluster.weight_backend: auto`)."""
     server_device: str | None = Field(None, pattern=_DEVICE)
     """Where the policy's hf inference servers run when not on `device`, e.g. cuda:1 beside a trainer on
-    cuda:0 (the weights then travel over NCCL)."""
+    cuda:0 (the weights then travel over NCCL). vLLM servers ignore it (they are never handed a device)."""
     lr: float = Field(1e-6, gt=0)
     """Adam learning rate of this policy's trainer."""
     trainer_ranks: int = Field(1, ge=1)
@@ -82,10 +159,10 @@ class PolicyConfig(_Section):
     episode of a problem: its advantages are relative to them all), balanced by tokens; the update equals one rank's on the same batch. Rank 0 alone sends the weights to
     the inference servers and saves checkpoints."""
     trainer_devices: list[Annotated[str, Field(pattern=_DEVICE)]] | None = None
-    """Where each trainer rank runs, one entry per rank, e.g. [cuda:2, cuda:3]. Unset: `device` for rank 0,
-    and on a GPU cuda:N+r for rank r of `device` cuda:N (the node's next GPUs), or every rank on `device`
-    when each has GPUs of its own and sees only those (`cluster.ray.trainer_gpus`; every SLURM step,
-    `cluster.slurm.gpus`). Two ranks on one GPU are refused (NCCL cannot join them)."""
+    """Where each trainer rank runs, one entry per rank, e.g. [cuda:2, cuda:3]. Unset: `device` for every rank;
+    of `device: cuda:N`, rank r on cuda:N+r (the node's next GPUs) unless each rank has GPUs of its own and
+    sees only those (a Ray bundle's, every SLURM step); of `device: cuda`, each rank on a GPU of its own that
+    the engine picks. Two ranks on one GPU are refused (NCCL cannot join them)."""
     lora: LoraConfig | None = None
     """Train LoRA adapters (peft) on the frozen model instead of every weight: the trainer's optimiser
     holds the adapters only, each weight sync sends the adapter tensors only, the hf backend serves the
@@ -110,6 +187,9 @@ class PolicyConfig(_Section):
     sends its next prompt). Until it is complete, the gap allowed between arrivals grows to this
     fraction of the last batch's duration (when that exceeds `batch_gather_ms`): a request that
     misses a batch waits a whole batch, while waiting costs at most this fraction of one."""
+    vllm: VllmConfig = Field(default_factory=VllmConfig)
+    """The vLLM engine of each server (`backend: vllm`): GPU memory, tensor parallel size, context length, eager
+    mode, and any other vLLM engine argument (docs/vllm.md, "Engine settings")."""
 
     def servers_on(self) -> str | None:
         """Where this policy's inference servers run ("cpu", "cuda:N"), or None for a backend that places
@@ -273,6 +353,11 @@ class EvalConfig(_Section):
     heuristic) on the same test problems through the same workflow, once per run: beside the first
     evaluation of a training run (not again when it resumes) and in `mas-async eval`. Logged as
     eval/baseline/<name>/team_success_rate, .../reward/<agent>, .../progress_rate/<agent>."""
+    baseline_draws: int = Field(1, ge=1, le=1000)
+    """Episodes of each reference policy per test problem, each with a seed of its own: the logged success
+    is the mean over them all, so a random policy's figure estimates its expectation on these problems
+    rather than one draw (whose standard error is that of a single sample per problem). Policies that use
+    no randomness repeat the same episode."""
     checkpoint: str | None = None
     """`mas-async eval`: a run directory whose last complete checkpoint supplies every policy's weights."""
     pick: Literal["latest", "best"] = "latest"
@@ -291,8 +376,10 @@ class TrainerConfig(_Section):
     """Sequences per forward/backward micro-batch (gradients accumulate)."""
     max_tokens_per_micro_batch: int | None = Field(None, ge=1)
     """Gradient accumulation by token budget: a micro-batch also holds at most this many tokens (prompt +
-    completion of each sequence; a longer sequence runs alone). None: only `micro_batch_sequences`
-    cuts. The update is the same as one batch up to float rounding (the loss normaliser is global)."""
+    completion of each sequence; a longer sequence runs alone). None (the default): the budget derived
+    from the model, whose kept activations then take about 8 GiB (training/micro_batches.py: Qwen3-1.7B
+    1,872 tokens, 21,845 with `activation_checkpointing`; the tiny-char model about a million). The update is
+    the same as one batch up to float rounding (the loss normaliser is global)."""
     lr_schedule: Literal["constant", "cosine"] = "constant"
     """Learning rate after warm-up: constant, or cosine decay to min_lr_ratio * lr at the last step."""
     warmup_steps: int = Field(0, ge=0)
@@ -314,12 +401,14 @@ class TrainerConfig(_Section):
     group_timeout_s: float = Field(300.0, gt=0)
     """Bound of joining a policy's group of trainer ranks and of each collective of a step over it."""
     bf16_autocast: bool = False
-    """Run the trainer's forward passes (and so their backward) under `torch.autocast` in bfloat16, for GPU
-    trainers; parameters, optimiser state and the log-softmax stay fp32. The recomputed log-probs then
-    differ from an fp32 server's by bf16 rounding (`logprob_abs_diff` grows), so leave it off on the CPU."""
+    """float32 policies only: compute in bfloat16 (`torch.autocast`) while the servers keep serving float32;
+    parameters, optimiser state and the log-softmax stay fp32. The recomputed log-probs then differ from an
+    fp32 server's by bf16 rounding (`logprob_abs_diff` grows), so leave it off on the CPU. A bfloat16 or
+    float16 policy (`policies.<p>.dtype`) computes in its own dtype without it."""
     activation_checkpointing: bool = False
     """Recompute each layer's activations in the backward pass instead of keeping them (transformers'
-    non-reentrant gradient checkpointing): the same gradients for less memory, at about one more forward."""
+    non-reentrant gradient checkpointing): the same gradients for less memory, at about one more forward.
+    The derived token budget grows with it (`max_tokens_per_micro_batch`); prompts are not shared then."""
     step_timeout_s: float = Field(3600.0, gt=0)
     """The router's bound on a step: from TrainStep(v) until every trainer rank reported Trained(v+1) and
     every inference replica WeightsLoaded(v+1). Past it the run stops with `StepTimeout`, which names the
@@ -369,12 +458,16 @@ class RayConfig(_Section):
     """CPUs reserved for the router."""
     trainer_cpus: float = Field(1.0, gt=0)
     """CPUs reserved for each trainer rank."""
-    trainer_gpus: float = Field(0.0, ge=0)
-    """GPUs reserved for each trainer rank (Ray sets its CUDA_VISIBLE_DEVICES)."""
+    trainer_gpus: float | None = Field(None, ge=0)
+    """GPUs reserved for each trainer rank (Ray sets its CUDA_VISIBLE_DEVICES: it sees them as cuda:0..). None:
+    what it computes on (1 on a GPU device, else 0; `gpus_wanted`); 0: none reserved, the
+    process sees its node's GPUs and uses the index its device names."""
     inference_cpus: float = Field(1.0, gt=0)
     """CPUs reserved for each inference replica."""
-    inference_gpus: float = Field(0.0, ge=0)
-    """GPUs reserved for each inference replica (Ray sets its CUDA_VISIBLE_DEVICES)."""
+    inference_gpus: float | None = Field(None, ge=0)
+    """GPUs reserved for each inference replica (Ray sets its CUDA_VISIBLE_DEVICES). None: what it computes on
+    (an hf server on a GPU device 1, a vLLM server `vllm.tensor_parallel_size`, else 0); a fraction lets
+    replicas share a GPU as Ray packs them."""
     env_worker_cpus: float = Field(1.0, gt=0)
     """CPUs reserved for each env worker."""
     resources: dict[str, dict[str, float]] = Field(default_factory=dict)
@@ -408,17 +501,21 @@ class SlurmConfig(_Section):
     """Bound on every SLURM command the launcher waits for (scontrol, the free-ports step, scancel)."""
     gpus: dict[str, Annotated[int, Field(ge=0)]] = Field(default_factory=dict)
     """Role or process -> GPUs of its own for each such process (its step's `--gpus-per-task`; it sees them
-    as cuda:0..). Unset: 1 for a trainer rank on a GPU device, 1 for an inference replica on a GPU or of a
-    backend that places itself (vLLM), else 0. A step without GPUs gets none (`--gres=none`)."""
+    as cuda:0..). Unset: what it computes on, as on every engine (`gpus_wanted`): 1 for a
+    trainer rank or an hf replica on a GPU device, `vllm.tensor_parallel_size` for a vLLM replica, else 0
+    (`{inference: 0}` runs vLLM on the CPU). A step without GPUs gets none (`--gres=none`)."""
     cpus: dict[str, Annotated[int, Field(ge=1)]] = Field(default_factory=dict)
     """Role or process -> CPUs of each such process's step (`--cpus-per-task`). Unset: 4 for a process with
     GPUs, else `cluster.torch_threads`. The job asks each node for the most that one node's processes need."""
     mem_per_node: str = "0"
     """The job's `--mem` per node ("0": all of each node's memory); every step may use all of it (`--mem=0`)."""
-    signal_before_s: int = Field(300, ge=0, le=65535)
+    signal_before_s: int = Field(900, ge=0, le=65535)
     """SLURM sends the launcher SIGUSR1 this many seconds before the job's time limit (`--signal=B:USR1@N`;
-    up to 60 s earlier): the run checkpoints after the iteration in progress, stops, and the job requeues
-    itself to resume there. Give it room for about two iterations and a checkpoint."""
+    up to 60 s earlier; at most half the job's `--time` when `mas-async slurm` is given one): the run
+    checkpoints at its next step, stops, and the job requeues itself to resume there. Stopping takes up to two
+    iterations and a checkpoint; once the launcher has measured those, it asks the run to stop early enough by
+    itself, and says so when that is more than this (`mas_async.launch.slurm_time_limit`): this margin covers
+    the iterations before the first measurements."""
 
     @model_validator(mode="after")
     def _keys_name_roles(self) -> SlurmConfig:
@@ -507,10 +604,21 @@ class ClusterConfig(_Section):
     weight_backend: Literal["auto", "gloo", "nccl", "cuda_ipc"] = "auto"
     """How each policy's trainer sends its weights to its inference servers, decided by the deployment from
     where the engine placed them (`mas_async.placement`; deployment.json records it). auto, per policy:
-    cuda_ipc when the trainer and its servers use one GPU, nccl across GPUs and nodes (or where vLLM places
-    the servers and CUDA exists), gloo on the CPU. gloo works everywhere (through host memory); nccl and
-    cuda_ipc are checked against the placement when the run starts, and against the GPUs the processes
-    actually use when each weight group forms."""
+    gloo when any of them is on the CPU (NCCL and CUDA IPC need every member on a GPU), cuda_ipc when the
+    trainer and its (hf) servers use one GPU, nccl when no two of them share a GPU (other GPUs, other nodes),
+    gloo where two share one otherwise. gloo works everywhere (through host memory); nccl and cuda_ipc are
+    checked against the placement when the run starts, and against the GPUs the processes actually use when
+    each weight group forms."""
+    gpu_shares: dict[str, Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=dict)
+    """Role (trainer, inference) or process (trainer/P, inference/P/I, ...) -> the fraction of each of its GPUs'
+    memory such a process keeps to, which lets it share its GPUs with others that have one (docs/gpu.md,
+    "Placement"), e.g. `{trainer: 0.4, inference: 0.5}` puts each policy's trainer and server on one GPU. The
+    local engine's: under SLURM and Ray every GPU process holds GPUs of its own and the shares are not used (a
+    fraction in `cluster.ray.inference_gpus` lets Ray pack replicas). The shares of the processes on one GPU
+    must sum to at most 1 (leave a little for each process's CUDA context); a policy's trainer ranks never
+    share one. A trainer or hf server caps its PyTorch allocator at its share
+    (`torch.cuda.set_per_process_memory_fraction`), a vLLM server takes it as its `gpu_memory_utilization`.
+    Unset (the default): every GPU process holds GPUs of its own, and two on one GPU are refused."""
     curve: bool = True
     """Authenticate and encrypt every ZeroMQ socket of the run with CURVE (loopback included): the launcher
     writes a key pair per run into RUN_DIR/keys (mode 0700, files 0600) and the router accepts only peers
@@ -542,6 +650,9 @@ class ClusterConfig(_Section):
                 raise ValueError(f"cluster.placement.{key}: not a role or process (roles: {', '.join(ROLE_NAMES)})")
             if node not in names:
                 raise ValueError(f"cluster.placement.{key}={node}: no such node (nodes: {', '.join(names)})")
+        for key in self.gpu_shares:
+            if key.split("/")[0] not in ("trainer", "inference"):
+                raise ValueError(f"cluster.gpu_shares.{key}: not a trainer or inference role or process")
         return self
 
 
@@ -644,6 +755,7 @@ class Config(_Section):
         if unused:
             raise ValueError(f"policies {unused} serve no agent")
         self._workflow_is_one_kind()
+        self._agents_are_the_envs()
         self._trainer_ranks_can_be_placed()
         for name, spec in self.policies.items():
             if spec.lora is not None and spec.backend == "mock":
@@ -652,6 +764,7 @@ class Config(_Section):
                     "use backend hf or vllm"
                 )
         self._shared_bases_can_work()
+        self._precisions_can_train()
         self._algorithm_can_learn()
         if self.rollout.top_p < 1.0:
             raise ValueError(
@@ -674,6 +787,26 @@ class Config(_Section):
                 "is dropped; raise cluster.max_restarts or lower rollout.max_attempts"
             )
         return self
+
+    def _agents_are_the_envs(self) -> None:
+        """Every agent of the run is an agent of the env (each episode observes and steps it as one): a name
+        the env does not know is refused here, naming the env's agents, rather than failing every episode.
+        An env that does not import here, or whose class names no `possible_agents`, is checked by its run."""
+        from mas_async.api.registry import ENVS, resolve
+
+        try:
+            env_cls = resolve(self.env.name, ENVS, "env")
+        except Exception:  # (reported where the run resolves it, with its own error)
+            return
+        known = getattr(env_cls, "possible_agents", None)
+        if not isinstance(known, (list, tuple)) or not known:
+            return
+        unknown = [agent for agent in self.agents if agent not in known]
+        if unknown:
+            raise ValueError(
+                f"agents {unknown} are not agents of env {self.env.name!r}: its agents are {', '.join(known)} "
+                "(`mas-async envs` lists each env's agents)"
+            )
 
     def _workflow_is_one_kind(self) -> None:
         """A workflow class plays nodes; a workflow program plays OpenAI API clients: one or the other."""
@@ -712,6 +845,22 @@ class Config(_Section):
                 f"gateway.external=true serves the gateway of a workflow.program, but workflow.name={wf.name!r} "
                 "plays nodes and serves none; drop gateway.external or give workflow.program"
             )
+
+    def _precisions_can_train(self) -> None:
+        """Refuse a `policies.<p>.master_dtype` the trainer cannot train in: float16 (Adam's state underflows),
+        or a low precision other than the policy's own `dtype`."""
+        for name, spec in self.policies.items():
+            where = f"policies.{name}.master_dtype={spec.master_dtype}"
+            if spec.master_dtype == "float16":
+                raise ValueError(
+                    f"{where}: Adam's state underflows in float16 (NaN after a step); keep master_dtype=float32 "
+                    "and set dtype=float16 to compute in float16 (with loss scaling)"
+                )
+            if spec.master_dtype != "float32" and spec.master_dtype != spec.dtype:
+                raise ValueError(
+                    f"{where}: the trainer keeps float32 master weights or the policy's own dtype "
+                    f"({spec.dtype}); set master_dtype=float32 or dtype={spec.master_dtype}"
+                )
 
     def _shared_bases_can_work(self) -> None:
         """Refuse a `policies.<p>.base` that does not name a policy whose servers can hold p's adapters."""
@@ -861,14 +1010,14 @@ class Config(_Section):
 
     def trainer_device(self, policy: str, rank: int = 0) -> str:
         """Where trainer rank `rank` of `policy` runs ("cpu", "cuda:N" as that process sees its GPUs)."""
-        # Ray processes with reserved GPUs and SLURM steps see only GPUs of their own, from cuda:0.
-        engine = self.cluster.engine
-        own_gpus = engine == "slurm" or (engine == "ray" and self.cluster.ray.trainer_gpus > 0)
+        # A process with GPUs of its own (a SLURM step's, a Ray bundle's, a device `cuda` on the local engine)
+        # sees only those, from cuda:0 (`holds_own_gpus`).
+        own_gpus = holds_own_gpus(self, trainer_peer(policy, rank))
         return self.policies[policy].trainer_on(rank, own_gpus=own_gpus)
 
     def _trainer_ranks_can_be_placed(self) -> None:
-        """Refuse trainer devices that do not name one device per rank, mix the CPU with GPUs, or put two
-        ranks on one GPU of the local engine's machine (its nodes share the GPUs)."""
+        """Refuse trainer devices that do not name one device per rank, mix the CPU with GPUs, or name one GPU
+        of the local engine's machine for two ranks (its nodes share the GPUs; a rank of `cuda` gets its own)."""
         for name, spec in self.policies.items():
             where = f"policies.{name}.trainer_devices"
             if spec.trainer_devices is not None and len(spec.trainer_devices) != spec.trainer_ranks:
@@ -881,10 +1030,12 @@ class Config(_Section):
                 raise ValueError(
                     f"{where}: the ranks are on {devices}; all on the CPU (gloo) or all on GPUs (NCCL), not both"
                 )
-            if self.cluster.engine == "local" and devices[0] != "cpu" and len(set(devices)) < len(devices):
+            named = [configured_device(self, trainer_peer(name, r)) for r in range(spec.trainer_ranks)]
+            pinned = [d for d in named if d is not None and d.startswith("cuda:")]
+            if self.cluster.engine == "local" and len(set(pinned)) < len(pinned):
                 raise ValueError(
-                    f"{where}: the ranks are on {devices}, so two share a GPU of this machine, which NCCL cannot "
-                    "join; give each rank its own GPU"
+                    f"{where}: the ranks are on {named}, so two share a GPU of this machine, which NCCL cannot "
+                    "join; give each rank its own GPU (or `cuda`: one the engine picks)"
                 )
 
     def uses_gateway(self) -> bool:
@@ -897,6 +1048,69 @@ class Config(_Section):
 
     def output_dir(self) -> Path:
         return Path(self.run.output_dir or f"runs/{self.run.name}")
+
+
+# -- What the config asks for each process (by peer id, `mas_async.peer_names`): the rules the config's own
+# checks and every engine's GPU plan (`mas_async.gpu_plan`) share.
+
+
+def configured_device(config: Config, name: str) -> str | None:
+    """The device the config names for process `name` (trainer/P[/R], inference/P/I, router, env_worker/I), as
+    written ("cpu", "cuda", "cuda:N"; rank r of `device: cuda:N` is cuda:N+r), or None for a server whose
+    backend places itself (vLLM)."""
+    role, policy = role_and_policy(name)
+    if role == "trainer":
+        spec, rank = config.policies[policy], trainer_rank(name)
+        if spec.trainer_devices is not None:
+            return spec.trainer_devices[rank]
+        if spec.device in ("cpu", "cuda") or rank == 0:
+            return spec.device
+        return f"cuda:{int(spec.device.removeprefix('cuda:')) + rank}"
+    if role == "inference":
+        spec = config.policies[policy]
+        return None if spec.backend in SELF_PLACING_BACKENDS else spec.server_device or spec.device
+    return "cpu"
+
+
+def gpus_wanted(config: Config, name: str) -> int:
+    """How many GPUs process `name` computes on, whatever the engine: one for a trainer rank or an hf server on
+    a GPU device, `policies.<p>.vllm.tensor_parallel_size` for a vLLM server, else none."""
+    device = configured_device(config, name)
+    if device is None:
+        return config.policies[role_and_policy(name)[1]].vllm.tensor_parallel_size
+    return 0 if device == "cpu" else 1
+
+
+def scheduler_gpus(config: Config, name: str) -> float | None:
+    """The GPUs the engine's scheduler gives process `name`, which then sees only those: a SLURM step's
+    (`cluster.slurm.gpus`, the process's entry, else its role's, else `gpus_wanted`) or a Ray bundle's
+    (`cluster.ray.trainer_gpus` / `inference_gpus`, else `gpus_wanted`); None on the local engine, which
+    plans the GPUs itself (`mas_async.gpu_plan.plan_gpus`)."""
+    role, _ = role_and_policy(name)
+    cluster = config.cluster
+    if cluster.engine == "slurm":
+        table = cluster.slurm.gpus
+        given = table.get(name, table.get(role))
+        return given if given is not None else gpus_wanted(config, name)
+    if cluster.engine == "ray":
+        given = {"trainer": cluster.ray.trainer_gpus, "inference": cluster.ray.inference_gpus}.get(role, 0.0)
+        return given if given is not None else gpus_wanted(config, name)
+    return None
+
+
+def holds_own_gpus(config: Config, name: str) -> bool:
+    """Does process `name` see only GPUs of its own, numbered from cuda:0? Under SLURM and Ray when their
+    scheduler gives it GPUs; on the local engine when it holds GPUs that its config names by no index (a
+    device `cuda`, a vLLM server): the engine picks them and sets its CUDA_VISIBLE_DEVICES. Otherwise it sees
+    its node's GPUs and uses the index its device names."""
+    role, _ = role_and_policy(name)
+    if role not in ("trainer", "inference"):
+        return False
+    given = scheduler_gpus(config, name)
+    if given is not None:
+        return given > 0
+    device = configured_device(config, name)
+    return device is None or device == "cuda"
 
 
 def apply_override(data: dict[str, Any], override: str) -> None:

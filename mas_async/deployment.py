@@ -2,6 +2,9 @@
 
 The launcher allocates these once and writes RUN_DIR/deployment.json beside the resolved config; every
 process reads both at start. Keeping them out of the config keeps the resolved config reproducible.
+
+The record sits above what it records: the places and weight backends come from `mas_async.placement`, the
+process names from `mas_async.peer_names`; neither imports this module.
 """
 
 from __future__ import annotations
@@ -10,7 +13,9 @@ import json
 import socket
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from mas_async.peer_names import trainer_peer
 
 if TYPE_CHECKING:
     from mas_async.config import Config
@@ -33,10 +38,12 @@ class Deployment:
     trainer_ports: dict[str, int] = field(default_factory=dict)
     """policy -> TCPStore port of the group of its trainer ranks (policies with trainer_ranks >= 2)."""
 
-    nodes: dict[str, dict[str, str]] = field(default_factory=dict)
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     """process name -> its place (`mas_async.placement.Place`): "node" (its node's name), "address" (what it
-    binds to and advertises), "device" (as the process names it; "" when its engine picks the GPU) and
-    "gpu" (the GPU's UUID, or `<view>/cuda:N` where not known before the process starts; "" on the CPU)."""
+    binds to and advertises), "device" (as the process names it; "" for a vLLM server on GPUs, which is never
+    handed one), "gpu" (its GPU's UUID, or `<view>/cuda:N` where not known before the process starts; "" on
+    the CPU), "gpus" (the indices of its node's GPUs it holds, `mas_async.gpu_plan`), "cuda_visible_devices"
+    (what the launcher sets, "" for none) and "share" (its share of its GPUs' memory where it shares them)."""
     weight_backends: dict[str, str] = field(default_factory=dict)
     """policy -> how its trainer sends its weights to its servers (gloo, nccl, cuda_ipc), decided once from
     the places (`mas_async.placement.weight_backend`)."""
@@ -85,23 +92,24 @@ def http_url(address: str, port: int, path: str = "") -> str:
     return f"http://{host}:{port}{path}"
 
 
-def trainer_peer(policy: str, rank: int = 0) -> str:
-    """The peer id (socket identity) of trainer rank `rank` of `policy`: trainer/P, then trainer/P/R."""
-    return f"trainer/{policy}" if rank == 0 else f"trainer/{policy}/{rank}"
-
-
-def replica_names(config: Config, policy: str, training: bool = True) -> list[str]:
-    """The peer ids of `policy`'s own inference replicas, inference/P/R (none when it is served on another
-    policy's base, `policies.<p>.base`)."""
-    if config.server_policy(policy, training) != policy:
-        return []
-    return [f"inference/{policy}/{r}" for r in range(config.policies[policy].replicas)]
-
-
-def trainer_rank(peer: str) -> int:
-    """The rank of a trainer peer id (`trainer_peer`'s inverse)."""
-    parts = peer.split("/")
-    return int(parts[2]) if len(parts) > 2 else 0
+def hold_ports(host: str, count: int) -> list[socket.socket]:
+    """Sockets bound to `count` distinct free ports of `host` and kept so, not listening, with SO_REUSEPORT.
+    `free_ports` releases its ports at once, and another local process may take one before its listener binds
+    it; while a held socket is open, only a process of the same user that also sets SO_REUSEPORT (the listener
+    it is held for) can bind its port (Linux's rule), and no connection reaches it (it does not listen)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(family, socket.SOCK_STREAM)
+            sockets.append(s)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            s.bind((host, 0))
+    except BaseException:
+        for s in sockets:
+            s.close()
+        raise
+    return sockets
 
 
 def free_ports(host: str, count: int) -> list[int]:

@@ -10,14 +10,18 @@ import os
 
 import torch
 
+from mas_async.gpu_plan import GPU_SHARE_ENV
+
 
 class DeviceError(RuntimeError):
     """A process was placed on a GPU it does not see."""
 
 
 def use_device(device: str, who: str) -> torch.device:
-    """`device` ("cpu", "cuda", "cuda:N") as a torch device; a GPU becomes this process's current device.
-    A GPU this process does not see raises `DeviceError` naming `who` and what it sees."""
+    """`device` ("cpu", "cuda", "cuda:N") as a torch device; a GPU becomes this process's current device, and
+    where the launcher let it share that GPU (`GPU_SHARE_ENV`, `cluster.gpu_shares`) its PyTorch allocator is
+    capped at its share of the GPU's memory. A GPU this process does not see raises `DeviceError` naming `who`
+    and what it sees."""
     placed = torch.device(device)
     if placed.type != "cuda":
         return placed
@@ -29,6 +33,9 @@ def use_device(device: str, who: str) -> torch.device:
             f"{who} is placed on cuda:{index}, but this process sees {seen} GPU(s) (CUDA_VISIBLE_DEVICES={visible})"
         )
     torch.cuda.set_device(index)
+    share = os.environ.get(GPU_SHARE_ENV)
+    if share:
+        torch.cuda.set_per_process_memory_fraction(float(share), index)
     return torch.device("cuda", index)
 
 

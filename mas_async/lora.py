@@ -5,7 +5,8 @@ adapter parameters have the same names and shapes: the weight sync sends those t
 (`adapter_parameters`), and a server applies them as they are. The vLLM backend serves the plain model
 and merges each version's adapters into a master copy of the base weights, as the model folder stores
 them (`merge_adapters`). A checkpoint of
-a LoRA policy holds the merged model (a complete model folder, for eval and vLLM) and, in ADAPTER_DIR,
+a LoRA policy holds the merged model (a complete model folder, for eval and vLLM; `merged_from_master`,
+the same merge, from the folder's weights and the adapters as the trainer keeps them) and, in ADAPTER_DIR,
 the adapters (where a resumed run's trainer and servers start from).
 """
 
@@ -96,10 +97,33 @@ def adapter_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Param
 
 
 def merged_model(model: torch.nn.Module) -> torch.nn.Module:
-    """A copy of a peft-wrapped `model` with its adapters merged into the base weights (a plain model)."""
+    """A copy of a peft-wrapped `model` with its adapters merged into the base weights (a plain model), in
+    the model's own dtypes (peft's merge: a bf16 base is rounded before the delta is added; a checkpoint
+    uses `merged_from_master`)."""
     import copy
 
     return copy.deepcopy(model).merge_and_unload()
+
+
+def merged_from_master(
+    setup: LoraSetup, adapters: list[tuple[str, torch.Tensor]], dtype: torch.dtype
+) -> torch.nn.Module:
+    """The plain model of `setup.base` with `adapters` merged, on the host, in `dtype` (what the servers
+    serve): every adapted weight is W + scale * B @ A computed in float32 from the model folder's own W and
+    the adapters as the trainer keeps them (float32 master), then cast (`merge_adapters`, as the vLLM
+    worker merges); every other weight is the folder's, cast. A trainer holding its frozen base in bf16
+    would otherwise merge into the rounded base and drop a delta below half a bf16 step."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(setup.base, dtype="auto")  # the folder's own dtype
+    merged = merge_adapters(dict(model.state_dict()), [(n, t.detach().cpu()) for n, t in adapters], setup.scale, dtype)
+    model.to(dtype)
+    with torch.no_grad():
+        params = dict(model.named_parameters())
+        for name, weight in merged.items():
+            params[name].copy_(weight)
+    return model
 
 
 def base_weight_name(adapter_name: str) -> tuple[str, str]:

@@ -156,7 +156,10 @@ class Keys:
         """How a policy's step overlapped its rollout: trainer/<policy>/compute_s (seconds of the step's
         compute), trainer/<policy>/overlap (the share of them done before the iteration's last group came
         in), trainer/<policy>/tail_s (from that group to the weights sent); a streamed step's
-        trainer/<policy>/ready_early and ready_lead_s (what bounded its overlap); training/streaming.py."""
+        trainer/<policy>/ready_early and ready_lead_s (what bounded its overlap); training/streaming.py. And
+        its precision: trainer/<policy>/changed_fraction (the share of the entries the optimiser holds that
+        the step changed; ~0 for a step that moved nothing), with float16 compute loss_scale and
+        skipped_steps (docs/gpu.md "Precision")."""
         return f"trainer/{policy}/{key}"
 
 

@@ -1,17 +1,20 @@
 """Placement: where each process of a run is (its node, its GPU), and the decisions that follow from it.
 
-The config states wishes (a policy's `device`, `server_device`, `trainer_devices`, `cluster.weight_backend`);
-the engine places the processes on nodes (`Engine.place`). Once it has, the launcher records one `Place`
-per process in deployment.json and decides here, once, what depends on placement:
+The config states wishes (a policy's `device`, `server_device`, `trainer_devices`, `vllm`, `cluster.gpu_shares`,
+`cluster.weight_backend`); the engine places the processes on nodes (`Engine.place`) and the GPUs each one
+holds are planned (`mas_async.gpu_plan`: GPUs of its own unless the config asks to share). Once they are,
+the launcher records one `Place` per process in deployment.json and decides here, once, what depends on
+placement:
 
 - a process's GPU is an identity string that two processes share exactly when they use one physical
   GPU: the GPU's UUID where the engine can tell it before the processes start (the local engine asks this
   machine), else `<view>/cuda:N`, where the view is the engine's name for the GPUs the process numbers
-  from (`Engine.gpu_view`: a node's, one machine's, or a process's own when Ray reserves it GPUs);
-- which weight backend each policy uses (`weight_backend`): gloo on the CPU, CUDA IPC when the trainer
-  (rank 0) and every server of the policy use one GPU, NCCL across GPUs and nodes, gloo where servers
-  share a GPU among themselves but not the trainer's (nothing else joins them). An explicit
-  `cluster.weight_backend` that the placement cannot carry is a `ConfigError` naming the policy.
+  from (`Engine.gpu_view`: a node's, one machine's, or a process's own when SLURM or Ray gives it GPUs);
+- which weight backend each policy uses (`weight_backend`): gloo when any of the trainer (rank 0) and the
+  servers is on the CPU, CUDA IPC when the trainer and every (hf) server of the policy use one GPU, NCCL
+  when no two of them share a GPU (other GPUs, other nodes), gloo where two share one otherwise (nothing
+  else joins them). An explicit `cluster.weight_backend` that the placement cannot carry is a
+  `ConfigError` naming the policy.
 
 The processes check the facts again when a weight group forms (`check_group_gpus`): every rank reports the
 UUID of the GPU it actually uses, and a placement the engine got wrong (two NCCL ranks on one GPU, CUDA
@@ -19,6 +22,9 @@ IPC between two GPUs) stops the group with an error that names the ranks, their 
 
 `python -m mas_async.placement [RUN_DIR]` prints a run's places and weight backends (its deployment.json),
 or, without a run, this machine's GPUs by UUID (what the local engine records).
+
+Below the deployment (`mas_async.deployment` records what is decided here, and falls back on `one_machine`
+for a deployment built by hand), above the config, the GPU plan and the peer names it reads.
 """
 
 from __future__ import annotations
@@ -34,15 +40,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mas_async.config import ConfigError
-from mas_async.deployment import replica_names, trainer_peer, trainer_rank
+from mas_async.peer_names import trainer_peer, trainer_rank
 
 if TYPE_CHECKING:
     import torch.distributed as dist
 
     from mas_async.config import Config
+    from mas_async.gpu_plan import GpuPlace
 
 SELF_PLACED = ""
-"""The device of a process whose engine picks its GPU itself (a vLLM server)."""
+"""The device of a process that is never handed one (a vLLM server on GPUs: it picks among its own)."""
 
 
 @dataclass(frozen=True)
@@ -54,19 +61,31 @@ class Place:
     address: str
     """The address it binds its listeners to and advertises."""
     device: str = "cpu"
-    """The device as the process names it: "cpu", "cuda:N", or "" (SELF_PLACED) when its engine picks it."""
+    """The device as the process names it: "cpu", "cuda:N", or "" (SELF_PLACED) for a vLLM server on GPUs."""
     gpu: str = ""
-    """Which physical GPU: its UUID, or `<view>/cuda:N` where the UUID is not known before the process
-    starts; "" for a process on the CPU or a self-placed one."""
+    """Which physical GPU (its first): its UUID, or `<view>/cuda:N` where the UUID is not known before the
+    process starts; "" for a process on the CPU, or a vLLM server whose GPU nobody planned (`one_machine`)."""
+    gpus: tuple[int, ...] = ()
+    """The GPUs it holds, as indices of its node's GPUs (`mas_async.gpu_plan`): those the local engine gives it
+    or its device names; under SLURM and Ray the planned ones (the scheduler picks which, as many). ()."""
+    cuda_visible_devices: str = ""
+    """The CUDA_VISIBLE_DEVICES the launcher gives it (the local engine's processes with GPUs of their own);
+    "" leaves its environment as it is."""
+    share: float | None = None
+    """The share of its GPUs' memory it keeps to where it may share them (`cluster.gpu_shares`); None: its own."""
 
 
-def process_device(config: Config, name: str) -> str:
-    """The device process `name` (trainer/P[/R], inference/P/I, router, env_worker/I) names for itself."""
+def process_device(config: Config, name: str, gpus: GpuPlace | None = None) -> str:
+    """The device process `name` (trainer/P[/R], inference/P/I, router, env_worker/I) names for itself; with
+    its planned `gpus`, a vLLM server that holds none runs on the CPU."""
     role, *rest = name.split("/")
     if role == "trainer":
         return config.trainer_device(rest[0], trainer_rank(name))
     if role == "inference":
-        return config.policies[rest[0]].servers_on() or SELF_PLACED
+        device = config.policies[rest[0]].servers_on()
+        if device is None and gpus is not None and not gpus.gpus:
+            return "cpu"
+        return device or SELF_PLACED
     return "cpu"
 
 
@@ -85,16 +104,36 @@ def place_processes(
     nodes: dict[str, tuple[str, str]],
     gpu_view: Callable[[str], str],
     gpu_uuids: Callable[[str], list[str] | None] = lambda view: None,
+    plan: dict[str, GpuPlace] | None = None,
 ) -> dict[str, Place]:
     """Every process's `Place`: `nodes` is process name -> (node name, address) as the engine placed it,
     `gpu_view(name)` the view its GPU numbering belongs to, `gpu_uuids(view)` that view's GPU UUIDs in
-    CUDA order where known."""
+    CUDA order where known, `plan` the GPUs each holds (`mas_async.gpu_plan.plan_gpus`; None: each uses the
+    device its config names, as processes that no engine started do)."""
     places = {}
     for name, (node, address) in nodes.items():
-        device = process_device(config, name)
-        view = gpu_view(name) if device not in ("cpu", SELF_PLACED) else ""
-        places[name] = Place(node, address, device, gpu_identity(view, device, gpu_uuids(view) if view else None))
+        planned = plan.get(name) if plan is not None else None
+        device = process_device(config, name, planned)
+        # The GPU it computes on, in its view's numbering: what its device names; for a vLLM server (no
+        # device) its first GPU, of its own (cuda:0) or, where the local engine gave them, of the machine's.
+        on = device
+        if planned is not None and planned.gpus and (device == SELF_PLACED or planned.cuda_visible_devices):
+            on = f"cuda:{planned.gpus[0]}" if planned.cuda_visible_devices else "cuda:0"
+        view = gpu_view(name) if on not in ("cpu", SELF_PLACED) else ""
+        gpu = gpu_identity(view, on, gpu_uuids(view) if view else None)
+        if planned is None:
+            places[name] = Place(node, address, device, gpu)
+        else:
+            places[name] = Place(node, address, device, gpu, planned.gpus, planned.cuda_visible_devices, planned.share)
     return places
+
+
+def replica_names(config: Config, policy: str, training: bool = True) -> list[str]:
+    """The peer ids of `policy`'s own inference replicas, inference/P/R (none when it is served on another
+    policy's base, `policies.<p>.base`)."""
+    if config.server_policy(policy, training) != policy:
+        return []
+    return [f"inference/{policy}/{r}" for r in range(config.policies[policy].replicas)]
 
 
 def one_machine(config: Config, training: bool = True, machine: str = "local") -> dict[str, Place]:
@@ -125,11 +164,13 @@ def weight_backend_choice(
     """How `policy`'s trainer sends its weights to its servers, and why, from where they are (module docstring):
     `cluster.weight_backend` when the placement can carry it (else a ConfigError), or, for auto:
 
-        trainer and servers on the CPU                          gloo
-        trainer and every server on one GPU                     cuda_ipc  (NCCL refuses two ranks on one GPU)
+        any of its trainer and servers on the CPU               gloo      (NCCL and CUDA IPC join GPUs only)
+        trainer and every (hf) server on one GPU                cuda_ipc  (NCCL refuses two ranks on one GPU)
         no two of them on one GPU (other GPUs, other nodes)     nccl
-        servers sharing a GPU that is not the trainer's         gloo      (through host memory)
-        servers that place themselves (vLLM)                    nccl where CUDA exists (`cuda_available`), else gloo
+        two of them on one GPU otherwise                        gloo      (through host memory)
+
+    A vLLM server whose GPUs nobody planned (a deployment that no engine placed, `one_machine`) is taken to
+    be on a GPU of its own where CUDA exists (`cuda_available`), else on the CPU.
     """
     choice = config.cluster.weight_backend
     trainer_name, server_names = group_members(config, policy)
@@ -137,38 +178,54 @@ def weight_backend_choice(
     servers = [places[name] for name in server_names]
     members = [(trainer_name, trainer), *zip(server_names, servers, strict=True)]
     self_placed = any(s.device == SELF_PLACED for s in servers)
+    available = cuda_available or _cuda_available
+    on_cpu = [name for name, place in members if _on_cpu(place, available)]
     one_gpu = bool(trainer.gpu) and all(s.gpu == trainer.gpu for s in servers)
     shared = _shared(members)
-    if choice == "cuda_ipc" and not one_gpu:
+    if choice == "cuda_ipc" and (not one_gpu or self_placed):
+        where = "its vllm servers take no CUDA IPC" if self_placed else _where(members)
         raise ConfigError(
-            f"cluster.weight_backend=cuda_ipc shares GPU memory between a trainer and servers on one GPU, but for "
-            f"policy {policy!r} {_where(members, self_placed)}; use cluster.weight_backend=auto (or gloo)"
+            f"cluster.weight_backend=cuda_ipc shares GPU memory between a trainer and hf servers on one GPU, but for "
+            f"policy {policy!r} {where}; use cluster.weight_backend=auto (or gloo)"
+        )
+    if choice == "nccl" and on_cpu:
+        raise ConfigError(
+            f"cluster.weight_backend=nccl cannot join policy {policy!r}'s weight group: {on_cpu[0]} is on the CPU, "
+            "and NCCL joins GPUs only; use cluster.weight_backend=auto (or gloo)"
         )
     if choice == "nccl" and shared:
         raise ConfigError(
             f"cluster.weight_backend=nccl cannot join policy {policy!r}'s weight group: NCCL refuses two ranks on "
             f"one GPU ({shared}); use cluster.weight_backend=auto (CUDA IPC on one GPU) or gloo"
         )
-    if _serves_guests(config, policy) and (choice == "cuda_ipc" or (choice == "auto" and one_gpu)):
+    if _serves_guests(config, policy) and (choice == "cuda_ipc" or (choice == "auto" and one_gpu and not on_cpu)):
         base = config.policies[policy].base
         raise ConfigError(
             f"policies.{policy}.base={base}: a shared base receives its policies' weights over gloo or nccl, not "
-            f"CUDA IPC ({_where(members, self_placed)}); put the servers on another device (server_device) or use "
+            f"CUDA IPC ({_where(members)}); put the servers on another device (server_device) or use "
             "cluster.weight_backend=gloo"
         )
     if choice != "auto":
         return choice, f"cluster.weight_backend={choice}"
-    if self_placed:
-        if (cuda_available or _cuda_available)():
-            return "nccl", "its vllm servers place themselves on GPUs"
-        return "gloo", "its vllm servers place themselves, and this machine has no CUDA"
-    if trainer.device == "cpu" and all(s.device == "cpu" for s in servers):
-        return "gloo", "its trainer and servers are on the CPU"
-    if one_gpu:
+    if on_cpu:
+        if len(on_cpu) == len(members):
+            return "gloo", "its trainer and servers are on the CPU"
+        return "gloo", f"{', '.join(on_cpu)} {'is' if len(on_cpu) == 1 else 'are'} on the CPU (NCCL joins GPUs only)"
+    if one_gpu and not self_placed:
         return "cuda_ipc", f"its trainer and every server are on one GPU ({_gpu_of(trainer)})"
     if shared:
-        return "gloo", f"NCCL refuses two ranks on one GPU ({shared})"
+        why = "; vLLM takes no CUDA IPC" if self_placed else ""
+        return "gloo", f"NCCL refuses two ranks on one GPU ({shared}{why})"
+    if self_placed and any(not s.gpu for s in servers):
+        return "nccl", "its vllm servers place themselves on GPUs"
     return "nccl", "no two of its trainer and servers are on one GPU"
+
+
+def _on_cpu(place: Place, cuda_available: Callable[[], bool]) -> bool:
+    """Is the process on the CPU? A vLLM server whose GPUs nobody planned is where CUDA exists or not."""
+    if place.device == SELF_PLACED and not place.gpu:
+        return not cuda_available()
+    return place.device == "cpu"
 
 
 def weight_backends(
@@ -194,14 +251,16 @@ def _shared(members: list[tuple[str, Place]]) -> str:
 
 
 def _gpu_of(place: Place) -> str:
-    """'cuda:0 of node n1', with the GPU's UUID where known (a view's slot has a '/', a UUID none)."""
-    return f"{place.device} of node {place.node}" + (f" (GPU {place.gpu})" if "/" not in place.gpu else "")
+    """'cuda:0 of node n1' (in the node's numbering where the local engine gave the process GPUs of its own),
+    with the GPU's UUID where known (a view's slot has a '/', a UUID none)."""
+    index = f"cuda:{place.gpus[0]}" if place.cuda_visible_devices else place.device or "a GPU of its own"
+    return f"{index} of node {place.node}" + (f" (GPU {place.gpu})" if "/" not in place.gpu else "")
 
 
-def _where(members: list[tuple[str, Place]], self_placed: bool) -> str:
+def _where(members: list[tuple[str, Place]]) -> str:
     (_, trainer), servers = members[0], members[1:]
-    if self_placed:
-        return "its vllm servers place themselves" if servers else "it has no servers"
+    if not servers:
+        return "it has no servers"
     on = sorted({_gpu_of(s) if s.gpu else s.device for _, s in servers})
     mine = _gpu_of(trainer) if trainer.gpu else trainer.device
     if (
@@ -291,8 +350,12 @@ def main(argv: list[str] | None = None) -> int:
     if args:
         deployment = json.loads((Path(args[0]) / "deployment.json").read_text())
         for name, place in deployment["nodes"].items():
-            device = place.get("device", "?") or "placed by its engine"
-            print(f"{name:24} node {place['node']} ({place['address']}), {device}, GPU {place.get('gpu') or '-'}")
+            device = place.get("device", "?") or "GPUs of its own"
+            gpus = ",".join(map(str, place.get("gpus") or [])) or "-"
+            print(
+                f"{name:24} node {place['node']} ({place['address']}), {device}, GPU {place.get('gpu') or '-'}, "
+                f"GPUs {gpus}"
+            )
         for policy, backend in deployment.get("weight_backends", {}).items():
             print(f"weights of {policy}: {backend}")
         return 0

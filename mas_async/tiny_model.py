@@ -11,7 +11,8 @@ The tokenizer maps one character to one token. Its vocabulary is fixed (ids neve
     4 system  5 user  6 assistant   (whole-word added tokens, for the chat template)
     7.. "\\n", " ", "0"-"9", ". # : , = -", "A"-"Z"
 
-and its chat template is Qwen's: `<|im_start|>{role}\\n{content}<|im_end|>\\n` per message.
+and its chat template is Qwen's: `<|im_start|>{role}\\n{content}<|im_end|>\\n` per message (with tools, Qwen2.5's
+tool turns: `CHAT_TEMPLATE`).
 The "tiny-ascii" preset has the same ids 0-6, then "\\n", "\\t" and every printable ASCII character
 (space to "~"), so that code and math prompts tokenize without <unk>.
 
@@ -49,15 +50,33 @@ IM_START_ID = VOCAB.index(IM_START)
 IM_END_ID = VOCAB.index(IM_END)
 
 CHAT_TEMPLATE = (
+    "{%- if tools %}{{ '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\\n\\n' }}{%- endif %}"
+    "{{ '# Tools\\n<tools>' }}{%- for tool in tools %}{{ '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{ '\\n</tools><|im_end|>\\n' }}{%- endif %}"
     "{%- for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endfor %}"
+    "{%- if tools and loop.first and message['role'] == 'system' %}"
+    "{%- elif message['role'] == 'assistant' and message['tool_calls'] %}"
+    "{{ '<|im_start|>assistant\\n' + (message['content'] or '') }}"
+    "{%- for call in message['tool_calls'] %}"
+    "{%- if message['content'] or not loop.first %}{{ '\\n' }}{%- endif %}"
+    "{{ '<tool_call>\\n{\"name\": \"' + call['function']['name'] + '\", \"arguments\": ' }}"
+    "{{ call['function']['arguments'] | tojson }}{{ '}\\n</tool_call>' }}"
+    "{%- endfor %}{{ '<|im_end|>\\n' }}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{{ '<|im_start|>user\\n<tool_response>\\n' + message['content'] + '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- else %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}{%- endfor %}"
     "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
 )
+"""Qwen's ChatML (Qwen2.5's shape): `<|im_start|>{role}\\n{content}<|im_end|>\\n` per message; with `tools`, a
+first system turn lists them as JSON (after the system message's own text), an assistant's tool calls are
+Hermes `<tool_call>` blocks and tool results `<tool_response>` user turns, so a workflow program's function
+tools reach the model (docs/gateway.md, "Tools"). Without tools it renders exactly the plain ChatML."""
 
 BUILTIN_PREFIX = "builtin:"
 # Bump when the way files are produced changes, so old cache folders are not reused.
-_FORMAT_VERSION = 2
+_FORMAT_VERSION = 3
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ User packages (`envs/`, `nodes/`, a user's own) import only from here; the rest 
 user code only through the registry's "module:Class" lookups, so the arrows point one way.
 """
 
-from mas_async.api.env import SPLITS, Env, ReferencePolicy, check_split, step_env
+from mas_async.api.env import SPLITS, Env, ReferencePolicy, check_split, problem_content, step_env
 from mas_async.api.node import Node, ParseError
 from mas_async.api.priority import PrioritySlots, episode_iteration, episode_ordinal, episode_turn
 from mas_async.api.registry import BACKENDS, ENVS, NODES, WORKFLOWS, RegistryError, resolve
@@ -47,6 +47,7 @@ __all__ = [
     "SandboxUnavailable",
     "Workflow",
     "check_split",
+    "problem_content",
     "episode_iteration",
     "episode_ordinal",
     "episode_turn",

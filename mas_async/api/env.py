@@ -13,7 +13,7 @@ Three additions serve training:
   its own clone and continues the episode from the best one.
 - `problems(split, count, **options)` builds a dataset: a list of plain dicts, one per problem, that
   `reset(options={"problem": problem})` accepts. Procedural envs generate them from seeds; the seeds of
-  the "train" and "test" splits never overlap.
+  the "train" and "test" splits never overlap, and a run holds out only test problems whose content (`problem_content`: the dict, seed aside) no training problem has.
 
 Two optional additions put a trained policy's figures in context:
 
@@ -27,6 +27,7 @@ Two optional additions put a trained policy's figures in context:
 from __future__ import annotations
 
 import copy
+import json
 import random
 from collections.abc import Callable
 from typing import Any
@@ -171,6 +172,16 @@ def check_split(split: str, count: int) -> None:
         raise ValueError(f"unknown split {split!r}: expected one of {', '.join(SPLITS)}")
     if not isinstance(count, int) or count < 0:
         raise ValueError(f"problem count must be a non-negative integer, got {count!r}")
+
+
+SEED_KEYS = ("seed",)
+"""Keys of a problem dict that name where it came from, not what it is."""
+
+
+def problem_content(problem: dict[str, Any]) -> str:
+    """What a problem is, its seed aside, as one string: two problems with the same content are the same
+    problem, whatever seeds drew them (procedural envs draw the same small grid from many seeds)."""
+    return json.dumps({k: v for k, v in problem.items() if k not in SEED_KEYS}, sort_keys=True)
 
 
 async def step_env(env: Env, agent: str, action: Any) -> None:

@@ -68,6 +68,9 @@ NODES: dict[str, str] = {
     "plan_path_horizontal_chat": "nodes.plan_path:ChatHorizontalMover",
     "plan_path_vertical_answer": "nodes.plan_path_answer:AnswerVerticalMover",
     "plan_path_horizontal_answer": "nodes.plan_path_answer:AnswerHorizontalMover",
+    "plan_path_vertical_grid": "nodes.plan_path_grid:GridVerticalMover",
+    "plan_path_horizontal_grid": "nodes.plan_path_grid:GridHorizontalMover",
+    "plan_path_solo_grid": "nodes.plan_path_grid:SoloGridMover",
     # games and planning
     "sokoban_vertical": "nodes.sokoban:VerticalPusher",
     "sokoban_horizontal": "nodes.sokoban:HorizontalPusher",

@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from mas_async.gateway.loading import Program
 from mas_async.gateway.transcript import SOURCES
 from mas_async.gateway.tree import ScoreError
 from mas_async.metrics import REFUSED_AUTH
@@ -41,11 +41,29 @@ from mas_async.wire.samples import Sample
 
 if TYPE_CHECKING:
     from mas_async.api.env import Env
+    from mas_async.gateway.sampling import RunSampling
     from mas_async.gateway.server import Gateway
     from mas_async.gateway.session import Session
 
-Program = Callable[..., Awaitable[Any]]
-"""async def program(task: Task, agents: dict[str, openai.AsyncOpenAI], **options) -> rewards."""
+
+class StepBlocks(RuntimeError):
+    """A workflow program called the synchronous `step` of an env that runs code (module of `Task.env`)."""
+
+
+class _AsyncStepOnly:
+    """The `step` of a code-running env inside a workflow program's episode: a refusal that says to await
+    `astep`. (Its synchronous `step` runs the sandbox on a helper thread while the calling thread, the env
+    worker's event loop, waits: every episode of the worker would stop meanwhile.) Set on the episode's own
+    env instance, so its clones (copies of the instance) refuse too; the env class is untouched."""
+
+    def __init__(self, env_name: str) -> None:
+        self.env_name = env_name
+
+    def __call__(self, agent: str, action: Any) -> None:
+        raise StepBlocks(
+            f"{self.env_name} runs code: its synchronous step would block the env worker's event loop, and every "
+            "episode on it, while the sandbox runs; in a workflow program use `await env.astep(agent, action)`"
+        )
 
 
 class RewardError(ValueError):
@@ -57,7 +75,9 @@ class Task:
     """What a workflow program is given about its episode."""
 
     env: Env
-    """The episode's env, reset to the problem: the program may `observe` and `step` it."""
+    """The episode's env, reset to the problem: the program may `observe` and `step` it; an env that runs code
+    (`runs_code`: the code, math and tool envs) is stepped with `await env.astep(agent, action)`, and its
+    `step` refuses (`StepBlocks`): it would stop every episode on the worker while the sandbox runs."""
     problem: dict[str, Any]
     """The problem (one entry of the env's dataset)."""
     observation: dict[str, Any]
@@ -72,6 +92,9 @@ class Task:
     api_key: str = ""
     """The episode's API key (its session key; after the run's token on an external gateway). With `base_url`
     it is all that an agent service outside the run needs to make the episode's calls itself."""
+    sampling: RunSampling | None = None
+    """The run's sampling settings for this episode (temperature, max_tokens, k, top_p: `RunSampling`), so a
+    program or framework can be given exactly what the run trains on (a call may also leave them out)."""
 
 
 @dataclass(slots=True)
@@ -119,42 +142,45 @@ class GatewayEpisode:
         agents = tuple(self.policy_of)
         session = self.gateway.open(episode_id=self.episode_id, problem_id=self.problem_id, mode=self.mode)
         self.session = session
-        # No retries (a retried call would be a second sample); the gateway's connection pool, which the
-        # clients of every episode share (closing a client would close it: they are left to the collector).
-        api_key = self.gateway.api_key(session)
-        tree = self.gateway.limits.tree if self.mode == "train" else None
-        # A tree-sampled call also awaits the scoring of its K candidates, each within tree.timeout_s.
-        timeout = self.client_timeout_s + (tree.timeout_s if tree is not None else 0.0)
-        # In-process clients hand their plain calls to the gateway without HTTP (`in_process.py`).
-        client_class = InProcessClient if self.gateway.in_process else AsyncOpenAI
-        clients = {
-            agent: client_class(
+        if getattr(self.env, "runs_code", False) and getattr(self.env, "astep", None) is not None:
+            self.env.step = _AsyncStepOnly(type(self.env).__name__)  # type: ignore[method-assign]
+        try:  # (whatever fails from here, the env's observe included, the session is closed: its key stops working)
+            # No retries (a retried call would be a second sample); the gateway's connection pool, which the
+            # clients of every episode share (closing a client would close it: they are left to the collector).
+            api_key = self.gateway.api_key(session)
+            tree = self.gateway.limits.tree if self.mode == "train" else None
+            # A tree-sampled call also awaits the scoring of its K candidates, each within tree.timeout_s.
+            timeout = self.client_timeout_s + (tree.timeout_s if tree is not None else 0.0)
+            # In-process clients hand their plain calls to the gateway without HTTP (`in_process.py`).
+            client_class = InProcessClient if self.gateway.in_process else AsyncOpenAI
+            clients = {
+                agent: client_class(
+                    base_url=self.gateway.base_url,
+                    api_key=api_key,
+                    max_retries=0,
+                    timeout=timeout,
+                    http_client=self.gateway.clients_http,
+                )
+                for agent in agents
+            }
+            for client in clients.values():
+                if isinstance(client, InProcessClient):
+                    client.bind(self.gateway)
+            task = Task(
+                env=self.env,
+                problem=self.problem,
+                observation={agent: self.env.observe(agent) for agent in agents},
+                agents=agents,
+                episode_id=self.episode_id,
+                mode=self.mode,
                 base_url=self.gateway.base_url,
                 api_key=api_key,
-                max_retries=0,
-                timeout=timeout,
-                http_client=self.gateway.clients_http,
+                sampling=self.gateway.limits.settings(self.mode),
             )
-            for agent in agents
-        }
-        for client in clients.values():
-            if isinstance(client, InProcessClient):
-                client.bind(self.gateway)
-        task = Task(
-            env=self.env,
-            problem=self.problem,
-            observation={agent: self.env.observe(agent) for agent in agents},
-            agents=agents,
-            episode_id=self.episode_id,
-            mode=self.mode,
-            base_url=self.gateway.base_url,
-            api_key=api_key,
-        )
-        if tree is not None:
-            scorer = self.gateway.scorer
-            assert scorer is not None, "a gateway with tree sampling loads its scorer"
-            session.score = functools.partial(scorer, task)
-        try:
+            if tree is not None:
+                scorer = self.gateway.scorer
+                assert scorer is not None, "a gateway with tree sampling loads its scorer"
+                session.score = functools.partial(scorer, task)
             result = await program(task, clients, **options)
         except Exception:
             if session.failure is not None:  # the program saw the scorer's failure as its call's error

@@ -5,12 +5,14 @@ A program's calls are made in the process that serves its gateway, so sending ea
 `openai` package's request transform and HTTP client, aiohttp's server, JSON both ways) costs the env
 worker more CPU than the rest of the call (docs/gateway.md, "What a call costs"). `InProcessClient` is an
 `openai.AsyncOpenAI` (every attribute, resource and helper of the package is there) whose
-`chat.completions.create` and `completions.create` hand a plain call straight to `Gateway.answer`: the
-same request body (the call's arguments as the package would send them, as JSON), the same checks, session,
-exact tokens and router, the same response object and, for a refusal, the same `openai` exception, status,
-message and body. Anything else goes over HTTP as from any client: streaming, `extra_headers`,
-`extra_query`, a per-call `timeout`, `response_format`, arguments the package does not know, values JSON
-cannot hold, a copy pointed at another base URL, and every other resource (`models.list()`, ...).
+`chat.completions.create`, `completions.create` and `responses.create` hand a plain call straight to
+`Gateway.answer`: the same request body (the call's arguments as the package would send them, as JSON),
+the same checks, session, exact tokens and router, the same response object and, for a refusal, the same
+`openai` exception, status, message and body. Extra headers other than `Authorization` (the OpenAI Agents
+SDK sends its User-Agent with every call) mean nothing to the gateway and stay in-process. Anything else
+goes over HTTP as from any client: streaming, raw responses, an `Authorization` header, `extra_query`, a per-call
+`timeout`, `response_format`, arguments the package does not know, values JSON cannot hold, a copy pointed
+at another base URL, and every other resource (`models.list()`, ...).
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ from openai import APITimeoutError, AsyncOpenAI, NotGiven, Omit
 from openai.resources.chat import AsyncChat
 from openai.resources.chat.completions import AsyncCompletions as AsyncChatCompletions
 from openai.resources.completions import AsyncCompletions as AsyncTextCompletions
+from openai.resources.responses import AsyncResponses
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
+from openai.types.responses import Response
 from pydantic import BaseModel, ValidationError
 
 from mas_async.gateway.errors import GatewayError
@@ -42,9 +46,14 @@ if TYPE_CHECKING:
 
 __all__ = ["InProcessClient"]
 
-PASSED_OVER_HTTP = frozenset({"stream", "extra_headers", "extra_query", "timeout", "response_format"})
-"""Arguments whose call goes over HTTP when given (not None, False or omitted)."""
-ROUTES = {"chat": "/chat/completions", "text": "/completions"}
+PASSED_OVER_HTTP = frozenset({"stream", "extra_query", "timeout", "response_format"})
+"""Arguments whose call goes over HTTP when given (not None, False or omitted); `extra_headers` too when
+they set `Authorization` (`_headers_matter`)."""
+ROUTES = {"chat": "/chat/completions", "text": "/completions", "responses": "/responses"}
+REQUEST_OPTIONS = frozenset({"extra_headers", "extra_query", "extra_body", "timeout"})
+"""Arguments that are the package's options of the request, not fields of its body."""
+NEEDED = {"chat": ("model", "messages"), "text": ("model",), "responses": ("model",)}
+"""Arguments without which a call is left to the package (which raises its own error for it)."""
 
 
 class InProcessClient(AsyncOpenAI):
@@ -74,6 +83,10 @@ class InProcessClient(AsyncOpenAI):
     @cached_property
     def completions(self) -> AsyncTextCompletions:
         return _TextCompletions(self)
+
+    @cached_property
+    def responses(self) -> AsyncResponses:
+        return _Responses(self)
 
     def in_process(self) -> Gateway | None:
         """The gateway that answers this client's plain calls, None when they go over HTTP: an unbound client,
@@ -105,6 +118,14 @@ class _TextCompletions(AsyncTextCompletions):
         return _model(Completion, response)
 
 
+class _Responses(AsyncResponses):
+    async def create(self, **kwargs: Any) -> Any:
+        response = await _answer(self._client, "responses", kwargs, AsyncResponses.create)
+        if response is None:
+            return await super().create(**kwargs)
+        return _model(Response, response)
+
+
 @functools.cache
 def _parameters(method: Any) -> frozenset[str]:
     """The keyword arguments a package method takes (read once from its signature)."""
@@ -115,15 +136,15 @@ async def _answer(client: Any, route: str, kwargs: dict[str, Any], method: Any) 
     """The response object of an in-process call, the `openai` exception of a refusal, or None when the
     call is to go over HTTP (the package then does all it does, errors included)."""
     gateway = client.in_process()
-    if gateway is None or "model" not in kwargs or ("messages" not in kwargs and route == "chat"):
+    if gateway is None or any(k not in kwargs for k in NEEDED[route]):
         return None
     if not isinstance(client.api_key, str):  # (a key provider: the package resolves it per request)
         return None
     if not kwargs.keys() <= _parameters(method):
         return None
-    if any(_given(kwargs[k]) for k in PASSED_OVER_HTTP & kwargs.keys()):
+    if any(_given(kwargs[k]) for k in PASSED_OVER_HTTP & kwargs.keys()) or _headers_matter(kwargs):
         return None
-    body = {k: v for k, v in kwargs.items() if k != "extra_body" and not _omitted(v)}
+    body = {k: v for k, v in kwargs.items() if k not in REQUEST_OPTIONS and not _omitted(v)}
     extra = kwargs.get("extra_body")
     if extra is not None:
         if not isinstance(extra, dict):
@@ -131,7 +152,7 @@ async def _answer(client: Any, route: str, kwargs: dict[str, Any], method: Any) 
         body.update(extra)
     try:  # as the package sends it (its JSON settings), with models and iterables as its transform leaves them
         data = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False, default=_plain)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):
         return None  # (the package raises its own error for it, or sends what this cannot)
     task = asyncio.ensure_future(gateway.answer(route, f"Bearer {client.api_key}", data))
     # The call is the gateway's once made, as over HTTP: a program cancelled meanwhile does not cancel it.
@@ -161,6 +182,18 @@ def _omitted(value: Any) -> bool:
 def _given(value: Any) -> bool:
     """Whether an argument of `PASSED_OVER_HTTP` asks for something (a timeout of 0 does: `0 == False`)."""
     return value is not None and value is not False and not _omitted(value)
+
+
+def _headers_matter(kwargs: dict[str, Any]) -> bool:
+    """Whether a call's `extra_headers` could change how it is answered: the gateway reads the `Authorization`
+    header alone (the key), and the package reads its own `X-Stainless-*` ones (`with_raw_response` and
+    `with_streaming_response` ask for the raw HTTP response so); a call with either goes over HTTP."""
+    headers = kwargs.get("extra_headers")
+    if headers is None or _omitted(headers):
+        return False
+    if not isinstance(headers, dict):
+        return True
+    return any(str(name).lower() == "authorization" or str(name).lower().startswith("x-stainless") for name in headers)
 
 
 def _plain(value: Any) -> Any:

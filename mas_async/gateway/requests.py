@@ -114,19 +114,20 @@ class ChatRequest:
             raise bad_request("top_logprobs: only allowed when logprobs is true", param="top_logprobs")
         return cls(
             model=model_of(body),
-            messages=_messages(body.get("messages")),
+            messages=messages_of(body.get("messages")),
             sampling=Sampling.parse(body, logprobs=logprobs, max_tokens=max_tokens_of(body), top_logprobs=top),
             tools=tools,
             tool_choice=tool_fields.parse_tool_choice(body.get("tool_choice"), tools),
         )
 
 
-def check_fields(body: Any, known: frozenset[str], refused: Mapping[str, str]) -> None:
-    """Refuse a body that is not an object, an unknown field, or a refused field set to a non-neutral value."""
+def check_fields(body: Any, known: frozenset[str], refused: Mapping[str, str], labels: frozenset[str] = LABELS) -> None:
+    """Refuse a body that is not an object, an unknown field, or a refused field set to a non-neutral value
+    (`labels`: fields accepted and ignored)."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     for key, value in body.items():
-        if key in known or key in LABELS:
+        if key in known or key in labels:
             continue
         if key in refused:
             if not _neutral(key, value):
@@ -172,12 +173,14 @@ def _stream_options(value: Any, stream: bool) -> bool:
     return _bool(value, "include_usage")
 
 
-def _messages(value: Any) -> list[dict[str, Any]]:
+def messages_of(value: Any, field: str = "messages") -> list[dict[str, Any]]:
+    """Canonical messages of a chat request's `messages` (or of the chat messages that a Responses request's
+    `input` reads as, named `field` in errors)."""
     if not isinstance(value, list) or not value:
-        raise bad_request("messages: a non-empty list of messages is required", param="messages")
+        raise bad_request(f"{field}: a non-empty list of messages is required", param=field)
     out = []
     for i, message in enumerate(value):
-        where = f"messages[{i}]"
+        where = f"{field}[{i}]"
         if not isinstance(message, dict):
             raise bad_request(f"{where}: a message must be an object", param=where)
         role = message.get("role")
@@ -193,8 +196,12 @@ def _messages(value: Any) -> list[dict[str, Any]]:
     return out
 
 
+TEXT_PARTS_JOINER = "\n"
+"""Between the text parts of one message's content, as vLLM joins them (so a prompt reads as vLLM renders it)."""
+
+
 def _content(value: Any, where: str, role: str) -> str:
-    """The text of a message: a string, or a list of text parts joined (OpenAI's two forms)."""
+    """The text of a message: a string, or its text parts joined by a newline (OpenAI's two forms)."""
     if isinstance(value, str):
         return value
     if value is None and role == "assistant":
@@ -205,7 +212,7 @@ def _content(value: Any, where: str, role: str) -> str:
             if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
                 raise bad_request(f"{where}.content[{j}]: only text parts are served", param=f"{where}.content")
             texts.append(part["text"])
-        return "".join(texts)
+        return TEXT_PARTS_JOINER.join(texts)
     raise bad_request(f"{where}.content: a string or a list of text parts is required", param=f"{where}.content")
 
 

@@ -58,6 +58,28 @@ class Limits:
             tree=TreeSampling.of(config),
         )
 
+    def settings(self, mode: str) -> RunSampling:
+        """The sampling settings of an episode of `mode` ("train" or "eval"), as its program reads them."""
+        greedy = mode != "train" and self.eval_greedy
+        return RunSampling(0.0 if greedy else self.temperature, self.max_tokens, self.max_n)
+
+
+@dataclass(frozen=True, slots=True)
+class RunSampling:
+    """The run's sampling settings as a workflow program reads them (`Task.sampling`), so that it can ask
+    exactly what the run trains on instead of copying the config."""
+
+    temperature: float
+    """What the episode's calls sample at: rollout.temperature in training; in evaluation 0.0 (greedy) when
+    eval.greedy, else rollout.temperature. Leaving `temperature` out of a call gives the same."""
+    max_tokens: int
+    """rollout.max_tokens: the most (and the default) tokens of a reply."""
+    k: int
+    """algorithm.k: the most choices (`n`) one call may ask; under tree sampling each training call is K
+    candidates that the gateway samples itself (ask one)."""
+    top_p: float = 1.0
+    """A run samples the full distribution."""
+
 
 @dataclass(frozen=True)
 class Decoding:

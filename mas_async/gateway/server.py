@@ -1,7 +1,8 @@
 """The gateway's HTTP server: the OpenAI API on the env worker's own event loop.
 
-Routes: `POST /v1/chat/completions`, `POST /v1/completions` (legacy text completions) and `GET
-/v1/models`; both completion routes answer in one JSON object or, with `stream: true`, as server-sent
+Routes: `POST /v1/chat/completions`, `POST /v1/completions` (legacy text completions), `POST /v1/responses`
+(the Responses API, read as the chat request it is: `responses_api.py`) and `GET /v1/models`; both
+completion routes answer in one JSON object or, with `stream: true`, as server-sent
 events (`streaming.py`). A request is authenticated by its per-episode key (`session.py`), and on a
 gateway served outside the run (`gateway.external`) first by the run's token (`access.py`); `model` names
 an agent. A chat prompt is the agent's policy's chat template applied to the messages and tools,
@@ -17,33 +18,39 @@ and continues the agent's transcript (`tree.py`). The clients a program is given
 `Gateway.answer`, which checks and answers their calls as the routes do (`in_process.py`).
 
 Why aiohttp: its server runs as tasks of the loop that already runs the worker's episodes and sockets
-(no thread, no second loop), its handlers are plain coroutines with no request-model layer of its own,
+(no thread, no second loop; only a huge prompt is tokenised on a thread, `_off_loop`), its handlers are
+plain coroutines with no request-model layer of its own,
 so every error the gateway returns is built here in OpenAI's shape, and it is a small, long-maintained
 dependency. (FastAPI + uvicorn would add a validation layer whose 422 errors are not OpenAI-shaped, and
-uvicorn's server would still have to be embedded in this loop.)
+uvicorn's server would still have to be embedded in this loop.) A request that aiohttp's own HTTP parser
+refuses is answered in OpenAI's shape too, quoting none of it (`http.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 from aiohttp import web
 
 from mas_async.deployment import http_url
-from mas_async.gateway import responses, streaming
+from mas_async.gateway import responses, responses_api, streaming
 from mas_async.gateway.access import Access
 from mas_async.gateway.completions import TextRequest
 from mas_async.gateway.errors import GatewayError, bad_request
+from mas_async.gateway.http import Runner
+from mas_async.gateway.loading import load_scorer
 from mas_async.gateway.requests import ChatRequest, Sampling
+from mas_async.gateway.responses_api import ResponsesRequest
 from mas_async.gateway.sampling import Decoding, Limits, apply_stop, decoding
 from mas_async.gateway.session import Call, Session, Sessions
 from mas_async.gateway.tree import ScoreError, TreeSampling, best, score_candidates
-from mas_async.gateway.workflow import load_scorer
 
 if TYPE_CHECKING:
     from mas_async.wire.samples import Completion
@@ -56,6 +63,11 @@ log = logging.getLogger("mas_async.gateway")
 # -> n completions (seed None: the server's generator; top_logprobs 0: no alternatives).
 Generate = Callable[..., Awaitable[list["Completion"]]]
 STOP_TIMEOUT_S = 5.0
+OFF_LOOP_CHARS = 64 * 1024
+"""A prompt of this many characters or more is rendered and tokenised off the event loop (`Gateway._off_loop`)."""
+T = TypeVar("T")
+ROUTES = {"chat": "/v1/chat/completions", "text": "/v1/completions", "responses": "/v1/responses"}
+"""The POST route of each kind of call that `Gateway.answer` takes in-process."""
 
 
 class Gateway:
@@ -96,8 +108,11 @@ class Gateway:
         self.app = web.Application(middlewares=[_openai_errors, self._admit], client_max_size=limits.max_request_bytes)
         self.app.router.add_post("/v1/chat/completions", self.chat_completions)
         self.app.router.add_post("/v1/completions", self.completions)
+        self.app.router.add_post("/v1/responses", self.create_response)
         self.app.router.add_get("/v1/models", self.models)
-        self._runner: web.AppRunner | None = None
+        self._runner: Runner | None = None
+        self._prompts: ThreadPoolExecutor | None = None
+        """The thread that builds the prompts of huge requests (`_off_loop`), made on the first one."""
         self.clients_http: Any = None
         """The connection pool that the episodes' openai clients share (from `start`): building one per
         client would cost an SSL context each, ~26 ms of CPU."""
@@ -106,9 +121,11 @@ class Gateway:
 
     async def start(self) -> str:
         """Serve on host:port (port 0: a free one); returns the base URL, .../v1."""
-        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        self._runner = Runner(self.app, access_log=None, handle_signals=False)
         await self._runner.setup()
-        await web.TCPSite(self._runner, self.host, self.port).start()
+        # An external gateway binds its port with SO_REUSEPORT: the launcher holds it for the run so that no
+        # other user's process can take it first and be sent the run's token (`deployment.hold_ports`).
+        await web.TCPSite(self._runner, self.host, self.port, reuse_port=self.access.external or None).start()
         host, port = self._runner.addresses[0][:2]
         self.base_url = http_url(host, port, "/v1")
         self.clients_http = programs_http()
@@ -122,6 +139,9 @@ class Gateway:
         if self._runner is not None:
             await asyncio.wait_for(self._runner.cleanup(), STOP_TIMEOUT_S)
             self._runner = None
+        if self._prompts is not None:
+            self._prompts.shutdown(wait=False, cancel_futures=True)
+            self._prompts = None
 
     def open(self, *, episode_id: str, problem_id: str, mode: str) -> Session:
         """A new session for one episode; its key is the API key of the episode's clients."""
@@ -163,22 +183,28 @@ class Gateway:
         deltas = responses.text_deltas(self.tokenizers[self.policy_of[text_request.model]])
         return await _reply(request, response, text_request.sampling, "text_completion", deltas, {"text": ""})
 
+    async def create_response(self, request: web.Request) -> web.StreamResponse:
+        session = self._session(request)
+        return web.json_response(await self.respond(session, ResponsesRequest.parse(await _body(request))))
+
     async def answer(self, route: str, authorization: str, data: str) -> dict[str, Any]:
         """An in-process client's call (`in_process.py`): the JSON body `data` of a chat ("chat") or text
-        ("text") completion request with its Authorization header, checked in the order of an HTTP request
-        (the run's token, the episode, the body's size and JSON, its fields); the response object, or the
-        `GatewayError` that the HTTP route would have answered."""
+        ("text") completion request, or a Responses API one ("responses"), with its Authorization header,
+        checked in the order of an HTTP request (the run's token, the episode, the body's size and JSON, its
+        fields); the response object, or the `GatewayError` that the HTTP route would have answered."""
         try:
             self.access.admit(authorization, "this process")
             session = self.sessions.get(self.access.episode_key(authorization), authenticated=self.access.external)
             size = len(data.encode())
             if size > self.limits.max_request_bytes:
-                path = "/v1/chat/completions" if route == "chat" else "/v1/completions"
+                path = ROUTES[route]
                 too_large = web.HTTPRequestEntityTooLarge(max_size=self.limits.max_request_bytes, actual_size=size)
                 raise GatewayError(413, f"POST {path}: {too_large.reason}")
             body = _parse_json(data)
             if route == "chat":
                 response = await self.chat(session, ChatRequest.parse(body))
+            elif route == "responses":
+                response = await self.respond(session, ResponsesRequest.parse(body))
             else:
                 response = await self.text(session, TextRequest.parse(body))
             session.in_process[response["model"]] += 1
@@ -213,7 +239,8 @@ class Gateway:
                     "argument), so the model could not see them; use a model whose template supports tools",
                     param="tools",
                 )
-            prompt = transcript.prompt(chat.messages, chat.tools)
+            chars = sum(len(m["content"]) for m in chat.messages) + (len(json.dumps(chat.tools)) if chat.tools else 0)
+            prompt = await self._off_loop(chars, transcript.prompt, chat.messages, chat.tools)
         except GatewayError:
             raise
         except Exception as e:  # a template that cannot render these messages (jinja raises its own errors)
@@ -238,6 +265,24 @@ class Gateway:
             transcript.add(chat.messages, choice["message"], prompt, np.asarray(completion.token_ids), chat.tools)
         return responses.envelope("chat.completion", agent, choices, prompt_ids, about)
 
+    async def respond(self, session: Session, request: ResponsesRequest) -> dict[str, Any]:
+        """Answer a Responses API request of `session` (`responses_api.py`): read as the chat request it
+        is, after the stored conversation of its `previous_response_id`; its response stored unless `store`
+        is false."""
+        history: list[dict[str, Any]] = []
+        if request.previous_response_id is not None:
+            stored = session.responses.get(request.previous_response_id)
+            if stored is None:
+                raise responses_api.not_found(request.previous_response_id)
+            history = stored
+        completion = await self.chat(session, request.chat(history))
+        response_id = responses_api.new_id()
+        response = responses_api.response_object(request, completion, response_id, request.store)
+        if request.store:
+            (choice,) = completion["choices"]
+            session.responses[response_id] = request.conversation(history, choice["message"])
+        return response
+
     async def text(self, session: Session, text_request: TextRequest) -> dict[str, Any]:
         """Answer a text completion request of `session`: the response object."""
         agent, policy = self._agent(text_request.model)
@@ -250,7 +295,8 @@ class Gateway:
                 "messages; use chat completions (or algorithm.sampling=parallel)"
             )
         tokenizer = self.tokenizers[policy]
-        prompt_ids = text_request.prompt_ids(tokenizer)
+        chars = len(text_request.prompt) if isinstance(text_request.prompt, str) else 0
+        prompt_ids = await self._off_loop(chars, text_request.prompt_ids, tokenizer)
         turn, outputs, calls = await self._sample(session, agent, prompt_ids, "fresh", sampling, decode, sampling.n)
         session.calls += calls
         choices = [
@@ -260,6 +306,17 @@ class Gateway:
         return responses.envelope("text_completion", agent, choices, prompt_ids, _about(session, agent, turn, "fresh"))
 
     # -- helpers -----------------------------------------------------------------------------------
+
+    async def _off_loop(self, chars: int, build: Callable[..., T], *args: Any) -> T:
+        """`build(*args)`, a prompt's rendering and tokenising: inline for a prompt under `OFF_LOOP_CHARS`
+        characters, else on the gateway's one prompt thread, so that a huge request (megabytes of text take
+        seconds to tokenise) does not stall every episode on the worker's event loop meanwhile (the fast
+        tokenizers release the GIL while they encode)."""
+        if chars < OFF_LOOP_CHARS:
+            return build(*args)
+        if self._prompts is None:
+            self._prompts = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-prompts")
+        return await asyncio.get_running_loop().run_in_executor(self._prompts, functools.partial(build, *args))
 
     @web.middleware
     async def _admit(
@@ -315,6 +372,7 @@ class Gateway:
             )
             completions = await asyncio.create_task(request, context=session.context.copy())
         except self.generate_errors as e:
+            session.release(agent, turn, source)  # no sample: a retry is this turn again, not the next one
             message = str(e)
             if message.startswith("Generate."):  # the server found a value out of range (inference/limits.py)
                 raise bad_request(f"the inference server refused the request: {message}") from None
@@ -392,6 +450,8 @@ def _parse_json(data: bytes | str) -> Any:
         return json.loads(data)
     except ValueError as e:  # JSONDecodeError and UnicodeDecodeError alike
         raise bad_request(f"the request body is not valid JSON: {e}") from None
+    except RecursionError:  # (the decoder's bound on nesting, far above any request's)
+        raise bad_request("the request body is not valid JSON: it nests deeper than the decoder reads") from None
 
 
 def programs_http() -> Any:

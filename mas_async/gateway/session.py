@@ -79,6 +79,9 @@ class Session:
     failure: str | None = None
     """Why the episode failed inside the gateway (its scorer failed): its later calls are refused, and the
     episode raises it when the program returns (`GatewayEpisode.play`)."""
+    responses: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """Responses API: response id -> the conversation a request with that `previous_response_id` continues
+    (its input, then its output; `responses_api.py`), for each response stored (`store` not false)."""
     context: contextvars.Context = field(default_factory=contextvars.copy_context)
     """The context variables of the episode's task, where the session is opened (its iteration, its place,
     a bench's record of its id): the generate request of each call runs in a copy of them, as part of the
@@ -99,6 +102,14 @@ class Session:
         turn = self.turns[agent]
         self.turns[agent] += 1
         return turn
+
+    def release(self, agent: str, turn: int, source: str) -> None:
+        """Give back `turn` of `agent`, taken by a call that sampled nothing (the inference side refused or
+        failed it), so that the agent's next call is that turn again and is grouped with the other
+        episodes' calls of it; a turn that a later call of the agent already follows stays taken."""
+        self.sources[(agent, source)] -= 1
+        if self.turns[agent] == turn + 1:
+            self.turns[agent] = turn
 
     def transcript(self, agent: str) -> Transcript:
         if agent not in self._transcripts:

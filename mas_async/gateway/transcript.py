@@ -11,7 +11,10 @@ arguments; call ids are labels and may differ), with the same tools, and the tem
 new request starts with the text of those recorded ids (the earlier prompt's rendering, then the sampled
 reply as the tokenizer decodes it), its prompt is those recorded ids followed by the tokens of only what
 the template wrote after them: the end of the assistant turn, the tool results and new messages, and the
-generation prompt ("reused"). So a reused call renders the template once, as a fresh one does.
+generation prompt ("reused"). So a reused call renders the template once, as a fresh one does. A reply that
+ended on a special token other than the template's end of turn (a tokenizer's <|endoftext|> where the
+template closes turns with <|im_end|>), or that holds special tokens its text leaves out, is still the
+agent's own: its sampled ids are kept (less that last token, whose end of turn the template writes).
 
 Otherwise the prompt is the whole conversation rendered and tokenised afresh: "fresh" when it holds no
 assistant message (a new conversation), "edited" when it holds one that this agent did not produce in
@@ -25,6 +28,7 @@ model is sent, and the sample is built from them: the trainer always sees what t
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,6 +73,7 @@ class Transcript:
         self.template_kwargs = dict(template_kwargs or {})
         self._exchanges: dict[str, Exchange] = {}
         self._renders_tools: bool | None = None
+        self._special_ids: frozenset[int] | None = None
 
     def add(
         self,
@@ -105,15 +110,33 @@ class Transcript:
     def _glue(self, exchange: Exchange, text: str) -> np.ndarray | None:
         """The recorded ids of `exchange` + the tokens of what `text` (the new request's rendering) holds
         after them; None when `text` does not start with the text of the recorded ids (the earlier prompt's
-        rendering, then the sampled reply as decoded): the template rewrites the reply."""
+        rendering, then the sampled reply as one of `_readings` reads it): the template rewrites the reply."""
         before = exchange.prompt.text
-        sampled = self.tokenizer.decode(exchange.completion_ids.tolist(), skip_special_tokens=False)
-        if not (text.startswith(before) and text.startswith(sampled, len(before))):
+        if not text.startswith(before):
             return None
-        rest = text[len(before) + len(sampled) :]
-        tail = self.tokenizer.encode(rest, add_special_tokens=False) if rest else []
-        parts = [exchange.prompt.ids, exchange.completion_ids, np.asarray(tail, dtype=np.int32)]
-        return np.concatenate(parts).astype(np.int32)
+        for kept, sampled in self._readings(exchange.completion_ids):
+            if text.startswith(sampled, len(before)):
+                rest = text[len(before) + len(sampled) :]
+                tail = self.tokenizer.encode(rest, add_special_tokens=False) if rest else []
+                parts = [exchange.prompt.ids, kept, np.asarray(tail, dtype=np.int32)]
+                return np.concatenate(parts).astype(np.int32)
+        return None
+
+    def _readings(self, ids: np.ndarray) -> Iterator[tuple[np.ndarray, str]]:
+        """The ways a template may write a sampled reply back, each as (the sampled ids kept, their text):
+        every id as decoded (a reply that ends on the template's own end of turn, <|im_end|> for ChatML);
+        then, for a reply that ends on another special token (the tokenizer's <|endoftext|>), the ids before
+        it, whose end of turn the template writes; then those ids with the special tokens that the reply's
+        text leaves out (the content a program gets is decoded without them), kept in the ids, where the
+        model sampled them, though the template cannot write them back."""
+        yield ids, self.tokenizer.decode(ids.tolist(), skip_special_tokens=False)
+        if self._special_ids is None:
+            self._special_ids = frozenset(int(i) for i in self.tokenizer.all_special_ids)
+        kept = ids[:-1] if len(ids) and int(ids[-1]) in self._special_ids else ids
+        if len(kept) < len(ids):
+            yield kept, self.tokenizer.decode(kept.tolist(), skip_special_tokens=False)
+        if any(int(i) in self._special_ids for i in kept):
+            yield kept, self.tokenizer.decode(kept.tolist(), skip_special_tokens=True)
 
     def _kwargs(self, tools: list[dict[str, Any]] | None) -> dict[str, Any]:
         return {**self.template_kwargs, "tools": tools} if tools else self.template_kwargs

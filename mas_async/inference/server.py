@@ -50,6 +50,7 @@ from mas_async.config import Config
 from mas_async.deployment import Deployment
 from mas_async.devices import use_device
 from mas_async.inference.backends.base import InferenceBackend, make_backend
+from mas_async.inference.backends.vllm_args import engine_args
 from mas_async.inference.direct import DirectRequests
 from mas_async.inference.gate import UpdateGate
 from mas_async.inference.limits import GenerateLimits
@@ -104,8 +105,9 @@ class InferenceServer(Peer):
         # A LoRA policy in training serves its base with adapters; served without training (eval), its
         # weights are a plain model folder (a checkpoint holds the merged model).
         model_path, lora = starting_point(deployment, policy, spec.lora if deployment.training else None)
-        if spec.servers_on() is not None:  # None: the backend places its engine itself (vLLM)
-            use_device(spec.servers_on(), f"inference server {policy}/{replica}")
+        device = spec.servers_on()  # None: a backend that places itself (vLLM) is never handed a device
+        if device is not None:
+            use_device(device, f"inference server {policy}/{replica}")
         guests = {p: starting_point(deployment, p, config.policies[p].lora)[1] for p in self.served[1:]}
         self.backend = make_backend(
             spec.backend,
@@ -113,9 +115,10 @@ class InferenceServer(Peer):
             dtype=spec.dtype,
             max_batch_sequences=spec.max_batch_sequences,
             seed=config.run.seed * 1000 + replica,
-            device=spec.server_device or spec.device,
+            device=device,
             lora=lora,
             guests=guests,
+            engine_args=engine_args(config, self.peer_id),
         )
         self.guests = {p: self.backend.guest(p) for p in guests}
         """policy -> the backend of a policy that shares this one's base: a view of the same engine."""

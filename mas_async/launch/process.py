@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from mas_async.launch.roles import DEFAULT_ROLES
+from mas_async.runtime.run_failed import RUN_FAILED_STATUS, RunFailed
 
 
 def quiet_progress_bars() -> None:
@@ -44,7 +45,7 @@ def process_name(role: str, index: int, policy: str) -> str:
     if role == "router":
         return "router"
     if role == "trainer":
-        from mas_async.deployment import trainer_peer
+        from mas_async.peer_names import trainer_peer
 
         return trainer_peer(policy, index)
     return "/".join(str(p) for p in (role, policy, index) if p != "")
@@ -90,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
             return 130
         if isinstance(e, SystemExit):
             raise
+        if isinstance(e, RunFailed):  # (the cause is in its message; the router's own stack says nothing)
+            log.error("%s failed: %s", name, e)
+            return RUN_FAILED_STATUS
         log.exception("%s failed: %s", name, e)
         return 1
     log.info("%s exited cleanly", name)

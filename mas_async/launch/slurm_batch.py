@@ -12,7 +12,9 @@ every time the job starts (a requeued job runs its script again from the top):
 3. SIGUSR1 (`--signal=B:USR1@N`, N = `cluster.slurm.signal_before_s`: SLURM's warning before the time
    limit) makes the launcher stop the run at a checkpoint of its own (`stop_signal`); then this requeues
    the job (`scontrol requeue`), whose next start resumes there (2). A signal that came before the run
-   started (the script passes on one its shell got as MAS_ASYNC_STOP_REQUESTED=1) requeues at once.
+   started (the script passes on one its shell got as MAS_ASYNC_STOP_REQUESTED=1) requeues at once. The
+   launcher also asks the run to stop by itself when the job's time left is less than stopping takes, as
+   measured from the run's iterations and checkpoints (`slurm_time_limit`), whatever N is.
 
 Preemption and `scontrol requeue` end the job with SIGTERM instead: the launcher stops every process and
 SLURM requeues the job (`--requeue`), whose next start resumes from the newest checkpoint there is (2).
@@ -32,6 +34,7 @@ from mas_async.gguf_import import GGUFImportError
 from mas_async.launch.engines.base import EngineError
 from mas_async.launch.engines.slurm import SlurmCommandError, slurm_command
 from mas_async.launch.launcher import launch
+from mas_async.launch.slurm_time_limit import watch_job
 from mas_async.launch.stop_signal import STOPPED, StopOnSignal
 
 STOP_ENV = "MAS_ASYNC_STOP_REQUESTED"
@@ -51,7 +54,14 @@ def start_or_resume(run_dir: Path, stop: StopOnSignal) -> int:
         return requeue()
     if version is not None:
         config.resume = str(run_dir)
-    rc = launch(config, again=version is None, stop=stop)
+    job = os.environ.get("SLURM_JOB_ID", "")
+    slurm = config.cluster.slurm
+    watch = watch_job(run_dir, stop, slurm.signal_before_s, job, slurm.command_timeout_s) if job else None
+    try:
+        rc = launch(config, again=version is None, stop=stop)
+    finally:
+        if watch is not None:
+            watch.close()
     return requeue() if rc == STOPPED else rc
 
 

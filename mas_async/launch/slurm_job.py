@@ -4,8 +4,9 @@ At submission the run's resolved config (with `cluster.engine=slurm` and `run.ou
 copied to RUN_DIR/config.yaml: every start of the job runs that copy. The job has one task per node and
 asks each node for what the processes placed there need (`slurm_resources`: `--cpus-per-task`,
 `--gpus-per-node`, `--mem`); it may be requeued (`--requeue`), and SLURM warns its batch shell with SIGUSR1
-`cluster.slurm.signal_before_s` seconds before the time limit (`--signal=B:USR1@N`). Its output is appended
-to RUN_DIR/slurm-JOBID.out, one block per start. Its script, on the first node:
+`cluster.slurm.signal_before_s` seconds before the time limit, at most half its `--time`
+(`--signal=B:USR1@N`). Its output is appended to RUN_DIR/slurm-JOBID.out, one block per start. Its
+script, on the first node:
 
 1. runs `python -m mas_async.launch.slurm_stale` once on every node (an srun step with one task per node;
    `SLURM_PROCID` is the node's index), which clears the processes and shared memory that earlier runs
@@ -81,14 +82,14 @@ def batch_script(request: JobRequest, config: Config, run_dir: Path) -> str:
             )
     python, q = sys.executable, shlex.quote
     specs = process_specs(config)
-    slurm = config.cluster.slurm
+    margin = signal_margin_s(config.cluster.slurm.signal_before_s, request.time)
     options = [
         f"--job-name={job_name}",
         f"--nodes={request.nodes}",
         "--ntasks-per-node=1",
         *job_options(config, specs, request.nodes),
         "--requeue",
-        f"--signal=B:USR1@{slurm.signal_before_s}",
+        f"--signal=B:USR1@{margin}",
         "--open-mode=append",
         f"--chdir={Path.cwd()}",
         f"--output={run_dir}/slurm-%j.out",
@@ -104,6 +105,14 @@ def batch_script(request: JobRequest, config: Config, run_dir: Path) -> str:
         f"#   sbatch {run_dir / SCRIPT_NAME}",
         f"# config:  {request.config_path}, copied to {run_dir / 'config.yaml'}, which every start runs",
         f"# run dir: {run_dir} (on a file system every node shares)",
+        *(
+            [
+                f"# SIGUSR1 {margin} s before the time limit: half the job's --time={request.time} (signal_before_s is "
+                f"{config.cluster.slurm.signal_before_s})"
+            ]
+            if margin != config.cluster.slurm.signal_before_s
+            else []
+        ),
         "# steps (each with CPUs and GPUs of its own; the job asks every node for the most that one needs):",
         *(f"#   {line}" for line in steps_by_node(config, specs, request.nodes)),
         *(f"#SBATCH {option}" for option in options),
@@ -130,6 +139,31 @@ def batch_script(request: JobRequest, config: Config, run_dir: Path) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def time_limit_s(text: str | None) -> int | None:
+    """Seconds of a SLURM `--time` value (minutes, minutes:seconds, hours:minutes:seconds, days-hours,
+    days-hours:minutes, days-hours:minutes:seconds); None for none, "infinite" or "unlimited"."""
+    if not text or text.lower() in ("infinite", "unlimited"):
+        return None
+    days, _, clock = text.rpartition("-")
+    parts = [int(x) for x in clock.split(":")]
+    if days:  # days-hours[:minutes[:seconds]]
+        hours, minutes, seconds = (parts + [0, 0])[:3]
+        return ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
+    if len(parts) == 1:
+        return parts[0] * 60
+    if len(parts) == 2:
+        return parts[0] * 60 + parts[1]
+    return (parts[0] * 60 + parts[1]) * 60 + parts[2]
+
+
+def signal_margin_s(signal_before_s: int, time: str | None) -> int:
+    """When SLURM warns the job before its time limit: `signal_before_s`, but at most half the job's `--time`
+    when that is given (a margin as long as the job would have it warned as it starts, and stopped after every
+    first step); the launcher's own watch (`slurm_time_limit`) stops the run earlier when it must."""
+    limit = time_limit_s(time)
+    return signal_before_s if limit is None else min(signal_before_s, limit // 2)
 
 
 def steps_by_node(config: Config, specs: list[ProcessSpec], node_count: int) -> list[str]:

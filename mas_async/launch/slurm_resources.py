@@ -4,8 +4,9 @@
 Every process is its own job step with resources of its own (`srun --exact`, never `--overlap`, which
 shares CPUs, memory and GPUs with every other step):
 
-- GPUs (`gpus_of`): `cluster.slurm.gpus` for the process or its role, else 1 for a trainer rank on a GPU
-  device and 1 for an inference replica on a GPU or of a backend that places itself (vLLM), else 0. A
+- GPUs (`gpus_of`): `cluster.slurm.gpus` for the process or its role, else what it computes on
+  (`mas_async.config.gpus_wanted`, the rule of every engine): 1 for a trainer rank or an hf replica on a
+  GPU device, `vllm.tensor_parallel_size` for a vLLM replica, else 0. A
   step with GPUs asks `--gpus-per-task=G` and sees only its own, as cuda:0..G-1 (CUDA_VISIBLE_DEVICES);
   one without asks `--gres=none`, since a step gets every GPU of the job on its node by default.
 - CPUs: `cluster.slurm.cpus` for the process or its role, else 4 with GPUs and `cluster.torch_threads`
@@ -22,20 +23,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mas_async.config import Config, ConfigError
+from mas_async.config import Config, ConfigError, scheduler_gpus
 from mas_async.launch.engines.base import ProcessSpec
-from mas_async.placement import SELF_PLACED, process_device
+from mas_async.placement import process_device
 
 GPU_PROCESS_CPUS = 4
 """CPUs of a process with GPUs unless `cluster.slurm.cpus` says (data movement, tokenisation, vLLM's loop)."""
 
 JOB_RESOURCE_ENV = (
-    "SLURM_CPUS_PER_GPU", "SLURM_EXACT", "SLURM_EXCLUSIVE", "SLURM_GPUS", "SLURM_GPUS_PER_NODE",
-    "SLURM_GPUS_PER_SOCKET", "SLURM_GPUS_PER_TASK", "SLURM_GRES", "SLURM_MEM_PER_CPU", "SLURM_MEM_PER_GPU",
-    "SLURM_MEM_PER_NODE", "SLURM_NTASKS_PER_GPU", "SLURM_OVERLAP", "SLURM_STEP_GRES", "SRUN_CPUS_PER_TASK",
+    "SLURM_CPUS_PER_GPU", "SLURM_CPUS_PER_TASK", "SLURM_EXACT", "SLURM_EXCLUSIVE", "SLURM_GPUS",
+    "SLURM_GPUS_PER_NODE", "SLURM_GPUS_PER_SOCKET", "SLURM_GPUS_PER_TASK", "SLURM_GRES", "SLURM_MEM_PER_CPU",
+    "SLURM_MEM_PER_GPU", "SLURM_MEM_PER_NODE", "SLURM_NTASKS_PER_GPU", "SLURM_OVERLAP", "SLURM_STEP_GRES",
+    "SLURM_TRES_PER_TASK", "SRUN_CPUS_PER_TASK",
 )  # fmt: skip
 """The job's resource options as sbatch exports them to the batch step: srun would read them as a step's
-defaults (every step would ask for all of the node's GPUs), so a step's srun runs without them."""
+defaults (every step would ask for all of the node's GPUs; on Slurm 23 and later, the job's
+`SLURM_CPUS_PER_TASK` and `SLURM_TRES_PER_TASK=cpu=C` would give every step the whole node's CPUs, or clash
+with the step's own `--cpus-per-task`), so a step's srun runs without them."""
 
 
 @dataclass(frozen=True)
@@ -84,11 +88,10 @@ def _setting(table: dict[str, int], spec: ProcessSpec) -> int | None:
 
 
 def gpus_of(config: Config, spec: ProcessSpec) -> int:
-    """The GPUs of `spec`'s step (module docstring); a device the step would not hold is a ConfigError."""
+    """The GPUs of `spec`'s step (module docstring; `config.scheduler_gpus`, the rule every engine shares); a
+    device the step would not hold is a ConfigError."""
     device = process_device(config, spec.name)
-    gpus = _setting(config.cluster.slurm.gpus, spec)
-    if gpus is None:
-        gpus = 1 if device == SELF_PLACED or device.startswith("cuda") else 0
+    gpus = int(scheduler_gpus(config, spec.name) or 0)
     if device.startswith("cuda"):
         index = int(device.partition(":")[2] or 0)
         if index >= gpus:

@@ -34,7 +34,8 @@ from mas_async import sandbox
 from mas_async.api.priority import episode_iteration, episode_ordinal
 from mas_async.api.registry import ENVS, NODES, WORKFLOWS, resolve
 from mas_async.config import Config
-from mas_async.deployment import Deployment, trainer_peer
+from mas_async.deployment import Deployment
+from mas_async.peer_names import trainer_peer
 from mas_async.rollout.baseline import BaselineEpisode, baseline_name
 from mas_async.rollout.direct_link import DirectLink
 from mas_async.rollout.episode import Episode, candidates_per_turn, greedy_decoding
@@ -357,8 +358,11 @@ class EnvWorker(Peer):
                 await self._send_groups(groups, msg.trainer_ranks.get(policy, 0))
                 counts[policy] = counts.get(policy, 0) + len(samples)
         except Exception as e:  # a failed episode is reported and counted, never a dead worker
-            error = f"{type(e).__name__}: {e}"
-            log.error("episode %s failed:\n%s", msg.episode_id, traceback.format_exc())
+            trace = traceback.format_exc()
+            # The traceback's last frames go with the error: the router shows the first episode's when every
+            # episode of an iteration fails (a bug in a workflow program), without a look in this log.
+            error = f"{type(e).__name__}: {e}\n{_tail(trace)}"
+            log.error("episode %s failed:\n%s", msg.episode_id, trace)
         finally:
             if env is not None:
                 env.close()
@@ -424,3 +428,14 @@ class EnvWorker(Peer):
             greedy=greedy_decoding(self.cfg, msg.mode),
             template_kwargs={p: spec.chat_template_kwargs for p, spec in self.cfg.policies.items()},
         )
+
+
+TRACEBACK_LINES = 24
+"""Lines of a failed episode's traceback sent with its error (the innermost frames: where it failed)."""
+
+
+def _tail(trace: str) -> str:
+    lines = trace.rstrip("\n").splitlines()
+    return "\n".join(
+        lines if len(lines) <= TRACEBACK_LINES else ["Traceback (innermost frames):", *lines[-TRACEBACK_LINES:]]
+    )

@@ -39,6 +39,7 @@ from mas_async.api.node import ParseError
 from mas_async.api.priority import episode_turn
 from mas_async.api.workflow import Candidate
 from mas_async.metrics import Keys
+from mas_async.rollout.chat_prompt import chat_prompt_ids
 from mas_async.wire.samples import Completion, Sample
 
 if TYPE_CHECKING:
@@ -156,7 +157,7 @@ class Episode:
         n = self.k if n is None else n
         greedy = self.greedy if greedy is None else greedy
         obs = self.env.observe(node.agent)
-        prompt_ids = _prompt_ids(self.tokenizers[policy], node.prompt(obs), self.template_kwargs.get(policy, {}))
+        prompt_ids = chat_prompt_ids(self.tokenizers[policy], node.prompt(obs), self.template_kwargs.get(policy, {}))
         completions = await self.generate(policy, prompt_ids, n, greedy)
         if len(completions) != n:
             raise RuntimeError(f"generate for policy {policy!r} returned {len(completions)} completions, asked {n}")
@@ -326,19 +327,3 @@ class Episode:
             reward=self.alpha * team + local,
             quality=self.env.move_quality(node.agent, action, clone),
         )
-
-
-def _prompt_ids(
-    tokenizer: Any, messages: list[dict[str, str]], template_kwargs: dict[str, Any] | None = None
-) -> np.ndarray:
-    """Token ids (int32[P]) of `messages` under the tokenizer's chat template, with the generation
-    prompt. transformers 5 may return a BatchEncoding (a mapping) instead of a list of ids."""
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **(template_kwargs or {}))
-    if isinstance(ids, Mapping):
-        ids = ids["input_ids"]
-    array = np.asarray(ids, dtype=np.int32)
-    if array.ndim == 2 and array.shape[0] == 1:
-        array = array[0]
-    if array.ndim != 1 or array.size == 0:
-        raise ValueError(f"chat template gave token ids of shape {array.shape}, expected a non-empty 1-D sequence")
-    return array

@@ -231,7 +231,8 @@ def plan_episodes(
     """The iteration's episodes, made as they are taken: `rollout.batch_size` training problems (each run by
     `episodes_per_problem` episodes: one under tree sampling, K under parallel sampling) and, when
     evaluating, `eval.size` test problems with eval.k episodes each; then, for each reference policy in
-    `baselines`, the same test problems with the same episode seeds, played by that policy."""
+    `baselines`, the same test problems with the same episode seeds, played by that policy (times
+    `eval.baseline_draws`, each draw with a seed of its own)."""
     from mas_async.rollout.episode import episodes_per_problem
 
     if train:
@@ -250,9 +251,9 @@ def plan_episodes(
                 )  # fmt: skip
                 yield EpisodeTask(msg)
     if evaluate:
-        copies = episodes_per_problem(config, "eval")
         players = [("eval", "eval")] + [(f"baseline/{name}", f"baseline-{name}-") for name in baselines]
         for mode, prefix in players:
+            copies = episodes_per_problem(config, "eval") * (1 if mode == "eval" else config.eval.baseline_draws)
             for index in range(min(config.eval.size, len(test_problems))):
                 for copy in range(copies):
                     suffix = f"-{copy}" if copies > 1 else ""

@@ -62,8 +62,11 @@ import zmq
 from mas_async.api.registry import ENVS, resolve
 from mas_async.checkpoint import checkpoint_due, load_best, prune_checkpoints, save_best, save_router
 from mas_async.config import Config
-from mas_async.deployment import Deployment, replica_names, trainer_peer, trainer_rank
+from mas_async.deployment import Deployment
+from mas_async.held_out import run_problems
 from mas_async.metrics import Keys, MetricsWriter, keep_rows_before
+from mas_async.peer_names import trainer_peer, trainer_rank
+from mas_async.placement import replica_names
 from mas_async.rollout.baseline import check_baseline_names
 from mas_async.router.clock import ClockError, StepTimeout, VersionClock
 from mas_async.router.episodes import EpisodeBook, EpisodeTask, plan_episodes
@@ -81,6 +84,8 @@ from mas_async.runtime.curve import RunAuthenticator, secure_server
 from mas_async.runtime.handshakes import RefusedHandshakes
 from mas_async.runtime.log_limit import LogLimit, printable
 from mas_async.runtime.router_socket import RouterSocket
+from mas_async.runtime.run_failed import RunFailed
+from mas_async.startup import startup_bound_reason, startup_bound_s
 from mas_async.wandb_run import WandbRun
 from mas_async.wire.codec import CodecError
 from mas_async.wire.messages import (
@@ -223,8 +228,9 @@ class Router(Actor):
         env_cls = resolve(config.env.name, ENVS, "env")
         self.baseline_names = check_baseline_names(config.env.name, list(env_cls.reference_policies()))
         """The env's reference policies, played once per run beside the first evaluation."""
-        self.train_problems = env_cls.problems("train", config.env.train_size, **config.env.options)
-        self.test_problems = env_cls.problems("test", config.env.test_size, **config.env.options)
+        self.train_problems, self.test_problems = run_problems(
+            env_cls, config.env.train_size, config.env.test_size, config.env.options
+        )
         self._order = list(range(len(self.train_problems)))
         random.Random(config.run.seed).shuffle(self._order)
         self.start = deployment.start_version
@@ -309,7 +315,7 @@ class Router(Actor):
         if identity is None:
             return
         try:
-            cls, header = peek([f.buffer for f in body])
+            cls, header = peek(body)  # (the frames as received: no view of each to make)
             if cls is not Hello:
                 peer = self.peers.get(identity)
                 if peer is None:
@@ -855,11 +861,14 @@ class Router(Actor):
     # -- the iteration barrier ---------------------------------------------------------------------
 
     async def main(self) -> None:
+        bound_s = startup_bound_s(self.cfg)  # (a vLLM server says Hello once its engine has started)
         try:
-            await asyncio.wait_for(self.all_joined.wait(), self.cfg.cluster.startup_timeout_s)
+            await asyncio.wait_for(self.all_joined.wait(), bound_s)
         except TimeoutError:
             missing = self.table.missing()
-            raise PeerDead(f"peers never joined within {self.cfg.cluster.startup_timeout_s}s: {missing}") from None
+            raise PeerDead(
+                f"peers never joined within {bound_s:g}s: {missing} (the bound: {startup_bound_reason(self.cfg)})"
+            ) from None
         log.info("all %d peers joined; starting", len(self.table.expected))
         gc.freeze()  # start-up's objects (problems, modules) are never garbage: a full collection skips them
         self.idle = IdleTimer(time.monotonic())
@@ -948,7 +957,7 @@ class Router(Actor):
         rollout_s = book.done_at - min(t0, book.opened_at)  # stale mode: from when its first episode could run
         wait_s = time.monotonic() - t0
         if train and book.stats["train"].episodes == 0:
-            raise RuntimeError(f"iteration {iteration}: every training episode failed; first error: {book.first_error}")
+            raise RunFailed(f"iteration {iteration}: every training episode failed; first error: {book.first_error}")
         step_s, trained = 0.0, {}
         new_best = self._new_best(book) if evaluate and self.deployment.training else None
         if train:

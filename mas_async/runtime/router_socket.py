@@ -47,6 +47,10 @@ SEND_S = 0.0005
 class RouterSocket:
     def __init__(self, sock: zmq.Socket, on_message: Callable[[list[zmq.Frame]], None], burst: int = 256) -> None:
         self.sock = sock
+        # pyzmq's own send, not the Python wrapper around it (which only adds routing-id and group arguments
+        # the router never uses): a third less CPU per frame, and every forwarded message is four frames.
+        base = zmq.backend.Socket
+        self._send: Callable[..., object] = base.send.__get__(sock) if isinstance(sock, base) else sock.send
         self.on_message = on_message
         self.burst = burst
         self._wake = asyncio.Event()
@@ -122,9 +126,9 @@ class RouterSocket:
 
     def _send_now(self, frames: list) -> bool:
         """False when the peer has no room (nothing was sent)."""
-        sock = self.sock
+        send = self._send
         try:
-            sock.send(frames[0], _MORE_NOBLOCK, copy=False)
+            send(frames[0], _MORE_NOBLOCK, False)
         except zmq.Again:
             return False
         except zmq.ZMQError as e:  # unknown or vanished peer (ROUTER_MANDATORY): logged, not fatal
@@ -135,7 +139,7 @@ class RouterSocket:
         else:
             last = len(frames) - 1
             for i in range(1, last + 1):
-                sock.send(frames[i], _MORE_NOBLOCK if i < last else _NOBLOCK, copy=False)
+                send(frames[i], _MORE_NOBLOCK if i < last else _NOBLOCK, False)
             return True
         finally:
             if not self._draining:  # the send may have consumed the descriptor's notification

@@ -7,8 +7,8 @@ the groups (there is no trainer to take them) and never steps or syncs weights. 
 add only what the benchmark reads afterwards, each written to RUN_DIR/bench/ when its process ends
 (nothing is decoded or written on the hot path):
 
-- `RolloutRouter`: the wall-clock window, episodes, turns and tokens of every phase, and the messages
-  it routed with the CPU it spent (phases.json);
+- `RolloutRouter`: the wall-clock window, episodes, turns and tokens of every phase, an OpenAI API program's
+  calls (`gateway/*` sums), and the messages it routed with the CPU it spent (phases.json);
 - `RecordingEnvWorker`: every generate request (episode, policy, prompt ids, n, send and reply times,
   tokens), so the baseline can replay exactly the same prompts, and each episode's wall time and the
   part of it spent waiting for generation (requests-<worker>.msgpack, episodes-<worker>.json);
@@ -31,9 +31,11 @@ from typing import TYPE_CHECKING, Any
 
 from mas_async.inference.server import InferenceServer
 from mas_async.launch.roles import seed_torch
+from mas_async.metrics import Keys
 from mas_async.rollout.env_worker import EnvWorker
 from mas_async.router.hub import Router
 from mas_async.runtime.actor import PeerDead
+from mas_async.startup import startup_bound_reason, startup_bound_s
 from mas_async.wire.codec import pack
 from mas_async.wire.messages import Shutdown
 
@@ -92,11 +94,14 @@ class RolloutRouter(Router):
         self.dropped_groups += 1  # no trainer in a rollout-only deployment
 
     async def main(self) -> None:
+        bound_s = startup_bound_s(self.cfg)  # (as the router's: a vLLM server says Hello once its engine started)
         try:
-            await asyncio.wait_for(self.all_joined.wait(), self.cfg.cluster.startup_timeout_s)
+            await asyncio.wait_for(self.all_joined.wait(), bound_s)
         except TimeoutError:
             missing = self.table.missing()
-            raise PeerDead(f"peers never joined within {self.cfg.cluster.startup_timeout_s}s: {missing}") from None
+            raise PeerDead(
+                f"peers never joined within {bound_s:g}s: {missing} (the bound: {startup_bound_reason(self.cfg)})"
+            ) from None
         for iteration in range(self.warmup + self.cfg.run.iterations):
             start, messages, cpu = time.time(), self.messages, time.process_time()
             book = await self.rollout(iteration, train=True, evaluate=False)
@@ -113,6 +118,8 @@ class RolloutRouter(Router):
                 "dropped": book.dropped["train"],
                 "tokens": stats.tokens,
                 "turns": stats.sums.get("turns", 0.0),
+                # An OpenAI API program's calls per agent, in all and answered in-process (sums over the episodes).
+                "gateway": {key: value for key, value in stats.sums.items() if key.startswith(Keys.GATEWAY_PREFIX)},
             }
             self.phases.append(phase)
             log.info("rollout phase %d: %.3fs, %d tokens", iteration, phase["end"] - start, stats.tokens)

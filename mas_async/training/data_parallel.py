@@ -8,14 +8,18 @@ state over it (`trainer.zero`). Every rank runs the same sequence of collectives
 rank that received no sample (it backpropagates a zero loss), so nothing waits for a missing peer.
 
 Every wait is bounded by `trainer.group_timeout_s`: the join and the small collectives here raise
-`RankGroupError` naming the policy and the rank; DDP's own gradient all-reduce fails with the group's
-timeout.
+`RankGroupError` naming the policy and the rank (each collective's completion is polled against the bound,
+as the weight group's broadcasts are). The process group itself gets the library's longer timeout
+(`weights.group.library_timeout_s`), so that NCCL's watchdog, which tears the process down, never comes
+before the code's named error; DDP's own gradient all-reduce, inside a backward pass, is bounded by that
+library timeout alone (a rank lost there ends its peers' processes, and the router restarts the run).
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -25,6 +29,7 @@ import torch.distributed as dist
 
 from mas_async.devices import gpu_id, shared_gpus
 from mas_async.network import LOOPBACK_HOSTS, interface_of, local_address_towards
+from mas_async.weights.group import library_timeout_s
 from mas_async.weights.store import open_store
 
 
@@ -51,7 +56,7 @@ class DataParallel:
         if world_size < 2 or not 0 <= rank < world_size:
             raise ValueError(f"need world_size >= 2 and 0 <= rank < world_size, got rank {rank} of {world_size}")
         backend = "nccl" if device.startswith("cuda") else "gloo"
-        timeout = timedelta(seconds=timeout_s)
+        timeout = timedelta(seconds=library_timeout_s(timeout_s))
         try:
             store = open_store(host, port, world_size, is_master=rank == 0, timeout_s=timeout_s, wait_for_workers=True)
             if backend == "nccl":
@@ -73,18 +78,22 @@ class DataParallel:
     def sum(self, values: list[float], device: torch.device) -> list[float]:
         """Element-wise sum of `values` over every rank (float64, so token counts stay exact)."""
         tensor = torch.tensor(values, dtype=torch.float64, device=device)
-        self._bounded(lambda: dist.all_reduce(tensor), "sum")
+        self._bounded(lambda: dist.all_reduce(tensor, async_op=True), "sum")
         return tensor.tolist()
 
     def gather(self, obj: Any) -> list[Any]:
         """Every rank's `obj` (picklable, small: metrics, RNG states), in rank order, on every rank."""
         out: list[Any] = [None] * self.world_size
+        # all_gather_object has no async form: it is bounded by the library's timeout, and its failure named here.
         self._bounded(lambda: dist.all_gather_object(out, obj), "gather")
         return out
 
     def _bounded(self, call, what: str) -> None:
+        """Run the collective `call` (its work, when it returns one, waited for at most `timeout_s`)."""
         try:
-            call()
+            work = call()
+            if work is not None:
+                _wait(work, self.timeout_s)
         except (RuntimeError, dist.DistError) as e:
             raise RankGroupError(
                 f"trainer rank {self.rank} of policy {self.policy!r}: the {what} over {self.world_size} ranks "
@@ -94,6 +103,18 @@ class DataParallel:
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _wait(work: dist.Work, timeout_s: float) -> None:
+    """Poll `work` until it completes, at most `timeout_s` (a timed `work.wait` would abort an NCCL
+    communicator once the bound passed since the work started: see `weights.group.WeightGroup._wait`)."""
+    deadline, pause = time.monotonic() + timeout_s, 1e-4
+    while not work.is_completed():
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"the collective was not complete after {timeout_s:g} s")
+        time.sleep(pause)
+        pause = min(2 * pause, 0.01)
+    work.wait()
 
 
 def _refuse_shared_gpus(store: dist.Store, policy: str, rank: int, world_size: int, device: str) -> None:

@@ -13,8 +13,14 @@ class's passes (`_pass_inputs`, `_accumulate`) and metrics (`_step_metrics`).
 A step's metrics hold only what it measured: `entropy` (the policy's next-token entropy at every
 sampled position, under the weights of the step's first pass over each sample) always, `kl` only with
 a reference model (`kl_coef` > 0), `grad_norm` and `clip_fraction` only when some sample went through
-backward, `logprob_abs_diff` only when some rollout log-prob was checked: a figure that was not
-measured is absent, never 0.0 (a collapsed policy shows as entropy near 0, not as a default).
+backward, `logprob_abs_diff` only when some rollout log-prob was checked, `trainer/changed_fraction` (the
+share of the entries the optimiser holds that its steps changed) only when an optimiser step ran: a figure
+that was not measured is absent, never 0.0 (a collapsed policy shows as entropy near 0, not as a default).
+
+Precision (docs/gpu.md "Precision"): the trained parameters, their gradients and the Adam state are kept
+in `policies.<p>.master_dtype` (float32 by default), the passes compute in the policy's `dtype` under
+autocast (fp16 with loss scaling), and the weight sync sends the parameters cast to the served dtype
+(`ServedCopy`, refreshed after each step). With LoRA the frozen base is held in the served dtype.
 """
 
 from __future__ import annotations
@@ -30,11 +36,18 @@ from mas_async.lora import LoraSetup, adapter_parameters, with_adapters
 from mas_async.training.advantages import compute_advantages
 from mas_async.training.kept_weights import KeptWeights
 from mas_async.training.logprobs import completion_logprobs
-from mas_async.training.micro_batches import micro_batches
+from mas_async.training.micro_batches import micro_batches, token_budget
 from mas_async.training.objective import micro_batch_loss
-from mas_async.training.optimizer import full_state, lr_lambda, make_optimizer, state_bytes
-from mas_async.weights.flat_params import flatten_parameters
-from mas_async.weights.group import torch_dtype
+from mas_async.training.optimizer import (
+    forget_changes,
+    full_state,
+    lr_lambda,
+    make_optimizer,
+    state_bytes,
+    step_changes,
+)
+from mas_async.weights.flat_params import ServedCopy, flatten_parameters
+from mas_async.weights.group import parse_dtype, torch_dtype
 from mas_async.wire.samples import Sample
 
 if TYPE_CHECKING:
@@ -51,6 +64,13 @@ def _has_dropout(model: torch.nn.Module) -> bool:
     return any(("dropout" in k or "pdrop" in k) and isinstance(v, float) and v > 0 for k, v in rates)
 
 
+def _compute_dtype(config: Config, policy: str) -> torch.dtype:
+    """What the trainer of `policy` computes in: the policy's dtype, or bfloat16 for a float32 policy with
+    `trainer.bf16_autocast`."""
+    dtype = torch_dtype(config.policies[policy].dtype)
+    return torch.bfloat16 if dtype == torch.float32 and config.trainer.bf16_autocast else dtype
+
+
 def _pad(rows: list[torch.Tensor], width: int, device: torch.device) -> torch.Tensor:
     """Right-pad `rows` with zeros into one [len(rows), width] tensor on `device` (gradients flow)."""
     out = torch.zeros(len(rows), width, dtype=rows[0].dtype, device=device)
@@ -61,7 +81,7 @@ def _pad(rows: list[torch.Tensor], width: int, device: torch.device) -> torch.Te
 
 class _Detached(list):
     """A list that keeps tensors detached: the measured entropies of a training pass without an entropy
-    term, whose autograd graph (a [tokens, vocab] tensor per sample) is then freed at once."""
+    term, whose autograd graph (at most one chunk of logits: training/logprobs.py) is then freed at once."""
 
     def append(self, tensor: torch.Tensor) -> None:
         super().append(tensor.detach())
@@ -105,21 +125,43 @@ class PolicyLearner:
         self.temperature = config.rollout.temperature
         self.model_path = model_path
         self.device = torch.device(config.trainer_device(policy, dp.rank if dp is not None else 0))
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype(spec.dtype)).to(self.device)
+        self.serve_dtype = torch_dtype(spec.dtype)
+        """What the servers serve: the weight sync and the checkpoint's model folder cast the weights to it."""
+        self.master_dtype = torch_dtype(spec.master_dtype)
+        """What the trained parameters, their gradients and the Adam state are kept in."""
+        self.compute_dtype = _compute_dtype(config, policy)
+        self.lora = LoraSetup.of(spec.lora, model_path, adapter) if spec.lora is not None else None
+        # With LoRA the base is frozen (its master is the model folder): it is held in the served dtype.
+        held = self.serve_dtype if self.lora is not None else self.master_dtype
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=held).to(self.device)
         if config.trainer.activation_checkpointing:  # before DDP wraps the model; non-reentrant works with DDP
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.lora = LoraSetup.of(spec.lora, model_path, adapter) if spec.lora is not None else None
         if self.lora is not None:
             torch.manual_seed(config.run.seed)  # the same fresh adapters on every rank
             self.model = with_adapters(self.model, self.lora, trainable=True)
+            for _, p in adapter_parameters(self.model):  # (peft makes adapters on a bf16 base float32)
+                p.data = p.data.to(self.master_dtype)
         self.model.train()
         self.trained = adapter_parameters(self.model) if self.lora else list(self.model.named_parameters())
         """What the optimiser steps and the weight sync sends: every parameter, or the adapters only."""
-        self.autocast = config.trainer.bf16_autocast
-        """Forward passes under torch.autocast in bfloat16 (`trainer.bf16_autocast`)."""
+        self.autocast = self.compute_dtype != self.master_dtype
+        """Forward passes under torch.autocast in `compute_dtype`: float32 master weights of a bf16 or fp16
+        policy, or a float32 one with `trainer.bf16_autocast`."""
+        self.scaler = (
+            torch.amp.GradScaler(self.device.type, init_scale=2.0**10, growth_interval=100)
+            if self.autocast and self.compute_dtype == torch.float16 else None
+        )  # fmt: skip
+        """Loss scaling of float16 compute: its gradients would underflow (an overflowing step is skipped)."""
         # One contiguous buffer per dtype: the weight broadcast sends it as it is, with no copy.
         # Flattened after the move to the device, so the buffers live there.
         self.flat = flatten_parameters(self.trained)
+        self.served: ServedCopy | None = None
+        """The trained parameters cast to what the servers serve, when that is not the master's dtype."""
+        served = self._served_dtypes()
+        if any(dtype != p.dtype for dtype, (_, p) in zip(served, self.trained, strict=True)):
+            self.served = ServedCopy(self.trained, served)
+        self._served_stale = False
+        """An optimiser step changed the master since `served` was last refreshed."""
         self.max_staleness = config.rollout.max_staleness
         self.kept = KeptWeights(self.flat, self.max_staleness)
         self.reference = None
@@ -142,11 +184,10 @@ class PolicyLearner:
                 self.model, device_ids=[self.device] if on_gpu else None, broadcast_buffers=False
             )
             self._settle_buckets()
+        self.sharded = dp is not None and config.trainer.zero
+        """The Adam state is split over the ranks (`trainer.zero`): each counts the changes of its shard."""
         self.optimizer = make_optimizer(
-            [p for _, p in self.trained],
-            lr=spec.lr,
-            weight_decay=config.trainer.weight_decay,
-            sharded=dp is not None and config.trainer.zero,
+            [p for _, p in self.trained], lr=spec.lr, weight_decay=config.trainer.weight_decay, sharded=self.sharded
         )
         iterations = total_iterations or config.run.iterations
         total_steps = iterations * self.algo.ppo_epochs * self.algo.mini_batches
@@ -157,12 +198,48 @@ class PolicyLearner:
         self.rng = np.random.default_rng(config.run.seed if self.rank == 0 else [config.run.seed, self.rank])
 
     def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
-        """What the weight sync sends: every parameter, or with LoRA the adapters only."""
+        """What the weight sync sends: every parameter, or with LoRA the adapters only, in the dtype the
+        servers expect (the master's own tensors when that is the master's dtype, else `served`)."""
+        if self.served is not None:
+            if self._served_stale:
+                self.refresh_served()
+            return list(self.served.named)
         return [(name, p.detach()) for name, p in self.trained]
 
+    def refresh_served(self) -> None:
+        """Cast the master into `served` (after a step, or a checkpoint's master weights loaded)."""
+        if self.served is not None:
+            self.served.refresh()
+        self._served_stale = False
+
+    def _served_dtypes(self) -> list[torch.dtype]:
+        """The dtype the servers expect of each trained tensor: the policy's dtype, or with LoRA what peft
+        makes the adapters on a base of that dtype (`lora.adapter_manifest`, as the hf and vLLM servers do)."""
+        if self.lora is None:
+            return [self.serve_dtype] * len(self.trained)
+        from mas_async.lora import adapter_manifest
+
+        expected = {name: parse_dtype(dtype) for name, _, dtype in adapter_manifest(self.lora, self.serve_dtype)}
+        return [expected.get(name, p.dtype) for name, p in self.trained]
+
+    def master_weights(self) -> dict[str, torch.Tensor] | None:
+        """The trained parameters as kept, for a checkpoint, where its model folder cannot hold them exactly
+        (it is in the served dtype); None where it can, or with LoRA (the adapters are saved as kept)."""
+        if self.lora is not None or self.master_dtype == self.serve_dtype:
+            return None
+        return {name: p.detach().cpu() for name, p in self.trained}
+
+    def load_master_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Put a checkpoint's `master_weights` back (its model folder held them rounded to the served dtype)."""
+        with torch.no_grad():
+            for name, p in self.trained:
+                p.copy_(weights[name])
+        self.refresh_served()
+
     def full_bytes(self) -> int:
-        """Bytes of every parameter of the model (tied ones once): what a full weight sync would send."""
-        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+        """Bytes of every parameter of the model (tied ones once) in the served dtype: what a full weight
+        sync would send."""
+        return sum(p.numel() for p in self.model.parameters()) * self.serve_dtype.itemsize
 
     def keep_weights(self, version: int) -> None:
         """Stale mode: keep a copy of the weights now held as `version` (`kept_weights.KeptWeights`)."""
@@ -179,16 +256,20 @@ class PolicyLearner:
             return self.kept.check(samples, version, recompute, self.cfg.trainer.stale_check_samples)
 
     def _micro_batches(self, samples: list[Sample]) -> list[list[int]]:
-        """Index runs of `samples` within `trainer.micro_batch_sequences` and `max_tokens_per_micro_batch`."""
+        """Index runs of `samples` within `trainer.micro_batch_sequences` and a token budget:
+        `trainer.max_tokens_per_micro_batch`, or by default the model's (`micro_batches.token_budget`)."""
         trainer = self.cfg.trainer
         lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
-        return micro_batches(lengths, trainer.micro_batch_sequences, trainer.max_tokens_per_micro_batch)
+        budget = trainer.max_tokens_per_micro_batch
+        if budget is None:
+            budget = token_budget(self.model.config, trainer.activation_checkpointing)
+        return micro_batches(lengths, trainer.micro_batch_sequences, budget)
 
     def _logprobs(self, model, samples: list[Sample], entropies: list | None = None) -> list[torch.Tensor]:
         out = []
         for run in self._micro_batches(samples):
             chunk = [samples[i] for i in run]
-            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            with torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=self.autocast):
                 out += completion_logprobs(
                     model, [s.prompt_ids for s in chunk], [s.completion_ids for s in chunk], self.temperature, entropies
                 )
@@ -244,11 +325,10 @@ class PolicyLearner:
                     computed_tokens += self._accumulate(
                         samples, chosen, advantages, old, ref, normalizer, stats, behaviour, entropy
                     )  # fmt: skip
-                    max_norm = self.cfg.trainer.grad_clip or float("inf")
-                    stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
-                    self.optimizer.step()
+                    self.optimizer_step(stats)
                 self.scheduler.step()
                 steps += 1
+        self.refresh_served()
         fresh = self._fresh_diffs(samples, recomputed, rollout, version)
         diffs = torch.cat(fresh + checked) if fresh or checked else torch.zeros(0)
         return {
@@ -257,9 +337,36 @@ class PolicyLearner:
             **self._importance_metrics(stats, computed_tokens, stale),
         }
 
+    def optimizer_step(self, stats: dict[str, float]) -> None:
+        """Clip the accumulated gradients and step the optimiser (with loss scaling: unscaled first, and
+        skipped when they overflowed), adding the entries it changed and held to `stats` (over every rank
+        when the state is sharded)."""
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        max_norm = self.cfg.trainer.grad_clip or float("inf")
+        stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        forget_changes(self.optimizer)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)  # (every rank sees the same all-reduced gradients: all skip or none)
+            self.scaler.update()
+            stats["loss_scale"] = float(self.scaler.get_scale())
+        else:
+            self.optimizer.step()
+        changes = step_changes(self.optimizer)
+        if changes is None:
+            stats["skipped_steps"] = stats.get("skipped_steps", 0) + 1
+            return
+        if self.sharded:
+            changes = tuple(self._global(list(changes)))
+        stats["changed_entries"] += changes[0]
+        stats["held_entries"] += changes[1]
+        self._served_stale = True
+
     def _new_stats(self) -> dict[str, float]:
-        """The sums a step's micro-batches add to (`_micro_step`)."""
-        stats: dict[str, float] = {"loss": 0.0, "kl": 0.0, "clip_tokens": 0.0, "micro_batches": 0}
+        """The sums a step's micro-batches add to (`_micro_step`) and its optimiser steps (`optimizer_step`)."""
+        stats: dict[str, float] = {
+            "loss": 0.0, "kl": 0.0, "clip_tokens": 0.0, "micro_batches": 0, "changed_entries": 0, "held_entries": 0
+        }  # fmt: skip
         if self.max_staleness > 0:
             stats.update({"is_weight_sum": 0.0, "is_weight_max": 0.0, "is_truncated_tokens": 0.0})
         return stats
@@ -330,6 +437,11 @@ class PolicyLearner:
             metrics["kl"] = stats["kl"] / max(1, steps)
         if "grad_norm" in stats:
             metrics["grad_norm"] = stats["grad_norm"]
+        if stats["held_entries"]:  # (an optimiser step ran)
+            metrics["trainer/changed_fraction"] = stats["changed_entries"] / stats["held_entries"]
+        if self.scaler is not None:
+            metrics["trainer/loss_scale"] = stats.get("loss_scale", float(self.scaler.get_scale()))
+            metrics["trainer/skipped_steps"] = int(stats.get("skipped_steps", 0))
         if computed_tokens:
             metrics["clip_fraction"] = stats["clip_tokens"] / computed_tokens
         if len(diffs):
@@ -446,7 +558,8 @@ class PolicyLearner:
             entropy=_pad(entropies, width, device) if self.algo.entropy_coef > 0 else None,
         )
         # DDP averages the ranks' gradients; each rank's loss is already over the global normaliser.
-        (loss * self.world_size).backward()
+        loss = loss * self.world_size
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
         n = float(mask.sum())
         stats["loss"] += parts["loss"]
         if "kl" in parts:

@@ -29,6 +29,13 @@ steps the optimiser and the schedule. The update equals `PolicyLearner.step` on 
 float rounding (tests/unit/framework/test_streaming.py). A group streamed by turn whose episode's attempt
 then fails is taken back (`withdraw`); if a pass had computed it, `finish` computes the step again from
 the samples that stay.
+
+A sample given to the step is known by what it is on the wire, its `SampleKey` (the episode and attempt of
+the Groups message that brought it, its group, its place in that group), never by `id()`: a withdrawn
+sample that no pass took is dropped and freed, and CPython gives its address to the next objects it makes,
+typically the retry's samples (tests/unit/framework/test_streaming_withdrawals.py). At its end the step
+checks that it computed exactly the samples it was given and not withdrawn, each once
+(`StreamedStepError` otherwise).
 """
 
 from __future__ import annotations
@@ -37,9 +44,10 @@ import asyncio
 import logging
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
@@ -52,6 +60,37 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mas_async.trainer")
 
+HELD = -1
+"""The attempt of `finish`'s `extra` samples' keys: never given to the step, so never withdrawn from it."""
+
+
+class StreamedStepError(RuntimeError):
+    """A streamed step was given a sample it may not train, or did not compute each sample it was given (and
+    not withdrawn) exactly once: its update would not be the batch step's."""
+
+
+class SampleKey(NamedTuple):
+    """What a sample given to a streamed step is, whatever object holds it: the episode and attempt of the
+    Groups message that brought it (`Groups.episode_id`, `Groups.attempt`), its group key (`Sample.group`:
+    episode, agent, turn) and its place among that group's samples that the message gave the step. An
+    attempt's groups come once each (the router forwards each Groups of the current attempt once), so keys
+    are unique; a withdrawal names the keys of what was given, and a retry (attempt + 1) never shares one."""
+
+    episode_id: str
+    attempt: int
+    group: str
+    index: int
+
+
+def sample_keys(samples: Iterable[Sample], episode_id: str, attempt: int) -> list[SampleKey]:
+    """The keys of one Groups message's samples (of episode `episode_id`, attempt `attempt`), in order."""
+    seen: Counter[str] = Counter()
+    keys = []
+    for sample in samples:
+        keys.append(SampleKey(episode_id, attempt, sample.group, seen[sample.group]))
+        seen[sample.group] += 1
+    return keys
+
 
 class StreamingStep:
     """One policy's step from weights `version`, computed as the iteration's episodes come in.
@@ -62,20 +101,22 @@ class StreamingStep:
     def __init__(self, learner: PolicyLearner, version: int) -> None:
         self.learner = learner
         self.version = version
-        self.waiting: dict[str, list[Sample]] = defaultdict(list)
-        """problem id -> its samples so far, until every episode of the problem is in."""
+        self.waiting: dict[str, list[tuple[SampleKey, Sample]]] = defaultdict(list)
+        """problem id -> its samples so far (with their keys), until every episode of the problem is in."""
         self.episodes: dict[str, set[str]] = defaultdict(set)
         """problem id -> the episodes of it that came in."""
-        self.ready: list[Sample] = []
+        self.ready: list[tuple[SampleKey, Sample]] = []
         """Samples of complete problems, for the next compute pass (shared with the thread: `_lock`)."""
-        self.given = 0
-        """Samples given (`add`) and not withdrawn."""
-        self.withdrawn: set[int] = set()
-        """ids of the samples withdrawn (`withdraw`)."""
+        self.given_keys: Counter[SampleKey] = Counter()
+        """The keys of the samples given (`add`, `finish`'s `extra`) and not withdrawn: what the step computes."""
+        self.withdrawn: set[SampleKey] = set()
+        """The keys of the samples withdrawn (`withdraw`): a pass that took one computed a sample to forget."""
         self.redo = False
         """A withdrawn sample may have been computed: `finish` computes the step again from the others."""
         self.samples: list[Sample] = []
         """Every sample computed, in the order of its pass (for the step's metrics)."""
+        self.keys: list[SampleKey] = []
+        """The key of each sample of `samples`, in its order."""
         self.advantages: list[np.ndarray] = []
         self.diffs: list[torch.Tensor] = []
         self.entropy: list[torch.Tensor | None] = []
@@ -94,19 +135,29 @@ class StreamingStep:
         self._passes: list[Future] = []
         learner.optimizer.zero_grad(set_to_none=True)
 
+    @property
+    def given(self) -> int:
+        """How many samples were given (`add`, `finish`'s `extra`) and not withdrawn."""
+        return self.given_keys.total()
+
     # -- the event loop's side ---------------------------------------------------------------------
 
-    def add(self, samples: list[Sample], episode_id: str, problem_episodes: int) -> None:
-        """Take one episode's samples (all of this policy's, each of the step's version and policy), final:
-        its EpisodeDone of the same attempt has come. `problem_episodes`: how many episodes of the iteration
-        run its problem. A complete problem goes to the compute pass that runs next."""
+    def add(self, samples: list[Sample], episode_id: str, problem_episodes: int, attempt: int = 0) -> None:
+        """Take one Groups message's samples (of episode `episode_id`'s attempt `attempt`; all of this policy's,
+        each of the step's version and policy): an episode's, final once its EpisodeDone of the same attempt
+        has come, or one group streamed by turn (`withdraw` takes it back if the attempt fails).
+        `problem_episodes`: how many episodes of the iteration run its problem. A complete problem goes to
+        the compute pass that runs next. StreamedStepError for a sample of another version (the trainer gives
+        the step only those its version rule admits)."""
         if not samples:
             return
+        self._check_trainable(samples)
         self.last_arrival = now = time.monotonic()
-        self.given += len(samples)
+        keyed = list(zip(sample_keys(samples, episode_id, attempt), samples, strict=True))
+        self.given_keys.update(key for key, _ in keyed)
         complete = []
         for problem in dict.fromkeys(s.problem_id for s in samples):
-            self.waiting[problem] += [s for s in samples if s.problem_id == problem]
+            self.waiting[problem] += [(key, s) for key, s in keyed if s.problem_id == problem]
             self.episodes[problem].add(episode_id)
             if len(self.episodes[problem]) >= problem_episodes:
                 done = self.waiting.pop(problem)
@@ -118,28 +169,43 @@ class StreamingStep:
             self._passes.append(self._thread.submit(self._pass))
             self._passes[-1].add_done_callback(_log_failure)
 
-    def withdraw(self, samples: list[Sample]) -> None:
-        """Take back samples given earlier (their episode's attempt failed or was abandoned after its groups
-        streamed in). Those no pass took yet are dropped; if a pass may have computed one, `finish` computes
-        the step again from the samples that stay (exact, at the cost of one batch step's compute)."""
-        gone = {id(s) for s in samples} - self.withdrawn
+    def _check_trainable(self, samples: list[Sample]) -> None:
+        """Strict mode's rule, checked again where it matters: a sample of other weights than v never enters
+        the step's gradient (the trainer refuses and counts those before, `Trainer.admit`)."""
+        wrong = sorted({s.version for s in samples if s.version != self.version})
+        if wrong:
+            raise StreamedStepError(
+                f"the streamed step from v{self.version} was given samples of versions {wrong}: the version rule "
+                "refuses and counts them, they never reach the step"
+            )
+
+    def withdraw(self, episode_id: str, attempt: int) -> int:
+        """Take back the samples given of episode `episode_id`'s attempt `attempt` (it failed or was abandoned
+        after its groups streamed in); returns how many. Those no pass took yet are dropped; if a pass may have
+        computed one, `finish` computes the step again from the samples that stay (exact, at the cost of one
+        batch step's compute)."""
+        gone = {key for key in self.given_keys if key.episode_id == episode_id and key.attempt == attempt}
         if not gone:
-            return
+            return 0
         self.withdrawn |= gone
-        self.given -= len(gone)
+        count = sum(self.given_keys.pop(key) for key in gone)
         dropped = 0
         with self._lock:
             before = len(self.ready)
-            self.ready = [s for s in self.ready if id(s) not in gone]
+            self.ready = [(key, s) for key, s in self.ready if key not in gone]
             dropped += before - len(self.ready)
         for problem in list(self.waiting):
             before = len(self.waiting[problem])
-            self.waiting[problem] = [s for s in self.waiting[problem] if id(s) not in gone]
+            self.waiting[problem] = [(key, s) for key, s in self.waiting[problem] if key not in gone]
             dropped += before - len(self.waiting[problem])
-        if dropped < len(gone):  # the others were taken by a pass
+        if dropped < count:  # the others were taken by a pass
             self.redo = True
-            log.warning("step from v%d: %d withdrawn samples were computed; the step is computed again at its end",
-                        self.version, len(gone) - dropped)  # fmt: skip
+        log.warning(
+            "step from v%d: withdrew %d samples of episode %s (attempt %d): %d dropped before a pass took them, "
+            "%d taken by a pass%s", self.version, count, episode_id, attempt, dropped, count - dropped,
+            " (the step is computed again at its end)" if dropped < count else "",
+        )  # fmt: skip
+        return count
 
     async def drain(self) -> None:
         """Wait for the compute passes under way (re-raising a failure of theirs)."""
@@ -151,11 +217,14 @@ class StreamingStep:
         samples that were never given), the normaliser, one all-reduce, the optimiser step. Returns the
         step's metrics (`PolicyLearner.step`'s keys)."""
         await self.drain()
-        rest = [s for problem in list(self.waiting) for s in self.waiting.pop(problem)]  # a dropped episode's
-        self.given += len(extra)
+        rest = [keyed for problem in list(self.waiting) for keyed in self.waiting.pop(problem)]  # a dropped episode's
+        if extra:
+            self._check_trainable(list(extra))
+        held = [(SampleKey(s.episode_id, HELD, s.group, i), s) for i, s in enumerate(extra)]
+        self.given_keys.update(key for key, _ in held)
         try:
             start = time.monotonic()
-            metrics = await asyncio.wrap_future(self._thread.submit(self._finish, [*rest, *extra]))
+            metrics = await asyncio.wrap_future(self._thread.submit(self._finish, [*rest, *held]))
             self.busy.append((start, time.monotonic()))
         finally:
             self._thread.shutdown(wait=False)
@@ -176,9 +245,10 @@ class StreamingStep:
                 "step from v%d: a pass over %d samples in %.2fs", self.version, len(chunk), self.busy[-1][1] - start
             )
 
-    def _compute(self, chunk: list[Sample]) -> None:
+    def _compute(self, keyed: list[tuple[SampleKey, Sample]]) -> None:
         """Forward and backward of complete problems' samples; the gradients (of sums) accumulate locally."""
         learner, algo = self.learner, self.learner.algo
+        chunk = [s for _, s in keyed]
         advantages = compute_advantages(chunk, algo.grouping, algo.eps, algo.normalize_std, algo.std_scope)
         trained, old, ref, rollout, entropy = learner._pass_inputs(chunk, advantages)
         recomputed = old
@@ -192,19 +262,21 @@ class StreamingStep:
         self.active += len(chosen)
         self.diffs += learner._fresh_diffs(chunk, recomputed, rollout, self.version)
         self.samples += chunk
+        self.keys += [key for key, _ in keyed]
         self.entropy += entropy
         self.advantages.append(advantages)
 
-    def _finish(self, chunk: list[Sample]) -> dict[str, Any]:
+    def _finish(self, chunk: list[tuple[SampleKey, Sample]]) -> dict[str, Any]:
         with self._lock:
             chunk, self.ready = self.ready + chunk, []
         if self.redo:  # start again from the weights v: the passes' gradients held a withdrawn sample's
-            chunk = [s for s in self.samples if id(s) not in self.withdrawn] + chunk
+            kept = [(key, s) for key, s in zip(self.keys, self.samples, strict=True) if key not in self.withdrawn]
+            chunk = kept + chunk
             self._reset()
         if chunk:
             self._compute(chunk)
+        self._check_computed()
         learner = self.learner
-        assert len(self.samples) == self.given, "a streamed step computes each sample it is given, once"
         tokens = sum(len(s.completion_ids) for s in self.samples)
         tokens, sequences, active = learner._global([tokens, len(self.samples), self.active])
         if sequences == 0:
@@ -220,20 +292,31 @@ class StreamingStep:
                     p.grad.div_(normalizer)
             if learner.dp is not None:
                 learner._zero_backward()  # outside no_sync: the one all-reduce of the accumulated gradients
-            max_norm = learner.cfg.trainer.grad_clip or float("inf")
-            self.stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(learner.model.parameters(), max_norm))
-            learner.optimizer.step()
+            learner.optimizer_step(self.stats)  # clip, step, count what changed
         learner.scheduler.step()
+        learner.refresh_served()
         diffs = torch.cat(self.diffs) if self.diffs else torch.zeros(0)
         advantages = np.concatenate(self.advantages) if self.advantages else np.zeros(0)
         return learner._step_metrics(
             self.samples, advantages, self.stats, 1, self.active, self.computed_tokens, diffs, self.entropy
         )  # fmt: skip
 
+    def _check_computed(self) -> None:
+        """Each sample given and not withdrawn computed once, and nothing else (a real check, not an assert:
+        under `python -O` a wrong step would train silently)."""
+        computed = Counter(self.keys)
+        if computed != self.given_keys:
+            never, surplus = self.given_keys - computed, computed - self.given_keys
+            raise StreamedStepError(
+                f"the streamed step from v{self.version} computed {len(self.keys)} samples, but was given "
+                f"{self.given} (not withdrawn): {never.total()} given were never computed (e.g. {list(never)[:2]}), "
+                f"{surplus.total()} computed were not given or computed twice (e.g. {list(surplus)[:2]})"
+            )
+
     def _reset(self) -> None:
         """Forget every pass: no gradient, no sample computed."""
         self.learner.optimizer.zero_grad(set_to_none=True)
-        self.samples, self.advantages, self.diffs, self.entropy = [], [], [], []
+        self.samples, self.keys, self.advantages, self.diffs, self.entropy = [], [], [], [], []
         self.stats = self.learner._new_stats()
         self.active = self.computed_tokens = 0
 

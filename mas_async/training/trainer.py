@@ -44,9 +44,10 @@ from pathlib import Path
 
 from mas_async.checkpoint import STATE, checkpoint_due, load_policy_state, policy_checkpoint, save_policy
 from mas_async.config import Config
-from mas_async.deployment import Deployment, trainer_peer
+from mas_async.deployment import Deployment
 from mas_async.devices import use_device
 from mas_async.lora import starting_point
+from mas_async.peer_names import trainer_peer
 from mas_async.router.clock import VersionClock
 from mas_async.runtime.actor import Peer
 from mas_async.training.data_parallel import DataParallel, merge_metrics
@@ -211,7 +212,7 @@ class Trainer(Peer):
             self.deliveries[msg.iteration].update({(msg.episode_id, s.group) for s in samples})
             if self.streams_turns:
                 self.attempts[msg.iteration].setdefault((msg.episode_id, msg.attempt), []).extend(samples)
-        self.receive(samples, msg.iteration, msg.episode_id, msg.problem_episodes)
+        self.receive(samples, msg.iteration, msg.episode_id, msg.problem_episodes, msg.attempt)
 
     def _withdraw(self, msg: Withdrawn) -> None:
         """The router withdrew an attempt's groups that streamed in before it failed or was abandoned: they
@@ -221,12 +222,12 @@ class Trainer(Peer):
         samples = self.attempts[msg.iteration].pop((msg.episode_id, msg.attempt), [])
         if not samples:
             return
-        gone = {id(s) for s in samples}
+        gone = {id(s) for s in samples}  # (sound here: `samples` holds them, so no live object shares an id)
         self.buffers[msg.iteration] = [s for s in self.buffers[msg.iteration] if id(s) not in gone]
         self.held[msg.iteration] = [s for s in self.held[msg.iteration] if id(s) not in gone]
         self.deliveries[msg.iteration].subtract({(msg.episode_id, s.group) for s in samples})
         if self.stream is not None and self.stream.version == msg.iteration:
-            self.stream.withdraw([s for s in samples if self._admits(s, msg.iteration)])  # (those it was given)
+            self.stream.withdraw(msg.episode_id, msg.attempt)  # (by what they are: their ids may be reused later)
         log.warning(
             "dropped %d samples of episode %s (attempt %d): withdrawn", len(samples), msg.episode_id, msg.attempt
         )
@@ -234,11 +235,13 @@ class Trainer(Peer):
     def _stepping(self) -> asyncio.Lock | contextlib.nullcontext:
         return self.publisher.lock if self.publisher is not None else contextlib.nullcontext()
 
-    def receive(self, samples: list[Sample], iteration: int, episode_id: str = "", problem_episodes: int = 1) -> None:
-        """Buffer the samples of `iteration` (one episode's, `episode_id`) until the step that trains them;
-        samples of an iteration already stepped are counted (a `version_mismatch` of the next step), never
-        kept. Streaming: those the step will admit go to its compute passes at once (strict mode: iteration v
-        trains the weights v, which the trainer holds while v's episodes run)."""
+    def receive(
+        self, samples: list[Sample], iteration: int, episode_id: str = "", problem_episodes: int = 1, attempt: int = 0
+    ) -> None:
+        """Buffer the samples of `iteration` (one Groups message's: episode `episode_id`, its `attempt`) until the
+        step that trains them; samples of an iteration already stepped are counted (a `version_mismatch` of the
+        next step), never kept. Streaming: those the step will admit go to its compute passes at once (strict
+        mode: iteration v trains the weights v, which the trainer holds while v's episodes run)."""
         if iteration <= self.stepped:
             self.late += len(samples)
             log.error("%d samples of iteration %d arrived after its step", len(samples), iteration)
@@ -248,7 +251,7 @@ class Trainer(Peer):
         if self.streams:
             admitted = [s for s in samples if self._admits(s, iteration)]
             if iteration == self.version:
-                self._stream_of(iteration).add(admitted, episode_id, problem_episodes)
+                self._stream_of(iteration).add(admitted, episode_id, problem_episodes, attempt)
             else:  # (not in strict mode's order of events; computed when its step comes)
                 self.held[iteration] += admitted
 
@@ -360,8 +363,11 @@ class Trainer(Peer):
             metrics.update(overlap_metrics(per_rank, time.time()))
             metrics.pop("last_group_at", None)
             if checkpoint_due(self.cfg, self.version) or msg.checkpoint_after:
+                t0 = time.monotonic()
                 await asyncio.to_thread(save_policy, self.run_dir, self.policy, self.version, self.learner)
                 metrics["checkpoint_version"] = self.version
+                # (what a SLURM job's launcher sizes its stop before the time limit by: slurm_time_limit.py)
+                metrics["checkpoint_s"] = time.monotonic() - t0
             metrics.update(
                 {
                     "time/weight_sync_s": sync["seconds"],

@@ -38,9 +38,9 @@ import torch
 import torch.distributed as dist
 
 from mas_async.placement import check_group_gpus
+from mas_async.weights.flat_params import contiguous_region
 from mas_async.weights.group import ManifestMismatch, dtype_name, parse_dtype
 from mas_async.weights.receiver import check_manifest
-from mas_async.weights.sender import contiguous_region
 from mas_async.weights.store import open_store
 
 Handle = dict[str, Any]

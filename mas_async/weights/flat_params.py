@@ -6,6 +6,12 @@ contiguous buffer per (device, dtype), in `named_parameters()` order, which is t
 broadcasts the region itself instead of first copying the tensors into a bucket buffer; the
 `headroom` reserved in front of each buffer carries the send's header with its first bucket.
 
+When the trainer keeps its weights in another dtype than the servers serve (float32 master weights of a
+bf16 policy), what it sends is a `ServedCopy`: the parameters cast into flat buffers of the served dtype
+of their own, laid out and registered the same way (the sender's zero-copy regions and headroom work on
+them), refreshed after each optimiser step. A CUDA IPC sender copies from it, so it shares buffers in
+the served dtype and never the master.
+
 Receiver side (an inference engine): `adopt_parameters` (`ParameterAdopter` version after version)
 points each parameter at a received tensor
 (a view of the receiver's bucket buffers) instead of copying it in. `ThreadedBackend` receives each
@@ -46,8 +52,7 @@ def flatten_parameters(named_parameters: Iterable[tuple[str, nn.Parameter]]) -> 
         groups.setdefault((p.device, p.dtype), []).append(p)
     buffers = []
     for (device, dtype), members in groups.items():
-        room = HEADROOM_BYTES // torch.empty((), dtype=dtype).element_size()
-        flat = torch.empty(room + sum(p.numel() for p in members), dtype=dtype, device=device)[room:]
+        flat = _flat_buffer(sum(p.numel() for p in members), dtype, device)
         offset = 0
         with torch.no_grad():
             for p in members:
@@ -55,11 +60,78 @@ def flatten_parameters(named_parameters: Iterable[tuple[str, nn.Parameter]]) -> 
                 view.copy_(p.data)
                 p.data = view
                 offset += p.numel()
-        for address in [a for a, first in _first_of_buffer.items() if first() is None]:  # buffers gone
-            del _first_of_buffer[address]
-        _first_of_buffer[flat.untyped_storage().data_ptr()] = weakref.ref(members[0])
+        _register(flat, members[0])
         buffers.append(flat)
     return buffers
+
+
+def contiguous_region(parts: list[torch.Tensor]) -> torch.Tensor | None:
+    """One flat view covering `parts` when they lie back to back, in order, in a single storage
+    (parameters flattened by `flatten_parameters`); None otherwise."""
+    first = parts[0]
+    storage = first.untyped_storage().data_ptr()
+    end = first.data_ptr()
+    for p in parts:
+        if not p.is_contiguous() or p.dtype != first.dtype or p.untyped_storage().data_ptr() != storage:
+            return None
+        if p.data_ptr() != end:
+            return None
+        end += p.numel() * p.element_size()
+    numel = sum(p.numel() for p in parts)
+    return torch.as_strided(first, (numel,), (1,), first.storage_offset())
+
+
+def _flat_buffer(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An empty flat buffer of `numel` entries with HEADROOM_BYTES reserved in front of it."""
+    room = HEADROOM_BYTES // torch.empty((), dtype=dtype).element_size()
+    return torch.empty(room + numel, dtype=dtype, device=device)[room:]
+
+
+def _register(flat: torch.Tensor, first: torch.Tensor) -> None:
+    """Record `flat` (a `_flat_buffer`) as ours while `first`, the tensor at its start, lives (`headroom`)."""
+    for address in [a for a, alive in _first_of_buffer.items() if alive() is None]:  # buffers gone
+        del _first_of_buffer[address]
+    _first_of_buffer[flat.untyped_storage().data_ptr()] = weakref.ref(first)
+
+
+class ServedCopy:
+    """The trained parameters cast to the dtype the servers serve, in flat buffers of their own: one per
+    (device, served dtype), in the given order, each with its headroom, as `flatten_parameters` lays out
+    the parameters themselves. `named` are views of those buffers; `refresh` casts the parameters' current
+    values into them (one copy per run of parameters that lie back to back in one buffer)."""
+
+    def __init__(self, named_parameters: list[tuple[str, torch.Tensor]], dtypes: list[torch.dtype]) -> None:
+        groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+        for i, ((_name, p), dtype) in enumerate(zip(named_parameters, dtypes, strict=True)):
+            groups.setdefault((p.device, dtype), []).append(i)
+        views: dict[int, torch.Tensor] = {}
+        self.buffers: list[torch.Tensor] = []
+        self._copies: list[tuple[torch.Tensor, torch.Tensor]] = []
+        """(source, target) pairs `refresh` copies: a run of parameters as one region, or one parameter."""
+        for (device, dtype), members in groups.items():
+            flat = _flat_buffer(sum(named_parameters[i][1].numel() for i in members), dtype, device)
+            offset = 0
+            for i in members:
+                p = named_parameters[i][1]
+                views[i] = flat[offset : offset + p.numel()].view(p.shape)
+                offset += p.numel()
+            _register(flat, views[members[0]])
+            self.buffers.append(flat)
+            sources = [named_parameters[i][1].detach() for i in members]
+            region = contiguous_region(sources)
+            if region is not None:
+                self._copies.append((region, flat))
+            else:
+                self._copies += [(source, views[i]) for source, i in zip(sources, members, strict=True)]
+        self.named: list[tuple[str, torch.Tensor]] = [(name, views[i]) for i, (name, _) in enumerate(named_parameters)]
+        """(name, view of a served buffer) in the given order: what a weight sync sends."""
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Cast the parameters' current values into the served buffers."""
+        with torch.no_grad():
+            for source, target in self._copies:
+                target.copy_(source)
 
 
 def headroom(region: torch.Tensor) -> torch.Tensor | None:

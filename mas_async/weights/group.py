@@ -11,6 +11,17 @@ it, to join or in a broadcast, sees the key within `POLL_S` and raises `GroupRet
 deployment; its backend may also be cuda_ipc, which is no torch.distributed group
 (`mas_async.weights.sync` opens the right sender and receiver for each). The wire protocol of one send is
 described in `mas_async.weights.sender`.
+
+Timeouts (DESIGN section 16: every timeout has one owner). The code's bound (`timeout_s`,
+`trainer.weight_sync_timeout_s`) owns every wait: the meeting on the store, the group's formation and each
+broadcast, each polled here and ended with `WeightGroupError` or `WeightSyncError`. gloo and NCCL get a
+longer timeout of their own (`library_timeout_s`): NCCL's watchdog tears the whole process down when a
+collective passes it (TORCH_NCCL_ASYNC_ERROR_HANDLING's default, 3), so it must never come first; and a
+broadcast that passes the code's bound aborts the communicator at once (`WeightGroup.retire`), so the
+watchdog never sees it time out at all. NCCL creates its communicator lazily, at the first collective on a
+device, with no bound of its own (a blocking `ncclCommInitRank` waits for every rank for ever): the group
+runs that first collective when it forms (`_form`), in a thread the joining rank waits for under the
+code's bound, so a rank lost between the meeting and the first update is a named error at formation.
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ import torch.distributed as dist
 
 from mas_async.network import local_address_towards
 from mas_async.placement import PlacementError, check_group_gpus
+from mas_async.startup import startup_bound_s
 from mas_async.weights.store import open_store
 
 if TYPE_CHECKING:
@@ -38,6 +50,15 @@ POLL_S = 0.2
 SPIN_MAX_S = 0.01
 """Longest pause between two looks at whether a broadcast completed (the pauses grow from 0.1 ms)."""
 RETIRED_KEY = "retired"
+LIBRARY_MARGIN_S = 60.0
+"""The least a library's own timeout exceeds the code's bound by (`library_timeout_s`)."""
+
+
+def library_timeout_s(bound_s: float) -> float:
+    """The timeout handed to gloo and NCCL (the process group's `_timeout`, NCCL's watchdog) for a group whose
+    code bound is `bound_s`: twice it, and at least `LIBRARY_MARGIN_S` more, so the code's bound and its named
+    error always come first."""
+    return bound_s + max(bound_s, LIBRARY_MARGIN_S)
 
 
 class WeightGroupError(RuntimeError):
@@ -122,6 +143,9 @@ class WeightGroup:
         except GroupRetired:
             raise
         except (RuntimeError, dist.DistError) as e:
+            # A broadcast that failed or passed the bound leaves the communicator unusable: let it go now (NCCL:
+            # aborted), before the library's own timeout would tear the process down (`library_timeout_s`).
+            self.retire()
             waited_for = (
                 f"its inference replicas (ranks 1..{self.world_size - 1})" if self.rank == 0 else "its trainer (rank 0)"
             )
@@ -177,28 +201,32 @@ def open_weight_group(
     timeout_s: float = 300,
     generation: int = 0,
     store: dist.Store | None = None,
+    join_timeout_s: float | None = None,
 ) -> WeightGroup:
     """Join generation `generation` of the weight group of `policy`; blocks until all `world_size` ranks
-    have joined (`GroupRetired` if rank 0 retires that generation meanwhile).
+    have joined and the group has formed (`GroupRetired` if rank 0 retires that generation meanwhile).
 
     Rank 0 listens on (host, port), or re-forms the group on the TCPStore it already hosts (`store`); the
-    others connect to it, retrying until `timeout_s`.
+    others connect to it, retrying until `timeout_s`. `join_timeout_s` bounds the join alone (default
+    `timeout_s`, which always bounds each broadcast): rank 0 waits longer for the first generation, whose
+    servers may still be starting (`WeightGroupSpec.join_args`).
     """
     if backend not in WEIGHT_BACKENDS:
         raise ValueError(f"unknown weight-sync backend {backend!r}; known: {list(WEIGHT_BACKENDS)}")
     if world_size < 2 or not 0 <= rank < world_size:
         raise ValueError(f"need world_size >= 2 and 0 <= rank < world_size, got rank {rank} of {world_size}")
+    join_s = timeout_s if join_timeout_s is None else join_timeout_s
     try:
         return _join(
             policy=policy, backend=backend, host=host, port=port, rank=rank, world_size=world_size,
-            timeout_s=timeout_s, generation=generation, tcp_store=store,
+            timeout_s=timeout_s, join_s=join_s, generation=generation, tcp_store=store,
         )  # fmt: skip
     except (RuntimeError, dist.DistError) as e:
         if isinstance(e, (WeightGroupError, GroupRetired, PlacementError)):
             raise
         raise WeightGroupError(
             f"rank {rank} of policy {policy!r}'s weight group ({backend}, {world_size} ranks, store at {host}:{port}) "
-            f"could not join within {timeout_s:g}s: {e}"
+            f"could not join within {join_s:g}s: {e}"
         ) from e
 
 
@@ -216,34 +244,109 @@ def _join(
     rank: int,
     world_size: int,
     timeout_s: float,
+    join_s: float,
     generation: int,
     tcp_store: dist.Store | None,
 ) -> WeightGroup:
-    timeout = timedelta(seconds=timeout_s)
-    deadline = time.monotonic() + timeout_s  # reaching the store and meeting the others share the bound
+    # Reaching the store, meeting the others and forming the group share the join's bound.
+    deadline = time.monotonic() + join_s
     if tcp_store is None:
-        tcp_store = open_store(host, port, world_size, is_master=rank == 0, timeout_s=timeout_s)
+        tcp_store = open_store(host, port, world_size, is_master=rank == 0, timeout_s=join_s)
     store = dist.PrefixStore(group_prefix(policy, generation), tcp_store)
     # Meet first: a rank lost before the group formed must not leave the others in its rendezvous.
-    _arrive(store, policy, rank, world_size, timeout_s, generation, deadline)
+    _arrive(store, policy, rank, world_size, join_s, generation, deadline)
+    if backend == "nccl":
+        # Two ranks on one GPU would fail inside NCCL's init, without saying which: named here first.
+        check_group_gpus(store, policy, "nccl", rank, world_size, max(0.0, deadline - time.monotonic()))
+        if not dist.is_nccl_available():
+            raise ValueError("weight-sync backend 'nccl' needs a torch build with NCCL (use 'gloo' on CPU)")
+    pg, device = _form(store, backend, host, policy, rank, world_size, timeout_s, generation, deadline, join_s)
+    # Keep the TCPStore (rank 0 hosts its server) alive alongside the group.
+    return WeightGroup(policy, backend, rank, world_size, device, pg, tcp_store, timeout_s, generation, store)
+
+
+def _new_process_group(
+    store: dist.Store, backend: str, host: str, rank: int, world_size: int, bound_s: float
+) -> dist.ProcessGroup:
+    """The gloo or NCCL process group object of one rank, with the library's own timeout longer than the
+    code's `bound_s` (`library_timeout_s`)."""
+    timeout = timedelta(seconds=library_timeout_s(bound_s))
     if backend == "gloo":
         options = dist.ProcessGroupGloo._Options()
         options._timeout = timeout
         # Pin gloo to the address that reaches the store, not whatever the host name resolves to.
         options._devices = [dist.ProcessGroupGloo.create_device(hostname=local_address_towards(host))]
-        pg = dist.ProcessGroupGloo(store, rank, world_size, options)
-        device = torch.device("cpu")
-    else:
-        # Two ranks on one GPU would fail inside NCCL's init, without saying which: named here first.
-        check_group_gpus(store, policy, "nccl", rank, world_size, max(0.0, deadline - time.monotonic()))
-        if not dist.is_nccl_available():
-            raise ValueError("weight-sync backend 'nccl' needs a torch build with NCCL (use 'gloo' on CPU)")
-        options = dist.ProcessGroupNCCL.Options()
-        options._timeout = timeout
-        pg = dist.ProcessGroupNCCL(store, rank, world_size, options)
-        device = torch.device("cuda", torch.cuda.current_device())
-    # Keep the TCPStore (rank 0 hosts its server) alive alongside the group.
-    return WeightGroup(policy, backend, rank, world_size, device, pg, tcp_store, timeout_s, generation, store)
+        return dist.ProcessGroupGloo(store, rank, world_size, options)
+    options = dist.ProcessGroupNCCL.Options()
+    options._timeout = timeout
+    return dist.ProcessGroupNCCL(store, rank, world_size, options)
+
+
+def _cuda_device() -> torch.device:
+    """This process's current CUDA device: where an NCCL rank's communicator and tensors live."""
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def _form(
+    store: dist.Store,
+    backend: str,
+    host: str,
+    policy: str,
+    rank: int,
+    world_size: int,
+    timeout_s: float,
+    generation: int,
+    deadline: float,
+    join_s: float,
+) -> tuple[dist.ProcessGroup, torch.device]:
+    """Construct the process group and run its first collective (a one-element broadcast from rank 0), in a
+    thread this rank waits for until `deadline`, looking every POLL_S whether the generation was retired.
+
+    gloo connects to every peer in its constructor, and NCCL creates its communicator in the first collective
+    (`ncclCommInitRank`, which in its default blocking mode waits for every rank without a bound): both would
+    otherwise be bounded by the library's timeout only, or by nothing. A thread still stuck there at the
+    deadline is left behind (a daemon; its process is about to end on the error)."""
+    formed: dict[str, Any] = {}
+    done = threading.Event()
+    device = torch.device("cpu") if backend == "gloo" else _cuda_device()  # (the joining thread's: per thread)
+
+    def form() -> None:
+        try:
+            if device.type == "cuda":
+                torch.cuda.set_device(device)
+            pg = formed["pg"] = _new_process_group(store, backend, host, rank, world_size, max(timeout_s, join_s))
+            opts = dist.BroadcastOptions()
+            opts.rootRank = 0
+            probe = torch.zeros(1, dtype=torch.int64, device=device)
+            work = pg.broadcast([probe], opts)
+            work.wait()
+            probe.cpu()  # (NCCL: the wait orders the stream; this waits for the broadcast itself)
+        except BaseException as e:  # handed to the joining thread below
+            formed["error"] = e
+        finally:
+            done.set()
+
+    name = f"weights-{policy}-gen{generation}-form"
+    threading.Thread(target=form, name=name, daemon=True).start()
+    while not done.wait(POLL_S):
+        if store.check([RETIRED_KEY]) or time.monotonic() >= deadline:
+            pg = formed.get("pg")
+            if backend == "nccl" and pg is not None:
+                pg.abort()  # (an init still in progress is not in its map yet: its thread stays stuck)
+            if store.check([RETIRED_KEY]):
+                raise GroupRetired(
+                    f"rank {rank} of policy {policy!r}'s weight group: generation {generation} was retired while it "
+                    f"formed"
+                )
+            raise WeightGroupError(
+                f"rank {rank} of policy {policy!r}'s weight group ({backend}): generation {generation} did not form "
+                f"within {join_s:g}s (every rank met on the store, but the {backend} "
+                f"{'connections' if backend == 'gloo' else 'communicator'} and a first broadcast were not set up in "
+                f"time: a rank was lost, or cannot reach the others)"
+            )
+    if "error" in formed:
+        raise formed["error"]
+    return formed["pg"], device
 
 
 def retire_generation(store: dist.Store, policy: str, generation: int) -> None:
@@ -311,6 +414,9 @@ class WeightGroupSpec:
     generation's; a re-formed one has its members' (`ReformWeightGroup`)."""
     timeout_s: float = 300.0
     """Bound of joining and of every wait of a send or receive (`trainer.weight_sync_timeout_s`)."""
+    first_join_timeout_s: float = 300.0
+    """Bound of rank 0's join of the first generation, when the servers may still be starting: the run's
+    startup bound (`mas_async.startup.startup_bound_s`: longer with vLLM servers), or `timeout_s` if longer."""
 
     @classmethod
     def of(cls, config: Config, deployment: Deployment, policy: str) -> WeightGroupSpec:
@@ -321,16 +427,21 @@ class WeightGroupSpec:
             port=deployment.weight_ports[policy],
             world_size=1 + config.policies[config.server_policy(policy)].replicas,
             timeout_s=config.trainer.weight_sync_timeout_s,
+            first_join_timeout_s=startup_bound_s(config),
         )
 
     def join_args(self, rank: int, generation: int = 0, world_size: int | None = None) -> dict[str, Any]:
         """Keyword arguments of `open_weight_group` (and of a backend's `join_weight_group`) for `rank`, in
         generation `generation` of the group, of `world_size` ranks (a re-formed generation's; default: the
-        first generation's, every replica of the deployment)."""
-        return {
+        first generation's, every replica of the deployment). Rank 0's of the first generation also bound its
+        join by `first_join_timeout_s` (a re-formed generation is ordered once its replicas are up)."""
+        args = {
             "policy": self.policy, "backend": self.backend, "host": self.host, "port": self.port, "rank": rank,
             "world_size": world_size or self.world_size, "timeout_s": self.timeout_s, "generation": generation,
         }  # fmt: skip
+        if rank == 0 and generation == 0:
+            args["join_timeout_s"] = max(self.timeout_s, self.first_join_timeout_s)
+        return args
 
     def open(self, rank: int) -> WeightGroup:
         """Join the torch.distributed group as `rank` (blocking until every rank has joined); gloo and

@@ -30,24 +30,8 @@ import time
 import msgpack
 import torch
 
-from mas_async.weights.flat_params import HEADROOM_BYTES, headroom
+from mas_async.weights.flat_params import HEADROOM_BYTES, contiguous_region, headroom
 from mas_async.weights.group import WeightGroup, dtype_name
-
-
-def contiguous_region(parts: list[torch.Tensor]) -> torch.Tensor | None:
-    """One flat view covering `parts` when they lie back to back, in order, in a single storage
-    (parameters flattened by `flatten_parameters`); None otherwise."""
-    first = parts[0]
-    storage = first.untyped_storage().data_ptr()
-    end = first.data_ptr()
-    for p in parts:
-        if not p.is_contiguous() or p.dtype != first.dtype or p.untyped_storage().data_ptr() != storage:
-            return None
-        if p.data_ptr() != end:
-            return None
-        end += p.numel() * p.element_size()
-    numel = sum(p.numel() for p in parts)
-    return torch.as_strided(first, (numel,), (1,), first.storage_offset())
 
 
 class WeightSender:

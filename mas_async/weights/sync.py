@@ -40,11 +40,13 @@ def open_sender(
     generation: int = 0,
     store: torch.distributed.Store | None = None,
     share: Callable[[torch.Tensor], Handle] | None = None,
+    join_timeout_s: float | None = None,
 ) -> WeightSender | CudaIpcSender:
     """Rank 0's side of `policy`'s weight sync (takes `WeightGroupSpec.join_args(0, generation)`). Blocks
-    until every rank has joined for gloo and nccl, on the TCPStore `store` when rank 0 hosts one already
-    (a re-formed generation); cuda_ipc only hosts its control channel (receivers map the buffers at their
-    first receive) and has no generations."""
+    until every rank has joined for gloo and nccl (at most `join_timeout_s`, default `timeout_s`), on the
+    TCPStore `store` when rank 0 hosts one already (a re-formed generation); cuda_ipc only hosts its control
+    channel (receivers map the buffers at their first receive, so there is no join to wait for) and has no
+    generations."""
     _check(backend, rank, expected_rank=0, generation=generation)
     if backend == "cuda_ipc":
         channel = cuda_ipc.open_ipc_channel(
@@ -53,7 +55,7 @@ def open_sender(
         return CudaIpcSender(channel, world_size - 1, timeout_s=timeout_s, share=share or cuda_ipc.share_tensor)
     group = open_weight_group(
         policy=policy, backend=backend, host=host, port=port, rank=0, world_size=world_size, timeout_s=timeout_s,
-        generation=generation, store=store,
+        generation=generation, store=store, join_timeout_s=join_timeout_s,
     )  # fmt: skip
     return WeightSender(group, bucket_bytes=bucket_bytes)
 

@@ -94,6 +94,24 @@ class _Budget:
         return dict(pairs)
 
 
+def unpack_header(frame: bytes | memoryview) -> Any:
+    """Decode a header frame (at most `MAX_HEADER_BYTES`) as `unpack` does, but without the object budget's
+    Python hooks: every object takes at least one byte of the frame, so a header decodes to at most ~4 MB
+    whatever it holds. The router decodes one per message it forwards."""
+    size = len(frame)
+    if size > MAX_HEADER_BYTES:
+        raise CodecError(f"frame of {size} bytes exceeds the limit of {MAX_HEADER_BYTES}")
+    try:
+        return msgpack.unpackb(
+            frame, ext_hook=_ext_hook, raw=False, strict_map_key=False, max_str_len=size, max_bin_len=size,
+            max_array_len=size, max_map_len=size, max_ext_len=size,
+        )  # fmt: skip
+    except CodecError:
+        raise
+    except Exception as e:  # msgpack raises many types (ValueError, ExtraData, StackError, ...)
+        raise CodecError(f"malformed msgpack frame: {type(e).__name__}: {e}") from None
+
+
 def unpack(frame: bytes | memoryview, max_bytes: int = MAX_FRAME_BYTES, max_objects: int = MAX_OBJECTS) -> Any:
     """Decode one frame with bounded sizes and at most `max_objects` objects (see the module's docstring);
     raises CodecError on anything malformed or too large."""

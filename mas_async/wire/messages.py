@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from mas_async.wire.codec import MAX_HEADER_BYTES, CodecError, pack, unpack
+from mas_async.wire.codec import CodecError, pack, unpack, unpack_header
 from mas_async.wire.samples import Completion, Sample
 
 PROTOCOL_VERSION = 9
@@ -403,14 +403,15 @@ def encode(msg: Message) -> list[bytes]:
 
 def peek(frames: list) -> tuple[type[Message], Any]:
     """Read the kind and header only (the router's hot path): the message class and a named view of
-    its header fields, each of its declared type; raises CodecError if malformed."""
+    its header fields, each of its declared type; raises CodecError if malformed. `frames` are bytes-like
+    (zmq.Frame objects as received will do)."""
     if len(frames) != 3:
         raise CodecError(f"a message has 3 frames, got {len(frames)}")
     kind = bytes(frames[0])
     if len(kind) != 1 or kind[0] not in MESSAGES:
         raise CodecError(f"unknown message kind {kind!r}")
     cls = MESSAGES[kind[0]]
-    header = unpack(frames[1], MAX_HEADER_BYTES)
+    header = unpack_header(frames[1])
     if not isinstance(header, list) or len(header) != cls.HEADER:
         raise CodecError(f"{cls.__name__}: header must be a list of {cls.HEADER} values")
     if not all(map(isinstance, header, _HEADER_TYPES[cls.KIND])):

@@ -58,6 +58,10 @@ def test_router_smoke(tmp_path: Path) -> None:
     assert rates["raw"][0] > 0 and rates["raw-sync"][0] > 0 and rates["router"][0] > 0
     assert figures["baseline"] in ("raw", "raw-sync") and figures["ratio"] > 0
     assert "CURVE ratio" in stdout and rates["router-curve"][0] > 0 and figures["curve_ratio"] > 0
+    # CPU per request of the middle and of every process of the run (what a shared machine's load moves least).
+    every = figures["cpu_us_all_processes"]
+    assert all(every[m][0] > figures["cpu_us"][m][0] > 0 for m in ("raw", "raw-sync", "router", "router-curve"))
+    assert figures["all_processes_cpu_ratio"] > 0 and "router CPU ratio, every process" in stdout
 
 
 def test_gpu_check_smoke(tmp_path: Path) -> None:
@@ -83,17 +87,34 @@ def test_gpu_check_smoke(tmp_path: Path) -> None:
     assert demo["weight_backends"] == {"vertical": "gloo", "horizontal": "gloo"} and demo["version_mismatch_max"] == 0
 
 
+def test_gpu_step_check_smoke(tmp_path: Path) -> None:
+    """The real-sized step's device check rehearsed on the CPU: a step of a tiny Qwen3 shape, changed_fraction
+    with and without the float32 master, the send to another process and a stalled send's named error."""
+    stdout, figures = _run("gpu_step_check.py", tmp_path)
+    assert all(figures["checks"].values()) and len(figures["checks"]) == 6, figures["checks"]
+    assert figures["step"]["samples"] == 8 and figures["step"]["tokens_per_s"] > 0
+    assert figures["precision"]["float32"] >= 0.9 > 0.1 > figures["precision"]["bfloat16"]
+    assert figures["broadcast"]["backend"] == "gloo" and figures["broadcast"]["seconds"] > 0
+    assert "did not complete within" in figures["broadcast"]["stall"]["error"]
+
+
 def test_staleness_smoke(tmp_path: Path) -> None:
-    """Training deployments with k = 0 (the batch step and the streamed one) and 1 against the lockstep
-    pattern on the same code episodes: the figures are there and sane (no timing targets), the stale run
-    stays within its window, the streamed one has its phase times."""
+    """Training deployments with k = 0 (the batch step, the streamed one, and the streamed one with leases) and 1
+    against the lockstep pattern on the same code episodes, lockstep's step run (not costed): the figures are there
+    and sane (no timing targets), the stale run stays within its window, the streamed one has its phase times, and
+    every side is set against the overlap bound."""
     stdout, figures = _run("staleness.py", tmp_path)
     assert "ratios (tokens/s against lockstep)" in stdout and "a trainer on its own device" in stdout
     sides = figures["sides"]
-    assert set(sides) == {"lockstep", "k=0", "k=0 streaming", "k=1"}
-    assert set(figures["ratios"]) == {"k=0", "k=0 streaming", "k=1"}
+    assert set(sides) == {"lockstep", "k=0", "k=0 streaming", "k=0 streaming, leases", "k=1"}
+    assert set(figures["ratios"]) == {"k=0", "k=0 streaming", "k=0 streaming, leases", "k=1"}
     assert figures["same_episodes"]
+    cores = len(os.sched_getaffinity(0))
+    assert sides["lockstep"]["step"] == "run" and sides["lockstep"]["torch_threads"] == cores
+    assert sides["k=0"]["torch_threads"] == cores and sides["k=0 streaming"]["torch_threads"] == 1
+    assert sides["k=0 streaming"]["streams_turns"] and not sides["k=0 streaming, leases"]["streams_turns"]
     for name, side in sides.items():
+        assert side["step"] == "run" and side["measured_iterations"] == 1 and side["window_s"] > 0, name
         assert side["iterations"] == 1 and side["episodes"] == 2 and side["dropped"] == 0, name
         assert side["tokens"] == sides["lockstep"]["tokens"] > 0, name  # the same scripted answers
         assert side["seconds"] > 0 and side["tokens_per_s"] > 0 and side["iterations_per_min"] > 0, name
@@ -108,6 +129,13 @@ def test_staleness_smoke(tmp_path: Path) -> None:
     assert "what the rule allows" in stdout and figures["own_device_estimate"]["bound_ratio"] > 0
     assert sides["k=1"]["staleness_max"] <= 1 and sides["k=1"]["stale_dropped"] == 0
     assert all(ratio > 0 for ratio in figures["ratios"].values())
+    # The overlap bound: lockstep's measured rollout and step, perfectly overlapped; each side as a share of it.
+    bound = figures["overlap_bound"]
+    lockstep = sides["lockstep"]
+    expected = (lockstep["seconds"] / lockstep["iterations"]) / max(lockstep["rollout_s"], lockstep["step_phase_s"])
+    assert bound["ratio"] == pytest.approx(expected) and "overlap bound" in stdout
+    assert set(bound["of_bound"]) == set(figures["ratios"])
+    assert bound["of_bound"]["k=1"] == pytest.approx(figures["ratios"]["k=1"] / bound["ratio"])
     # The machine's CPU over each side's window, and what its cores allow the streamed step.
     machine = figures["machine_bound"]
     assert machine["cores"] == len(os.sched_getaffinity(0)) and set(machine["sides"]) == set(sides)
@@ -186,6 +214,15 @@ def test_trainer_logprobs_smoke(tmp_path: Path) -> None:
     steps = figures["learner_steps"]  # the old log-probs recomputed, and from the training pass
     assert all(len(s) == 1 and s[0] > 0 for s in steps["seconds"].values()) and len(steps["speedup"]) == 1
     assert steps["weight_drift"] < 1e-5 and "from the training pass" in stdout
+
+
+def test_train_memory_smoke(tmp_path: Path) -> None:
+    """One training step per completion length, each in a fresh process: the peak it adds over what the
+    process held before, as a list of {"tokens", "peak_bytes"}, and the difference between the lengths."""
+    stdout, figures = _run("train_memory.py", tmp_path)
+    assert [f["tokens"] for f in figures] == [16, 256] and all(f["peak_bytes"] > 0 for f in figures)
+    assert all(len(f["runs"]) == 1 and f["runs"][0]["micro_batches"] >= 1 for f in figures)
+    assert "peak(256) - peak(16)" in stdout
 
 
 def test_prompt_prefix_smoke(tmp_path: Path) -> None:
@@ -286,6 +323,17 @@ def test_scale_smoke(tmp_path: Path) -> None:
     assert 0 <= check["router_work_lag_p99_ms"] <= check["router_lag_p99_ms"]
     assert check["router_lag_at_load"] == max(p["episodes_per_s"] for p in points)
     assert (tmp_path / "scale.png").stat().st_size > 0
+    # What messages wait in the router, from when each was due: the ping peer's round trip (every ping answered),
+    # EpisodeDone to the next RunEpisode where the router had an episode to give, a step's UpdateWeights to every
+    # replica's WeightsLoaded; the line at the deployment check's point.
+    assert "\nmessage delay through the router (at " in stdout
+    for point in points:
+        ping, fanout = point["message_delay"]["ping"], point["message_delay"]["fanout"]
+        assert ping["n"] > 0 and ping["lost"] == 0 and 0 < ping["p50_ms"] <= ping["p99_ms"] <= ping["max_ms"]
+        assert fanout["n"] > 0 and 0 < fanout["p50_ms"] <= fanout["max_ms"]
+    assert sum(p["message_delay"]["dispatch"]["n"] for p in points) > 0
+    top = max(points, key=lambda p: p["episodes_per_s"])
+    assert check["message_delay"] == top["message_delay"]
 
 
 def test_scale_smoke_without_leases(tmp_path: Path) -> None:

@@ -83,6 +83,12 @@ def test_two_ranks_make_the_update_of_one(model_path, overrides):
     assert metrics["grad_norm"] == pytest.approx(alone_metrics["grad_norm"], rel=1e-5)
     assert metrics["loss"] == pytest.approx(alone_metrics["loss"], rel=1e-5, abs=1e-7)
     assert metrics["samples"] == 12 and metrics["ranks"] == 2
+    # Of the entries the optimiser holds (with ZeRO, every rank's shard, summed over the ranks). Fresh LoRA
+    # adapters: B is 0, so A gets no gradient in the first step and only B (half the entries here) moves.
+    assert metrics["trainer/changed_fraction"] == pytest.approx(alone_metrics["trainer/changed_fraction"], abs=1e-3)
+    assert metrics["trainer/changed_fraction"] == pytest.approx(
+        0.5 if any("lora" in o for o in overrides) else 1.0, abs=0.01
+    )
     if "trainer.zero=true" in overrides:  # each rank holds about half of the Adam state
         mine = metrics["optimizer_state_bytes"]
         assert 0 < mine < 0.8 * alone_metrics["optimizer_state_bytes"]

@@ -58,7 +58,8 @@ def test_ablation_smoke_runs_every_variant(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     table = json.loads((tmp_path / "ablation.json").read_text())
     for name in ("single agent + GRPO", "multi-agent + GRPO", "multi-agent + AT-GRPO",
-                 "multi-agent + AT-GRPO + per-agent std", "AT-GRPO policies with roles swapped"):  # fmt: skip
+                 "multi-agent + AT-GRPO + per-agent std", "shared policy + AT-GRPO + per-agent std",
+                 "single agent + AT-GRPO", "AT-GRPO policies with roles swapped"):  # fmt: skip
         assert len(table[name]) == 1 and 0.0 <= table[name][0] <= 1.0
     assert (tmp_path / "ablation.png").stat().st_size > 1000
     assert "| multi-agent + AT-GRPO |" in result.stdout

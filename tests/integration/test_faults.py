@@ -377,3 +377,68 @@ def test_a_replica_killed_while_samples_of_two_versions_are_in_flight_with_bound
         assert re.search(
             r"recovered from a lost replica in [\d.]+s \(inference/vertical/0 is leased again\)", router_log
         )
+
+
+def _wait_for(path: Path, pattern: str, deadline: float, proc) -> list[re.Match]:
+    """Every match of `pattern` in the log at `path` once there is one (polled; TimeoutError at `deadline`)."""
+    while time.monotonic() < deadline and proc.poll() is None:
+        matches = list(re.finditer(pattern, path.read_text(errors="replace"))) if path.exists() else []
+        if matches:
+            return matches
+        time.sleep(0.02)
+    raise TimeoutError(f"{path.name} never matched {pattern!r}")
+
+
+def test_a_worker_lost_while_its_streamed_groups_wait_for_a_slow_pass_leaves_every_sample_trained_once(tmp_path):
+    """Groups stream by turn (the default: tree sampling, agent_turn, std_scope group) and trainer/vertical's
+    first compute pass of iteration 1 takes 10 s (tests/support/slow_pass.py). That pass holds the turn-0
+    group of an episode; the episode's next group comes and waits for the pass; then the episode's env worker
+    is SIGKILLed. The router withdraws the attempt: its waiting groups are dropped, and freed, before any pass
+    took them; its computed group makes the step compute again from v1 at its end; the episode runs again
+    (attempt 1), and the samples decoded next take the freed addresses. Every sample given and not withdrawn
+    is trained once (a step that named withdrawn samples by id() took those for withdrawn ones and stopped
+    the run), and the run finishes with every iteration once and the lost worker replaced."""
+    from tests.support.slow_pass_roles import SLOW_ITERATION, SLOW_POLICY
+
+    run_dir, iterations, batch = tmp_path / "run", 4, 4
+    args = [f"run.iterations={iterations}", f"rollout.batch_size={batch}", "algorithm.k=4", "eval.every=0",
+            "cluster.env_workers=2"]  # fmt: skip
+    proc = start_train(CONFIG, run_dir, *args, runner="tests.support.slow_pass_roles")
+    trainer_log = run_dir / "logs" / f"trainer-{SLOW_POLICY}.log"
+    try:
+        child_pids(run_dir)
+        deadline = time.monotonic() + 180
+        slow = _wait_for(trainer_log, r"slow pass over groups \[([^\]]*)\]", deadline, proc)[0]
+        computed = re.findall(r"'([^']+)'", slow.group(1))
+        episode = computed[0].split("/")[0]  # (a group key is "<episode>/<agent>/<turn>")
+        assert episode.startswith(f"train{SLOW_ITERATION}-"), computed
+        took = rf"took groups \[([^\]]*)\] of episode {episode} \(attempt 0\)"
+        while not any(set(re.findall(r"'([^']+)'", m.group(1))) - set(computed)
+                      for m in _wait_for(trainer_log, took, deadline, proc)):  # fmt: skip
+            time.sleep(0.02)  # the episode's next group has come: it waits for the slow pass
+        workers = [p for p in (run_dir / "logs").glob("env_worker-*.log")
+                   if f"running episode {episode} (attempt 0)" in p.read_text(errors="replace")]  # fmt: skip
+        assert len(workers) == 1, workers
+        name = "env_worker/" + workers[0].stem.split("-")[-1]
+        pid = json.loads((run_dir / "pids.json").read_text())[name]
+        os.kill(pid, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        cleanup(proc, run_dir)
+    assert proc.returncode == 0, out[-3000:]
+    assert "restarting the run" not in out and out.count("started it again as pid") == 1
+    rows = _rows(run_dir)
+    _check_every_iteration_once(rows, iterations, batch)
+    assert sum(r[Keys.restarts("env_worker")] for r in rows) == 1
+    log = trainer_log.read_text(errors="replace")
+    withdrew = re.search(
+        rf"step from v{SLOW_ITERATION}: withdrew (\d+) samples of episode {episode} \(attempt 0\): (\d+) dropped "
+        r"before a pass took them, (\d+) taken by a pass \(the step is computed again at its end\)", log
+    )  # fmt: skip
+    assert withdrew, log[-3000:]
+    assert int(withdrew.group(2)) >= 4 and int(withdrew.group(3)) >= 4, withdrew.group(0)  # (a group: k = 4)
+    rerun = [p for p in (run_dir / "logs").glob("env_worker-*.log")
+             if f"running episode {episode} (attempt 1)" in p.read_text(errors="replace")]  # fmt: skip
+    assert rerun, "the lost episode never ran again"
+    assert re.search(rf"took groups \[[^\]]*\] of episode {episode} \(attempt 1\)", log)
+    assert f"iteration {SLOW_ITERATION}: v{SLOW_ITERATION + 1}, " in log  # its step trained (Trained without error)

@@ -237,7 +237,7 @@ def test_a_live_run_survives_a_flood_of_malformed_frames(tmp_path):
     assert len(set(keys[:-2])) == 1, (
         f"training rows differ in shape: {[(i, sorted(every - k)) for i, k in enumerate(keys[:-2]) if k != every]}"
     )
-    assert keys[-2] == keys[0] | {f"policy/{p}/checkpoint_version" for p in POLICIES}
+    assert keys[-2] == keys[0] | {f"policy/{p}/{k}" for p in POLICIES for k in ("checkpoint_version", "checkpoint_s")}
     assert keys[-1] < keys[0]
     assert {"router/malformed", "router/refused_messages", "router/refused_handshakes"} <= keys[-1]
     for policy in POLICIES:

@@ -78,3 +78,17 @@ def test_the_openai_movers_train_on_policy_with_tree_sampling(tmp_path: Path) ->
     evaluated = [r for r in rows if "eval/episodes" in r]
     assert evaluated and all(r["eval/episodes"] == 2 and r["eval/dropped"] == 0 for r in evaluated), rows
     assert all("eval/gateway/score/vertical" not in r for r in evaluated)  # evaluation is not tree-sampled
+
+
+def test_a_program_bug_that_fails_every_episode_stops_the_run_at_once_with_its_traceback(tmp_path: Path) -> None:
+    """No whole-run restart first (it would fail the same way): the launcher's output shows the program's
+    traceback (file, line, error) from the first failed episode."""
+    proc = start_train(CONFIG, tmp_path / "run", *FAST, "workflow.program=tests.support.failing_program:play")
+    try:
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        cleanup(proc, tmp_path / "run")
+    assert proc.returncode == 1, out
+    assert "every training episode failed" in out and "the run is not restarted" in out, out
+    assert "restarting the run" not in out, out
+    assert "failing_program.py" in out and "NameError: name 'undefined_progress' is not defined" in out, out

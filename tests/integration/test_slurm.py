@@ -17,6 +17,7 @@ import pytest
 from mas_async.config import ConfigError, load_config
 from mas_async.launch.engines.base import Node, ProcessSpec
 from mas_async.launch.launcher import process_specs
+from mas_async.launch.slurm_time_limit import job_end_time
 from tests.integration.launch import FAST, ROOT, alive
 from tests.integration.slurm_cluster import running_slurm_cluster, skip_reason
 from tests.support.run_processes import run_process
@@ -298,7 +299,7 @@ def test_each_gpu_process_is_a_step_with_gpus_of_its_own(cluster, tmp_path, monk
         cluster.command("scancel", job)
 
 
-def test_a_requeued_job_resumes_its_run_and_runs_every_iteration_once(cluster, tmp_path):
+def test_a_requeued_job_resumes_its_run_and_runs_every_iteration_once(cluster, tmp_path, monkeypatch):
     """SLURM's warning before the time limit (SIGUSR1 to the batch shell): the run checkpoints, stops and
     requeues its job. Then a preemption (`scontrol requeue`: SIGTERM to everything): the job comes back
     and resumes from that checkpoint. Only those two checkpoints and the final one exist
@@ -321,6 +322,10 @@ def test_a_requeued_job_resumes_its_run_and_runs_every_iteration_once(cluster, t
     output = run_dir / f"slurm-{job}.out"
     try:
         wait_for(lambda: len(metrics_rows(run_dir)) >= 2, 120, "two iterations of the first start", output)
+        # The launcher's time-limit watch reads the job's end time as SLURM has it (--time 10:00).
+        monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
+        end = job_end_time(job, 30)
+        assert end is not None and time.time() < end <= time.time() + 600, end
         done_before = len(metrics_rows(run_dir))
         cluster.command("scancel", "--batch", "--signal=USR1", job)  # what --signal=B:USR1@N sends
         done_after = len(metrics_rows(run_dir))
@@ -346,6 +351,8 @@ def test_a_requeued_job_resumes_its_run_and_runs_every_iteration_once(cluster, t
         assert row["policy/solo/logprob_abs_diff"] < 1e-4  # the servers resumed with the trainer's weights
     versions = sorted(int(p.name[1:]) for p in (run_dir / "checkpoints" / "solo").iterdir() if p.name.startswith("v"))
     assert versions == [stopped, iterations]
+    # Each checkpoint's time is in its row, for the next start's time-limit watch to size its stop by.
+    assert rows[stopped - 1]["policy/solo/checkpoint_s"] > 0
 
 
 def metrics_rows(run_dir: Path) -> list[dict]:

@@ -59,7 +59,7 @@ def _prompts(folder: Path) -> list[np.ndarray]:
     from transformers import AutoTokenizer
 
     from envs.plan_path import PlanPathEnv
-    from mas_async.rollout.episode import _prompt_ids
+    from mas_async.rollout.chat_prompt import chat_prompt_ids
     from nodes.plan_path_answer import AnswerHorizontalMover, AnswerVerticalMover
 
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
@@ -68,7 +68,7 @@ def _prompts(folder: Path) -> list[np.ndarray]:
         env = PlanPathEnv()
         env.reset(options={"problem": problem})
         for node in (AnswerVerticalMover(), AnswerHorizontalMover()):
-            prompts.append(_prompt_ids(tokenizer, node.prompt(env.observe(node.agent))))
+            prompts.append(chat_prompt_ids(tokenizer, node.prompt(env.observe(node.agent))))
     return prompts
 
 

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from mas_async.config import Config
-from mas_async.deployment import Deployment, trainer_peer
+from mas_async.deployment import Deployment
 from mas_async.launch.roles import ROLES, seed_torch
+from mas_async.peer_names import trainer_peer
 from mas_async.wire.codec import pack, unpack
 from mas_async.wire.messages import sample_from_wire, sample_to_wire
 from mas_async.wire.samples import Sample

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mas_async.api.registry import BACKENDS, resolve
+from mas_async.config import SELF_PLACING_BACKENDS
 from mas_async.weights.sync import open_receiver, retire_replaced
 
 if TYPE_CHECKING:
@@ -173,21 +174,25 @@ def make_backend(
     dtype: str,
     max_batch_sequences: int,
     seed: int,
-    device: str = "cpu",
+    device: str | None = "cpu",
     lora: LoraSetup | None = None,
     guests: dict[str, LoraSetup] | None = None,
+    engine_args: dict[str, Any] | None = None,
 ) -> InferenceBackend:
     """The backend named in the policy's config (`policies.<name>.backend`): a key of
     `mas_async.api.BACKENDS` or a "module:Class" path. The class is built with `(model_path, dtype=...,
-    max_batch_sequences=..., seed=...)`, plus `device=...` when the policy is not on the CPU and `lora=...`
-    when it trains LoRA adapters (a backend without that parameter is then refused), and `guests=...` when
-    other policies share its base (`policies.<p>.base`; reach each through `ThreadedBackend.guest`); a
-    synchronous engine (a `generate` that is not a coroutine function) runs behind `ThreadedBackend`, one
-    batch at a time in a thread."""
+    max_batch_sequences=..., seed=...)`, plus `device=...` when the policy is not on the CPU, `lora=...`
+    when it trains LoRA adapters, `guests=...` when other policies share its base (`policies.<p>.base`; reach
+    each through `ThreadedBackend.guest`) and `engine_args=...` when the config sets its engine's arguments
+    (`policies.<p>.vllm`); a backend without the parameter is then refused. A backend that places itself
+    (`SELF_PLACING_BACKENDS`: vLLM) is never handed a device, whatever `device` says (None: none to hand): its
+    GPUs are the ones its process sees. A synchronous engine (a `generate` that is not a coroutine function)
+    runs behind `ThreadedBackend`, one batch at a time in a thread."""
     cls = resolve(name, BACKENDS, "inference backend")
     parameters = inspect.signature(cls).parameters
     kwargs: dict[str, object] = {}
-    if device != "cpu":  # only then, so that backends written before the key existed keep working
+    # Only off the CPU, so that backends written before the key existed keep working.
+    if device is not None and device != "cpu" and name not in SELF_PLACING_BACKENDS:
         if "device" not in parameters:
             raise ValueError(f"inference backend {name!r} takes no device argument, so it cannot run on {device!r}")
         kwargs["device"] = device
@@ -199,6 +204,12 @@ def make_backend(
         if "guests" not in parameters:
             raise ValueError(f"inference backend {name!r} takes no guests argument, so it cannot share its base")
         kwargs["guests"] = guests
+    if engine_args:
+        if "engine_args" not in parameters:
+            raise ValueError(
+                f"inference backend {name!r} takes no engine_args argument, so it cannot start with {sorted(engine_args)}"
+            )
+        kwargs["engine_args"] = engine_args
     engine = cls(model_path, dtype=dtype, max_batch_sequences=max_batch_sequences, seed=seed, **kwargs)
     if inspect.iscoroutinefunction(getattr(engine, "generate", None)):
         if guests:

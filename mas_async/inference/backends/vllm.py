@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from mas_async.inference.backends import vllm_compat
+from mas_async.startup import VLLM_START_TIMEOUT_S
 from mas_async.wire.samples import Completion
 
 if TYPE_CHECKING:
@@ -45,8 +46,10 @@ if TYPE_CHECKING:
 
 _T = TypeVar("_T")
 
-START_TIMEOUT_S = 900.0
-"""Bound of starting the engine (vLLM on a CPU takes about a minute; a large model on a GPU, several)."""
+START_TIMEOUT_S = VLLM_START_TIMEOUT_S
+"""Bound of starting the engine (vLLM on a CPU takes about a minute; a cold start on a GPU, compile and CUDA
+graphs included, several): the router and the trainer wait this much longer for a vLLM server
+(`mas_async.startup`), and vLLM's own wait for its engine core is set longer still."""
 CLOSE_TIMEOUT_S = 60.0
 MARGIN_S = 60.0
 """Beyond the weight group's own bound (`trainer.weight_sync_timeout_s`), for the engine's work around it."""
@@ -54,6 +57,18 @@ MARGIN_S = 60.0
 
 class EngineTimeout(TimeoutError):
     """A call into the vLLM engine did not finish within its bound (says which call)."""
+
+
+def _receive_bytes(model_path: str | Path, dtype: str, lora: LoraSetup | None) -> int:
+    """The bytes the worker's weight receiver allocates: the model's tensors, or the LoRA adapters only (the
+    base weights stay on the host)."""
+    if lora is None:
+        return vllm_compat.weight_receive_bytes(str(model_path), dtype)
+    from mas_async.lora import adapter_manifest
+    from mas_async.weights.group import torch_dtype
+
+    dt = torch_dtype(dtype)
+    return sum(int(np.prod(shape)) * dt.itemsize for _name, shape, _dtype in adapter_manifest(lora, dt))
 
 
 def _copy(c: Completion) -> Completion:
@@ -81,7 +96,11 @@ class VLLMBackend:
     ) -> None:
         """`engine_args`: extra vLLM `AsyncEngineArgs` fields (e.g. gpu_memory_utilization when a
         trainer shares the GPU), over this backend's defaults. `lora`: `model_path` is the base, and each
-        update carries the policy's adapters, merged into the base weights (`vllm_compat.use_lora`)."""
+        update carries the policy's adapters, merged into the base weights (`vllm_compat.use_lora`).
+
+        On a GPU the weight sync's receive buffers (a copy of the model in `dtype`; with LoRA, of the adapters)
+        are counted in the engine's share of the GPU: vLLM is started with a `gpu_memory_utilization` lower
+        by their bytes over the GPU's (`vllm_compat.engine_arguments`), so that they fit beside it."""
         if max_batch_sequences < 1:
             raise ValueError(f"max_batch_sequences must be at least 1, got {max_batch_sequences}")
         self.version: int = 0
@@ -93,10 +112,13 @@ class VLLMBackend:
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
         self._thread.start()
 
+        receive_bytes = _receive_bytes(model_path, dtype, lora)
+
         async def start() -> Any:
             return vllm_compat.start_engine(
-                str(model_path), dtype=dtype, max_num_seqs=max_batch_sequences, seed=seed, **(engine_args or {})
-            )
+                str(model_path), dtype=dtype, max_num_seqs=max_batch_sequences, seed=seed,
+                receive_bytes=receive_bytes, **(engine_args or {}),
+            )  # fmt: skip
 
         try:
             self.engine = self._call(start(), "starting its engine", START_TIMEOUT_S)

@@ -4,13 +4,28 @@ The vLLM backend (`vllm_backend.py`) talks to vLLM only through this module: eng
 sampling parameters, reading the sampled tokens' log-probs back, and the weight update. A new vLLM
 release should only ever need changes here (and the pin in pyproject.toml).
 
-How a weight update reaches the model. vLLM runs the model in a worker that lives in the engine-core
-process (one process beside the inference server; `distributed_executor_backend="uni"`). vLLM mixes
-`WeightSyncExtension` into that worker class, so its methods can be called with `collective_rpc`:
+The process layout. `AsyncLLM` always runs vLLM's engine core in a process of its own beside the inference
+server (its client talks to it over ZeroMQ), on a CPU as on a GPU. The model runs in a worker: inside the
+engine-core process with the "uni" executor (vLLM's choice for one GPU, and this module's default on a CPU,
+where it needs VLLM_ENABLE_V1_MULTIPROCESSING=0: vLLM's CPU platform turns "uni" into "mp" otherwise), or
+in a process of its own with the "mp" executor (vLLM's choice for tensor parallelism; on a CPU with
+`distributed_executor_backend: mp` in `policies.<p>.vllm.engine_args`, which the tests use to run that
+layout: the worker's calls then cross two process boundaries, server -> engine core -> worker). On a GPU
+the model is also compiled (torch.compile) and its decoding captured in CUDA graphs unless
+`enforce_eager`; the reload below writes the weights in place, so the graphs see the new ones.
+
+How a weight update reaches the model. vLLM mixes `WeightSyncExtension` into the worker class, so its
+methods can be called with `collective_rpc` (through the engine core, into whichever process the worker
+is in):
 - `mas_join_weight_group` opens the policy's weight receiver (`mas_async.weights.sync`) from inside the
   worker, with the same TCPStore + PrefixStore + ProcessGroupGloo/NCCL objects as every other rank.
   (`init_process_group` cannot be used there: vLLM already owns the default group.) The config never
   gives a vLLM policy cuda_ipc: vLLM places its engine itself, so nothing says it shares the trainer's GPU.
+  A worker of an engine split over several GPUs (tensor or pipeline parallelism) refuses to join: each of
+  its workers would join as the server's one rank.
+- The receiver's buffers (one copy of the model, `weight_receive_bytes`) are allocated on the worker's GPU
+  at the first update, after vLLM took its share of the GPU: `engine_arguments` takes them out of that
+  share (`gpu_memory_utilization`), so the engine and the buffers together stay within what was asked.
 - `mas_load_weights` receives every tensor of one broadcast first (checked against the checkpoint's
   names and shapes and the engine's dtype), and only then loads them with the worker's
   `reload_weights(is_checkpoint_format=True)`, vLLM's layer-wise in-place reload, which fuses q/k/v
@@ -40,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 
 from safetensors import safe_open
 
+from mas_async.startup import VLLM_START_TIMEOUT_S
 from mas_async.weights.group import GroupRetired, ManifestMismatch, WeightSyncError, dtype_name
 from mas_async.weights.sync import open_receiver, retire_replaced
 
@@ -103,8 +119,6 @@ def _check_cpu_model(model_path: str, config: dict[str, Any]) -> None:
 
 
 _CPU_ENVIRONMENT = {
-    # The worker runs inside the engine-core process ("uni" executor): the fastest start on CPU.
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     # KV cache size in GiB; without it vLLM reserves a fraction of all the machine's memory.
     "VLLM_CPU_KVCACHE_SPACE": "1",
     # Several engines and trainers share the cores: do not pin OpenMP threads to them.
@@ -112,6 +126,21 @@ _CPU_ENVIRONMENT = {
     # vLLM compiles a small log-prob helper with inductor on first use (~30 s on CPU); eager is fine.
     "TORCH_COMPILE_DISABLE": "1",
 }
+ENGINE_READY_MARGIN_S = 60
+"""vLLM's own wait for its engine core to start (VLLM_ENGINE_READY_TIMEOUT_S, 600 s by default) is set this
+much longer than the backend's bound (`mas_async.startup.VLLM_START_TIMEOUT_S`), so a slow cold start ends
+with the backend's named error, not vLLM's."""
+
+
+def engine_environment(on_cpu: bool, executor: str | None) -> dict[str, str]:
+    """The environment vLLM reads while its engine starts (its processes inherit it). On a CPU, the "uni"
+    executor (the worker inside the engine-core process: the fastest start) needs multiprocessing off,
+    which vLLM's CPU platform reads to keep it; any other executor runs as vLLM does on a GPU."""
+    env = {"VLLM_ENGINE_READY_TIMEOUT_S": str(int(VLLM_START_TIMEOUT_S + ENGINE_READY_MARGIN_S))}
+    if on_cpu:
+        env.update(_CPU_ENVIRONMENT)
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if executor == "uni" else "1"
+    return env
 
 
 @contextmanager
@@ -127,11 +156,15 @@ def _environment(defaults: dict[str, str]) -> Iterator[None]:
             os.environ.pop(key, None)
 
 
-def start_engine(model_path: str, *, dtype: str, max_num_seqs: int, seed: int, **overrides: Any) -> AsyncLLM:
+def start_engine(
+    model_path: str, *, dtype: str, max_num_seqs: int, seed: int, receive_bytes: int = 0, **overrides: Any
+) -> AsyncLLM:
     """Start vLLM's async engine on a local model folder.
 
     Must run in the thread whose event loop will drive the engine. `overrides` are extra
     `AsyncEngineArgs` fields (e.g. gpu_memory_utilization, enforce_eager) that win over the defaults.
+    `receive_bytes`: the weight sync's receive buffers (`weight_receive_bytes`), which the worker allocates
+    on the engine's GPU after vLLM reserved its share: taken out of that share (`engine_arguments`).
     """
     import torch
 
@@ -140,9 +173,44 @@ def start_engine(model_path: str, *, dtype: str, max_num_seqs: int, seed: int, *
     if on_cpu:
         _check_cpu_model(model_path, config)
     check_version()
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.v1.engine.async_llm import AsyncLLM
+    args = engine_arguments(
+        model_path, config, dtype=dtype, max_num_seqs=max_num_seqs, seed=seed, on_cpu=on_cpu,
+        receive_bytes=receive_bytes, gpu_bytes=0 if on_cpu or not receive_bytes else _gpu_total_bytes(),
+        overrides=overrides,
+    )  # fmt: skip
+    # vLLM reads its environment when its modules load (VLLM_ENGINE_READY_TIMEOUT_S among them) and when the
+    # engine starts: both happen inside.
+    with _environment(engine_environment(on_cpu, args.get("distributed_executor_backend"))):
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
 
+        # Returned without a local name: a traceback that vLLM keeps from its start-up holds this frame,
+        # and a local would keep the engine alive until interpreter teardown.
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+
+
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
+"""vLLM 0.32's default `gpu_memory_utilization` (`EngineArgs`)."""
+MIN_GPU_MEMORY_UTILIZATION = 0.05
+"""The least share left to vLLM once the receive buffers are taken out of it."""
+
+
+def engine_arguments(
+    model_path: str,
+    config: dict[str, Any],
+    *,
+    dtype: str,
+    max_num_seqs: int,
+    seed: int,
+    on_cpu: bool,
+    receive_bytes: int,
+    gpu_bytes: int,
+    overrides: dict[str, Any],
+) -> dict[str, Any]:
+    """The `AsyncEngineArgs` fields of an engine: this backend's defaults, then `overrides`. On a GPU,
+    `gpu_memory_utilization` (vLLM's share of the GPU, `gpu_bytes` in all, for weights, activations and KV
+    cache) is lowered by the weight sync's receive buffers (`receive_bytes`), which vLLM does not see: the
+    engine and the buffers together stay within the share asked for."""
     args: dict[str, Any] = {
         "model": model_path,
         "dtype": dtype,
@@ -163,10 +231,44 @@ def start_engine(model_path: str, *, dtype: str, max_num_seqs: int, seed: int, *
     if architectures is not None:
         args["hf_overrides"] = {"architectures": architectures}
     args.update(overrides)
-    # Returned without a local name: a traceback that vLLM keeps from its start-up holds this frame,
-    # and a local would keep the engine alive until interpreter teardown.
-    with _environment(_CPU_ENVIRONMENT if on_cpu else {}):
-        return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+    if not on_cpu and receive_bytes and gpu_bytes:
+        asked = args.get("gpu_memory_utilization") or DEFAULT_GPU_MEMORY_UTILIZATION
+        share = asked - receive_bytes / gpu_bytes
+        if share < MIN_GPU_MEMORY_UTILIZATION:
+            raise ValueError(
+                f"vLLM's gpu_memory_utilization {asked:g} leaves {share:.3f} of the GPU's {gpu_bytes / 2**30:.1f} GiB "
+                f"once the weight sync's receive buffers ({receive_bytes / 2**30:.2f} GiB) are taken out: raise "
+                f"policies.<p>.vllm.gpu_memory_utilization"
+            )
+        args["gpu_memory_utilization"] = share
+    return args
+
+
+def _gpu_total_bytes() -> int:
+    """The memory of the engine's first GPU, read through NVML as vLLM does (no CUDA context in this process,
+    which would make vLLM spawn its engine instead of forking it)."""
+    from vllm.platforms import current_platform
+
+    return int(current_platform.get_device_total_memory(0))
+
+
+def weight_receive_bytes(model_path: str, dtype: str) -> int:
+    """The bytes of the weight sync's receive buffers in a worker: one copy of every tensor of the model's
+    checkpoint (a tied lm_head once, as the embedding) in the engine's dtype, as the trainer sends them."""
+    import torch
+
+    from mas_async.weights.flat_params import HEADROOM_BYTES
+    from mas_async.weights.group import torch_dtype
+
+    config = _model_config(model_path)
+    tied = config.get("tie_word_embeddings", False)
+    numel = 0
+    for path in sorted(Path(model_path).glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118
+                if not (tied and name == "lm_head.weight"):
+                    numel += int(torch.Size(f.get_slice(name).get_shape()).numel())
+    return numel * torch_dtype(dtype).itemsize + HEADROOM_BYTES
 
 
 def engine_died(engine: AsyncLLM | None) -> bool:
@@ -300,6 +402,14 @@ class WeightSyncExtension:
         timeout_s: float,
         generation: int = 0,
     ) -> str:
+        parallel = self.vllm_config.parallel_config  # type: ignore[attr-defined]
+        if parallel.tensor_parallel_size * parallel.pipeline_parallel_size > 1:
+            # Every worker would join as the same rank: refused before anything waits on it.
+            raise ValueError(
+                f"policy {policy!r}: a vLLM server of tensor_parallel_size {parallel.tensor_parallel_size} cannot "
+                f"take weight updates (one rank of the weight group per server); train with "
+                f"policies.<p>.vllm.tensor_parallel_size 1 and more replicas"
+            )
         retire_replaced(getattr(self, "_mas_receiver", None))
         try:
             self._mas_receiver = open_receiver(

@@ -103,11 +103,28 @@ class Engine(ABC):
         Default: the node's, for engines whose processes all see their node's GPUs."""
         return node.name
 
+    def gpu_pool(self, spec: ProcessSpec, node: Node) -> str:
+        """Whose GPUs `spec`'s process on `node` holds some of (`mas_async.gpu_plan`): its node's (the default),
+        or one machine's for nodes that share its GPUs."""
+        return node.name
+
+    def gpu_count(self, pool: str) -> int | None:
+        """How many GPUs `pool` has, where the engine can tell before any process starts; None (the default)
+        where it cannot: its scheduler then refuses what does not fit (a SLURM job asks for what its steps
+        hold; a Ray placement group waits for it)."""
+        return None
+
     def gpu_uuids(self, view: str) -> list[str] | None:
         """The UUIDs of the GPUs of `view`, in CUDA order, where the engine can tell before any process
         starts; None (the default) where it cannot: the places then name a GPU by view and index, and the
         processes check their real GPUs when their weight groups form."""
         return None
+
+    def hold_ports(self, node: Node, count: int) -> list[int]:
+        """`count` distinct free ports of `node` that the engine keeps from other users' processes until it
+        closes (`deployment.hold_ports`), for a listener that binds its port with SO_REUSEPORT (an external
+        gateway, which a secret is sent to); where the engine cannot hold them (another machine), free ones."""
+        return self.free_ports(node, count)
 
     def close(self) -> None:
         """Release whatever the engine holds (placement groups, connections); the children are stopped."""

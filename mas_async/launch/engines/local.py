@@ -2,7 +2,9 @@
 command prefix reaches with this machine's file system (a network namespace: `nsenter --net=...`).
 
 Nodes come from `cluster.nodes` (default: one node at `cluster.host`); `cluster.placement` puts a role or
-one process on a node by name (default: the first node). With `cluster.fork_server` (the default) each
+one process on a node by name (default: the first node). The nodes share this machine's GPUs: the launcher
+plans which each process holds (`mas_async.gpu_plan`) and gives a process with GPUs of its own (a device
+`cuda`, a vLLM server) its CUDA_VISIBLE_DEVICES. With `cluster.fork_server` (the default) each
 node's processes are forks of that node's fork server (`fork_server.py`), which imported torch and the
 actors once (or a fork of a preloaded template that the environment names: `fork_template.py`);
 otherwise each is a new interpreter. Each child runs in its own session, so stopping it
@@ -20,7 +22,7 @@ import sys
 from pathlib import Path
 
 from mas_async.config import Config
-from mas_async.deployment import free_ports
+from mas_async.deployment import free_ports, hold_ports
 from mas_async.launch import fork_template, process
 from mas_async.launch.engines.base import Child, Engine, EngineError, Node, ProcessSpec
 from mas_async.launch.fork_server import ForkServer
@@ -101,6 +103,8 @@ class LocalEngine(Engine):
         self.use_fork_server = cluster.fork_server
         self.startup_timeout_s = cluster.startup_timeout_s
         self.fork_servers: dict[str, ForkServer] = {}
+        self.held: list[socket.socket] = []
+        """Ports kept for the run's external gateways (`hold_ports`), released by `close`."""
         self._uuids: list[list[str] | None] | None = None
         """This machine's GPU UUIDs, asked once (`placement.machine_gpu_uuids`), when a process is on a GPU."""
 
@@ -111,8 +115,17 @@ class LocalEngine(Engine):
         }
 
     def gpu_view(self, spec: ProcessSpec, node: Node) -> str:
-        """This machine's: its nodes (network namespaces) share its GPUs."""
-        return socket.gethostname()
+        """This machine's, named as its GPU pool: its nodes (network namespaces) share its GPUs."""
+        return self.gpu_pool(spec, node)
+
+    def gpu_pool(self, spec: ProcessSpec, node: Node) -> str:
+        """This machine's GPUs, which all its nodes share: named by its node (nodes, with several)."""
+        return "+".join(n.name for n in self.nodes)
+
+    def gpu_count(self, pool: str) -> int | None:
+        """This machine's GPUs (`placement.machine_gpu_uuids`; None when that cannot be told)."""
+        uuids = self.gpu_uuids(pool)
+        return None if uuids is None else len(uuids)
 
     def gpu_uuids(self, view: str) -> list[str] | None:
         if self._uuids is None:
@@ -158,7 +171,17 @@ class LocalEngine(Engine):
             )
         return self.fork_servers[node.name]
 
+    def hold_ports(self, node: Node, count: int) -> list[int]:
+        if self.prefixes.get(node.name):  # (a network namespace: its ports are not this process's to hold)
+            return self.free_ports(node, count)
+        sockets = hold_ports(node.address, count)
+        self.held += sockets
+        return [s.getsockname()[1] for s in sockets]
+
     def close(self) -> None:
         for server in self.fork_servers.values():
             server.close()
         self.fork_servers.clear()
+        for held in self.held:
+            held.close()
+        self.held.clear()

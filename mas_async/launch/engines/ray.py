@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mas_async.config import Config, ConfigError, RayConfig
+from mas_async.config import Config, ConfigError, scheduler_gpus
 from mas_async.launch.engines.base import Child, Engine, EngineError, Node, ProcessSpec
 from mas_async.launch.engines.ray_host import ProcessHost
 
@@ -83,12 +83,14 @@ def _forwarded_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIXES)}
 
 
-def bundle_of(ray_config: RayConfig, spec: ProcessSpec) -> dict[str, float]:
-    """The resources reserved for `spec`: its role's CPUs and GPUs, its role's and its own custom ones."""
-    rc = ray_config
+def bundle_of(config: Config, spec: ProcessSpec) -> dict[str, float]:
+    """The resources reserved for `spec`: its role's CPUs, its GPUs (`cluster.ray.trainer_gpus` /
+    `inference_gpus`, else what it computes on: `config.scheduler_gpus`, the rule of every engine), its
+    role's and its own custom ones."""
+    rc = config.cluster.ray
     cpus = {"router": rc.router_cpus, "trainer": rc.trainer_cpus}
     cpus |= {"inference": rc.inference_cpus, "env_worker": rc.env_worker_cpus}
-    gpus = {"trainer": rc.trainer_gpus, "inference": rc.inference_gpus}.get(spec.role, 0.0)
+    gpus = scheduler_gpus(config, spec.name) or 0.0
     custom = {**rc.resources.get(spec.role, {}), **rc.resources.get(spec.name, {})}
     resources = {"CPU": cpus[spec.role], "GPU": gpus, **custom}
     return {key: amount for key, amount in resources.items() if amount > 0}
@@ -152,6 +154,7 @@ class RayEngine(Engine):
                 "cluster.nodes and cluster.placement are the local engine's; with cluster.engine=ray, Ray picks "
                 "the nodes: pin roles with custom resources, cluster.ray.resources.ROLE.RESOURCE=AMOUNT"
             )
+        self.config = config
         self.ray_config = cluster.ray
         self.group_name = f"mas-async/{config.run.name}/{os.getpid()}"
         self.group: Any = None
@@ -168,7 +171,7 @@ class RayEngine(Engine):
 
         timeout = self.ray_config.placement_timeout_s
         deadline = time.monotonic() + timeout
-        bundles = [bundle_of(self.ray_config, spec) for spec in specs]
+        bundles = [bundle_of(self.config, spec) for spec in specs]
         self.group = placement_group(bundles, strategy=self.ray_config.strategy, name=self.group_name)
         if not self.group.wait(timeout_seconds=timeout):
             raise EngineError(self._unplaced(specs, bundles))
@@ -214,10 +217,9 @@ class RayEngine(Engine):
         )
 
     def gpu_view(self, spec: ProcessSpec, node: Node) -> str:
-        """A process whose role reserves GPUs sees only its own (Ray sets its CUDA_VISIBLE_DEVICES): its view
+        """A process whose bundle reserves GPUs sees only its own (Ray sets its CUDA_VISIBLE_DEVICES): its view
         is its own; the others see their node's GPUs."""
-        reserved = {"trainer": self.ray_config.trainer_gpus, "inference": self.ray_config.inference_gpus}
-        return spec.name if reserved.get(spec.role, 0.0) > 0 else node.name
+        return spec.name if (scheduler_gpus(self.config, spec.name) or 0.0) > 0 else node.name
 
     def free_ports(self, node: Node, count: int) -> list[int]:
         host = next(self.hosts[name] for name, on in self.nodes.items() if on == node)

@@ -132,7 +132,7 @@ def test_a_broken_env_is_caught_by_name(broken: type, prop: str, detail: str) ->
 
 def test_plan_path_grids_up_to_10x10() -> None:
     from envs.plan_path import PlanPathEnv
-    from mas_async.rollout.episode import _prompt_ids
+    from mas_async.rollout.chat_prompt import chat_prompt_ids
     from mas_async.tiny_model import CHARACTERS, PRESETS, build_tokenizer
 
     check_env(PlanPathEnv, sizes=[10])
@@ -143,6 +143,6 @@ def test_plan_path_grids_up_to_10x10() -> None:
         obs = env.observe("vertical")
         assert set(obs) <= set(CHARACTERS)
         assert (
-            len(_prompt_ids(tokenizer, [{"role": "user", "content": obs}]))
+            len(chat_prompt_ids(tokenizer, [{"role": "user", "content": obs}]))
             < PRESETS["tiny-char"].max_position_embeddings // 3
         )

@@ -177,3 +177,37 @@ def test_check_env_catches_a_reference_policy_that_plays_an_illegal_move() -> No
     with pytest.raises(EnvCheckError, match="name 'a/b' must be"):
         check_env(BadName)
     assert "reference policies" in check_env(SokobanEnv).checked
+
+
+FIGURES = {  # env -> policy -> (problems solved, moves played) on the first 10 test problems, 12 moves each
+    PlanPathEnv: {"random": (4, 95), "always_U_L": (0, 120), "always_U_R": (3, 98), "always_D_L": (0, 120),
+                  "always_D_R": (2, 103), "toward_goal": (10, 58), "optimal": (10, 51)},
+    PlanPathSoloEnv: {"random": (1, 112), "always_U": (0, 120), "always_D": (0, 120), "always_L": (0, 120),
+                      "always_R": (0, 120), "toward_goal": (7, 63), "optimal": (10, 37)},
+    SokobanEnv: {"random": (5, 87), "always_U_L": (1, 91), "always_U_R": (1, 100), "always_D_L": (0, 120),
+                 "always_D_R": (0, 120), "optimal": (10, 45)},
+    SokobanSoloEnv: {"random": (3, 106), "always_U": (1, 99), "always_D": (0, 120), "always_L": (1, 109),
+                     "always_R": (1, 109), "optimal": (10, 28)},
+    SudokuEnv: {"random": (0, 120), **{f"always_A_{d}": (0, 120) for d in range(1, 5)},
+                "fewest_candidates": (10, 120), "optimal": (10, 120)},
+    SudokuSoloEnv: {"random": (0, 120), **{f"always_A{d}": (0, 120) for d in range(1, 5)},
+                    "fewest_candidates": (10, 60), "optimal": (10, 60)},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("env_cls", list(FIGURES), ids=lambda cls: cls.__name__)
+def test_the_baselines_figures_on_fixed_problems_do_not_move(env_cls) -> None:
+    """Each reference policy, in order, solves as many problems in as many moves as it did when the committed
+    results were measured (each problem's rng seeded with its seed): a change to a policy, its tie-breaks or its
+    draws from the rng moves these figures, and the baselines of every run with them."""
+    problems = env_cls.problems("test", 10)
+    figures = {}
+    for name, policy in env_cls.reference_policies().items():
+        solved = moves = 0
+        for problem in problems:
+            env = env_cls()
+            env.reset(options={"problem": problem})
+            moves += len(play_alternating(env, policy, random.Random(problem["seed"]), limit=12))
+            solved += env.success()
+        figures[name] = (solved, moves)
+    assert figures == FIGURES[env_cls] and list(figures) == list(FIGURES[env_cls])

@@ -260,13 +260,13 @@ def test_problem_options_and_mistakes() -> None:
 
 
 def test_prompts_fit_the_tiny_model() -> None:
-    from mas_async.rollout.episode import _prompt_ids
+    from mas_async.rollout.chat_prompt import chat_prompt_ids
     from mas_async.tiny_model import PRESETS, UNK_TOKEN, VOCAB, build_tokenizer
 
     tokenizer = build_tokenizer()
     longest = 0
     for problem in SokobanEnv.problems("train", 20, sizes=[7], boxes=[3]):
-        ids = _prompt_ids(tokenizer, VerticalPusher().prompt(make_env(problem).observe("vertical")))
+        ids = chat_prompt_ids(tokenizer, VerticalPusher().prompt(make_env(problem).observe("vertical")))
         assert VOCAB.index(UNK_TOKEN) not in ids.tolist()
         longest = max(longest, len(ids))
     assert longest < PRESETS["tiny-char"].max_position_embeddings // 3

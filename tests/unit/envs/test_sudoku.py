@@ -201,7 +201,7 @@ def test_problem_options_and_mistakes() -> None:
 
 
 def test_prompts_fit_the_tiny_model() -> None:
-    from mas_async.rollout.episode import _prompt_ids
+    from mas_async.rollout.chat_prompt import chat_prompt_ids
     from mas_async.tiny_model import PRESETS, UNK_TOKEN, VOCAB, build_tokenizer
 
     tokenizer = build_tokenizer()
@@ -209,7 +209,7 @@ def test_prompts_fit_the_tiny_model() -> None:
     for problem in SudokuEnv.problems("train", 10, sizes=[9], holes=26):
         env = make_env(problem)
         env.step("chooser", "A")
-        ids = _prompt_ids(tokenizer, DigitPlacer().prompt(env.observe("placer")))
+        ids = chat_prompt_ids(tokenizer, DigitPlacer().prompt(env.observe("placer")))
         assert VOCAB.index(UNK_TOKEN) not in ids.tolist()
         longest = max(longest, len(ids))
     assert longest < PRESETS["tiny-char"].max_position_embeddings // 2

@@ -129,7 +129,7 @@ def _router(tmp_path, *overrides: str, start_version: int = 0, training: bool = 
     config = load_config(
         ROOT / "configs/plan_path_tiny.yaml",
         ["env.train_size=16", "env.test_size=4", "rollout.batch_size=2", "eval.size=2", "cluster.env_workers=2",
-         "rollout.episodes_per_worker=1", *overrides],
+         "rollout.episodes_per_worker=1", "eval.baseline_draws=1", *overrides],
     )  # fmt: skip
     deployment = Deployment(
         "tcp://127.0.0.1:1", {"vertical": 1, "horizontal": 2}, {"vertical": "", "horizontal": ""},
@@ -254,3 +254,16 @@ def _row(book: EpisodeBook, train: bool = False, trained: dict | None = None) ->
         book, eval_k=1, train=train, trained=trained or {}, version=0, rollout_s=1.0, step_s=0.0, malformed=0,
         refused_messages=0, refused_handshakes=0, elapsed_s=1.0,
     )  # fmt: skip
+
+
+def test_baseline_draws_play_each_policy_several_times_per_problem_with_seeds_of_their_own(tmp_path) -> None:
+    router = _router(tmp_path, "eval.baseline_draws=5")
+    tasks = [t.msg for t in router._episodes(0, 0, train=True, evaluate=True)]
+    evals = [t for t in tasks if t.mode == "eval"]
+    assert len(evals) == 2  # the policy's own evaluation is not repeated
+    for name in NAMES:
+        runs = [t for t in tasks if t.mode == f"baseline/{name}"]
+        assert len(runs) == 5 * len(evals)
+        assert len({r.episode_id for r in runs}) == len(runs)
+        for problem_id in {e.problem_id for e in evals}:
+            assert len({r.seed for r in runs if r.problem_id == problem_id}) == 5

@@ -231,6 +231,34 @@ def test_decoding_is_bounded_in_objects_not_only_in_bytes():
     assert max(peaks) < 64 << 20, max(peaks)
 
 
+def test_a_header_decodes_without_the_object_budget_yet_bounded_by_its_size():
+    """The router's header decode (`unpack_header`, no Python hooks): a header frame of nothing but nested empty
+    arrays, at the header size limit, decodes to a few MB at most; one byte more is refused before decoding;
+    malformed bytes are a CodecError; peek takes the frames as zmq delivers them."""
+    import zmq
+
+    from mas_async.wire.codec import MAX_HEADER_BYTES, unpack_header
+
+    count = MAX_HEADER_BYTES - 5
+    frame = b"\xdd" + count.to_bytes(4, "big") + b"\x90" * count
+    tracemalloc.start()
+    try:
+        assert len(unpack_header(frame)) == count
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, peak
+    with pytest.raises(CodecError, match="exceeds"):
+        unpack_header(frame + b"\x90")
+    with pytest.raises(CodecError, match="malformed"):
+        unpack_header(b"\x94\x01")
+    frames = encode(
+        Generate(7, "vertical", "env_worker/0", 1.5, np.arange(4, dtype=np.int32), 2, 8, 1.0, 1.0, False, [])
+    )
+    cls, header = peek([zmq.Frame(f) for f in frames])
+    assert cls is Generate and header == peek(frames)[1] and header.request_id == 7
+
+
 def test_real_messages_stay_far_below_the_object_budget():
     """A Groups payload of 160 samples (an episode of 2 agents, 10 turns, K = 8) decodes, and a caller that
     reads its own large files may raise the budget."""

@@ -60,3 +60,31 @@ def test_a_figure_only_some_ranks_measured_is_theirs_and_none_is_made_up():
     assert merged["logprob_abs_diff_max"] == 4e-6 and merged["loss"] == pytest.approx(0.75)
     assert "kl" not in merged and "clip_fraction" not in merged
     assert "entropy" not in merge_metrics([empty, dict(empty)])
+
+
+def test_the_library_gets_a_longer_timeout_and_a_silent_peer_is_the_codes_named_error(monkeypatch):
+    """The process group's own timeout (NCCL's watchdog tears the process down) is longer than the code's
+    bound, and a collective a peer never joins ends in RankGroupError within that bound."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from mas_async.training import data_parallel
+    from mas_async.weights.group import library_timeout_s
+
+    given = {}
+    monkeypatch.setattr(data_parallel, "open_store", lambda *args, **kw: dist.HashStore())
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: given.update(kw, backend=backend))
+    group = DataParallel.join(policy="p", device="cpu", host="127.0.0.1", port=1, rank=0, world_size=2, timeout_s=0.5)
+    assert given["timeout"] == datetime.timedelta(seconds=library_timeout_s(0.5)) > datetime.timedelta(seconds=0.5)
+
+    class Stuck:  # a collective whose peer never comes
+        def is_completed(self) -> bool:
+            return False
+
+    monkeypatch.setattr(dist, "all_reduce", lambda tensor, async_op=False: Stuck())
+    t0 = time.monotonic()
+    with pytest.raises(RankGroupError, match="the sum over 2 ranks failed or exceeded 0.5s"):
+        group.sum([1.0], torch.device("cpu"))
+    assert time.monotonic() - t0 < 5

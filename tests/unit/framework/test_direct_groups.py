@@ -83,6 +83,18 @@ def test_groups_from_another_worker_or_with_another_count_are_refused() -> None:
     assert direct.errors() == ["", "", "its sample count is not the one its EpisodeDone gave"]
 
 
+def test_groups_from_another_worker_after_the_acceptance_are_refused_and_the_named_worker_s_still_train() -> None:
+    """The acceptance first, then the groups: only those of the env worker the router named train (another
+    worker's copy, which a worker that was declared lost may still send, is refused and counted)."""
+    direct, delivered = _direct()
+    _accept(direct, ["train0-0", 1, "env_worker/0", 2])
+    direct._on_message("env_worker/1", b"w1", _groups("train0-0", attempt=1))  # not the worker that ran it
+    assert delivered == [] and direct.refused == 1 and direct.missing(0) == 1
+    direct._on_message("env_worker/0", b"w0", _groups("train0-0", attempt=1))
+    assert [(g.episode_id, g.attempt) for g in delivered] == [("train0-0", 1)] and direct.missing(0) == 0
+    assert direct.errors() == ["its sender is not the env worker that ran the episode", ""]
+
+
 def test_what_is_no_groups_of_this_policy_now_is_refused() -> None:
     direct, delivered = _direct()
     direct._on_message("env_worker/0", b"r", Heartbeat(0.0))

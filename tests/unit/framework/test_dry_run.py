@@ -3,11 +3,17 @@ decisions that would refuse the run at launch refuse it here, and nothing is sta
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from mas_async import placement
 from mas_async.launch.cli import main
+from mas_async.launch.engines import local
+from tests.support.paths import ROOT
+
+QWEN = sorted((ROOT / "configs").glob("*_qwen3_1.7b.yaml"))
 
 TWO_NODES = (
     "cluster.nodes=[{name: a, address: 127.0.0.1}, {name: b, address: 127.0.0.2}]",
@@ -96,3 +102,100 @@ def test_a_placement_the_run_would_refuse_is_refused(capsys: pytest.CaptureFixtu
     rc, out, err = _dry_run(capsys, tmp_path, "train", "configs/plan_path_tiny.yaml", "cluster.weight_backend=cuda_ipc")
     assert rc == 2 and out == ""
     assert err.startswith("mas-async: ") and "cluster.weight_backend=cuda_ipc" in err
+
+
+def _no_cuda_question(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan is for the job's nodes: it never asks whether this machine has CUDA."""
+
+    def asked() -> bool:
+        raise AssertionError("the dry run asked this machine whether it has CUDA")
+
+    monkeypatch.setattr(placement, "_cuda_available", asked)
+
+
+@pytest.mark.parametrize("config", QWEN, ids=lambda path: path.name)
+def test_every_qwen_config_on_nodes_of_8_gpus_gives_each_trainer_and_vllm_server_a_gpu_of_its_own(
+    config: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _no_cuda_question(monkeypatch)
+    rc, out, err = _dry_run(capsys, tmp_path, "train", str(config), "--gpus-per-node", "8", "--json")
+    assert rc == 0, err
+    plan = json.loads(out)
+    assert plan["gpus_per_node"] == 8 and plan["assumed"] == "planned for nodes of 8 GPUs each (--gpus-per-node)"
+    gpu_processes = [p for p in plan["processes"] if p["role"] in ("trainer", "inference")]
+    assert len(gpu_processes) == 8 and all(len(p["gpus"]) == 1 for p in gpu_processes)
+    held = [(p["node"], gpu) for p in plan["processes"] for gpu in p["gpus"]]
+    assert len(held) == len(set(held)), "two processes hold one GPU"
+    for p in gpu_processes:
+        assert p["cuda_visible_devices"] == str(p["gpus"][0]) and p["share"] is None
+        assert p["device"] == ("cuda:0" if p["role"] == "trainer" else None)  # vLLM is handed no device
+    assert all(not p["gpus"] for p in plan["processes"] if p["role"] in ("router", "env_worker"))
+    assert {(p["role"], p.get("rank"), p.get("replica")) for p in gpu_processes} >= {("trainer", 0, None),
+                                                                                    ("inference", None, 2)}  # fmt: skip
+    for policy in plan["policies"].values():
+        assert policy["backend"] == "vllm"
+        assert (policy["weight_backend"], policy["reason"]) == (
+            "nccl",
+            "no two of its trainer and servers are on one GPU",
+        )
+
+
+def test_a_qwen_config_as_a_slurm_job_of_two_nodes_of_8_gpus(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    _no_cuda_question(monkeypatch)
+    args = ("train", "configs/plan_path_qwen3_1.7b.yaml", "cluster.engine=slurm", "--gpus-per-node", "8", "--json")
+    rc, out, err = _dry_run(capsys, tmp_path, *args)
+    assert rc == 0, err
+    plan = json.loads(out)
+    on = {p["name"]: (p["node"], p["gpus"], p["step"]) for p in plan["processes"]}
+    assert on["trainer/tool"] == ("node0", [0], "1 GPU(s) of its own, 4 CPU(s)")
+    assert on["inference/plan/2"] == ("node1", [5], "1 GPU(s) of its own, 4 CPU(s)")
+    assert all(p["cuda_visible_devices"] is None for p in plan["processes"])  # SLURM sets each step's
+    assert {p["weight_backend"] for p in plan["policies"].values()} == {"nccl"}
+    rc, _, err = _dry_run(capsys, tmp_path, *args[:-3], "--nodes", "1", "--gpus-per-node", "4")
+    assert rc == 2 and "the processes on node node0 need 8 GPUs of their own" in err
+    assert "but it has 4 GPUs; lower policies.<p>.replicas or trainer_ranks, spread them over more nodes" in err
+
+
+def test_without_gpus_per_node_on_a_machine_without_gpus_the_plan_says_what_it_assumed(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A login node: the local engine's machine has no GPU, so the plan is for a node with every GPU its
+    processes ask for, and says so (it used to plan gloo from this machine's missing CUDA)."""
+    _no_cuda_question(monkeypatch)
+    monkeypatch.setattr(local, "machine_gpu_uuids", lambda: [])
+    rc, out, _ = _dry_run(capsys, tmp_path, "train", "configs/plan_path_qwen3_1.7b.yaml")
+    assert rc == 0
+    assert out.splitlines()[1] == (
+        "GPUs: this machine has no GPU, so the plan assumes that the node it runs on has every GPU its processes "
+        "ask for (vLLM servers on GPUs, not the CPU); --gpus-per-node N plans for nodes of N GPUs"
+    )
+    assert "policy tool: /models/Qwen3-1.7B; weights by nccl: no two of its trainer and servers are on one GPU" in out
+    rows = _rows(out)
+    assert rows["inference/plan/2"][3:5] == ["(vllm)", "7"] and rows["trainer/plan"][3:5] == ["cuda:0", "4"]
+    rc, out, _ = _dry_run(capsys, tmp_path, "train", "configs/plan_path_qwen3_1.7b.yaml", "--json")
+    assert json.loads(out)["assumed"].startswith("this machine has no GPU, so the plan assumes")
+    rc, out, _ = _dry_run(capsys, tmp_path, "train", "configs/plan_path_tiny.yaml")
+    assert rc == 0 and not out.splitlines()[1].startswith("GPUs:")  # a run on the CPU assumes nothing
+
+
+def test_without_gpus_per_node_on_a_machine_with_gpus_the_plan_is_for_its_gpus(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(local, "machine_gpu_uuids", lambda: ["GPU-a", "GPU-b", "GPU-c", "GPU-d"])
+    rc, _, err = _dry_run(capsys, tmp_path, "train", "configs/plan_path_qwen3_1.7b.yaml")
+    assert rc == 2 and "need 8 GPUs of their own" in err and "but it has 4 GPUs" in err
+    overrides = ("policies.tool.replicas=1", "policies.plan.replicas=1")
+    rc, out, _ = _dry_run(capsys, tmp_path, "train", "configs/plan_path_qwen3_1.7b.yaml", *overrides)
+    assert rc == 0 and out.splitlines()[1] == (
+        "GPUs: planned for this machine's 4 GPUs (--gpus-per-node N plans for nodes of N GPUs instead)"
+    )
+    assert _rows(out)["inference/plan/0"][5] == "GPU-d"  # this machine's GPUs by UUID
+
+
+def test_gpus_per_node_and_json_go_with_the_dry_run(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["train", "configs/plan_path_tiny.yaml", "--gpus-per-node", "8"])
+    assert "--gpus-per-node and --json go with --dry-run" in capsys.readouterr().err

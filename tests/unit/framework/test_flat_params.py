@@ -13,10 +13,10 @@ from mas_async.weights.flat_params import (
     HEADROOM_BYTES,
     ParameterAdopter,
     adopt_parameters,
+    contiguous_region,
     flatten_parameters,
     headroom,
 )
-from mas_async.weights.sender import contiguous_region
 
 
 def _mixed_module() -> nn.Module:

@@ -72,7 +72,7 @@ def test_completions_of_one_prompt_share_its_pass_and_equal_the_masked_batch(mod
         masked = masked_logprobs(model, prompts, completions)
         alone = [completion_logprobs(model, [p], [c])[0] for p, c in zip(prompts, completions, strict=True)]
         flat = completion_logprobs(model, prompts, completions, share_prompts=False)
-    monkeypatch.setattr(logprobs, "_batch_logits", None)  # the shared path must be the one that runs
+    monkeypatch.setattr(logprobs, "_batch_hidden", None)  # the shared path must be the one that runs
     calls = []
     monkeypatch.setattr(
         model, "forward", lambda *a, _f=model.forward, **kw: calls.append(kw["input_ids"].shape) or _f(*a, **kw)
@@ -107,7 +107,7 @@ def test_prompts_with_a_common_first_part_share_one_pass_over_it(model, monkeypa
     prompts, completions = _prefix_batch()
     with torch.no_grad():
         masked = masked_logprobs(model, prompts, completions)
-    monkeypatch.setattr(logprobs, "_batch_logits", None)
+    monkeypatch.setattr(logprobs, "_batch_hidden", None)
     calls = []
     monkeypatch.setattr(
         model, "forward", lambda *a, _f=model.forward, **kw: calls.append(kw["input_ids"].shape) or _f(*a, **kw)
@@ -175,7 +175,7 @@ def test_activation_checkpointing_takes_the_whole_sequence_batch(model, monkeypa
     checkpointed = copy.deepcopy(model)
     checkpointed.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     checkpointed.train()
-    monkeypatch.setattr(logprobs, "_shared_prompt_logits", None)  # transformers drops the cache here
+    monkeypatch.setattr(logprobs, "_shared_prompt_hidden", None)  # transformers drops the cache here
     ours = completion_logprobs(checkpointed, prompts, completions)
     with torch.no_grad():
         for a, b in zip(ours, masked_logprobs(model, prompts, completions), strict=True):

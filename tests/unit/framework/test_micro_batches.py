@@ -79,3 +79,38 @@ def stepped_params_at_start(model_path: str) -> list[torch.Tensor]:
     from transformers import AutoModelForCausalLM
 
     return [p.detach() for p in AutoModelForCausalLM.from_pretrained(model_path).parameters()]
+
+
+def test_the_derived_token_budget_follows_the_models_shape():
+    """The rule of `token_budget`: 8 GiB of activations at 4 bytes per kept value, 8 hidden-sized and 4
+    MLP-sized values per token and layer (with checkpointing: each layer's input, and one layer's worth)."""
+    from transformers import Qwen3Config
+
+    from mas_async.tiny_model import build_config
+    from mas_async.training.micro_batches import ACTIVATION_BYTES, token_budget
+
+    qwen3_1_7b = Qwen3Config(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, vocab_size=151936)
+    assert token_budget(qwen3_1_7b) == ACTIVATION_BYTES // (4 * 28 * (8 * 2048 + 4 * 6144)) == 1872
+    assert token_budget(qwen3_1_7b, checkpointing=True) == ACTIVATION_BYTES // (4 * (28 * 2048 + 8 * 2048 + 4 * 6144))
+    assert token_budget(build_config("tiny-char")) >= 2**20  # the CPU demo's model: no cut in practice
+
+
+def test_micro_batches_are_cut_by_the_models_token_budget_by_default(model_path, monkeypatch):
+    """With `trainer.max_tokens_per_micro_batch` unset the learner cuts by the budget derived from the model
+    (here made small), the training pass and the no-grad passes alike; a budget given in the config wins."""
+    from mas_async.training import micro_batches as module
+
+    samples = batch(model_path)
+    lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
+    config = load_config(ROOT / "configs/plan_path_tiny.yaml")
+    assert config.trainer.max_tokens_per_micro_batch is None
+    learner = PolicyLearner(config, "vertical", model_path)
+    per_token = 4 * 2 * (8 * 64 + 4 * 128)  # tiny-char: 2 layers, hidden 64, MLP 128
+    monkeypatch.setattr(module, "ACTIVATION_BYTES", 20 * per_token, raising=False)
+    runs = learner._micro_batches(samples)
+    assert runs == micro_batches(lengths, max_sequences=256, max_tokens=20) and len(runs) >= 4
+    assert all(sum(lengths[i] for i in run) <= 20 or len(run) == 1 for run in runs)
+    assert learner.step(samples, 0)["micro_batches"] == len(runs)
+    config = load_config(ROOT / "configs/plan_path_tiny.yaml", ["trainer.max_tokens_per_micro_batch=1000"])
+    given = PolicyLearner(config, "vertical", model_path)
+    assert given._micro_batches(samples) == [list(range(len(samples)))]

@@ -15,7 +15,7 @@ CONFIG = ROOT / "configs" / "plan_path_tiny.yaml"
 
 def _bundles(*overrides: str) -> dict[str, dict[str, float]]:
     config = load_config(CONFIG, ["cluster.engine=ray", *overrides])
-    return {spec.name: bundle_of(config.cluster.ray, spec) for spec in process_specs(config)}
+    return {spec.name: bundle_of(config, spec) for spec in process_specs(config)}
 
 
 def test_every_process_reserves_one_cpu_by_default_and_no_gpu():
@@ -45,6 +45,18 @@ def test_role_resources_and_a_process_own_add_up():
     assert bundles["inference/vertical/0"] == {"CPU": 2.0, "GPU": 0.5, "node_b": 1.0}
     assert bundles["inference/horizontal/0"] == {"CPU": 2.0, "GPU": 0.5, "big_gpu": 1.0}
     assert bundles["env_worker/0"] == bundles["router"] == {"CPU": 1.0}
+
+
+def test_gpu_processes_reserve_what_they_compute_on_by_default_as_on_every_engine():
+    """`config.scheduler_gpus`: the rule SLURM steps and the local engine follow too; 0 keeps none reserved."""
+    bundles = _bundles(
+        "policies.vertical.device=cuda", "policies.horizontal.backend=vllm",
+        "policies.horizontal.vllm.tensor_parallel_size=2",
+    )  # fmt: skip
+    assert bundles["trainer/vertical"] == bundles["inference/vertical/0"] == {"CPU": 1.0, "GPU": 1.0}
+    assert bundles["inference/horizontal/0"] == {"CPU": 1.0, "GPU": 2.0}  # its tensor parallel size
+    assert bundles["trainer/horizontal"] == bundles["router"] == {"CPU": 1.0}  # on the CPU
+    assert _bundles("policies.vertical.device=cuda", "cluster.ray.trainer_gpus=0")["trainer/vertical"] == {"CPU": 1.0}
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from mas_async.config import load_config
 from mas_async.deployment import Deployment
 from mas_async.router.hub import Router
@@ -187,9 +189,14 @@ def test_failed_and_timed_out_eval_episodes_count_as_failures(tmp_path):
     assert row["eval/pass@1"] == 0.5 and row["router/late_groups"] == 1
 
 
-def test_a_failed_training_episode_sends_no_samples_and_counts_as_a_failure(tmp_path):
+@pytest.mark.parametrize("streamed", [True, False], ids=["streamed", "held"])
+def test_a_failed_training_episode_sends_no_samples_and_counts_as_a_failure(tmp_path, streamed):
+    """Groups streamed by turn reach the trainer at once and are withdrawn when their episode fails; groups
+    held until the episode is done (std_scope agent: no streaming by turn) never leave the router."""
+
     async def scenario() -> dict:
-        router = _router(tmp_path)
+        router = _router(tmp_path, *([] if streamed else ["algorithm.std_scope=agent"]))
+        assert router.streams_turns is streamed
         iteration = asyncio.create_task(router._iteration(0, evaluate=False, train=True))
         await asyncio.sleep(0)
         (w0, run0), (w1, run1) = router.io.of(RunEpisode)
@@ -200,6 +207,10 @@ def test_a_failed_training_episode_sends_no_samples_and_counts_as_a_failure(tmp_
         await asyncio.sleep(0)
         steps = {w: m for w, m in router.io.of(TrainStep)}
         assert steps[b"trainer/vertical"].expected_samples == 2
+        # What reached the trainer of the failed episode: its groups and their withdrawal, or nothing.
+        failed = [type(m) for w, m in router.io.sent
+                  if w == b"trainer/vertical" and getattr(m, "episode_id", "") == run0.episode_id]  # fmt: skip
+        assert failed == ([Groups, Withdrawn] if streamed else [])
         _finish_step(router, 1)
         return await asyncio.wait_for(iteration, 5)
 

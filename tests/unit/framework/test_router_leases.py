@@ -25,6 +25,7 @@ from mas_async.wire.messages import (
     Accepted,
     EpisodeDone,
     Generate,
+    Groups,
     Hello,
     Lease,
     Message,
@@ -229,6 +230,40 @@ def test_episodes_name_their_trainer_ranks_and_done_ones_are_accepted_to_them_be
         kinds = [type(m) for _, m in sent]
         assert max(i for i, k in enumerate(kinds) if k is Accepted) < kinds.index(TrainStep)
         assert router.leases is not None and router.leases.take()[Keys.DIRECT_GROUPS] == 12
+        iteration.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_groups_that_came_through_the_router_count_once_beside_those_sent_straight(tmp_path):
+    """With leases a worker not (yet) linked to a trainer sends that policy's Groups through the router, which
+    holds them and forwards them with the episode's EpisodeDone: those samples count into the step once, as
+    forwarded groups, and are never `Accepted` as direct ones too (`EpisodeDone.samples` names them all)."""
+
+    async def scenario() -> None:
+        router = _router(tmp_path, "cluster.leases=true", "rollout.batch_size=2")
+        _start(router)
+        router.io.frames.clear()
+        iteration = asyncio.create_task(router._iteration(0, evaluate=False, train=True))
+        await asyncio.sleep(0)
+        runs = [(f[0], m) for f in router.io.frames if isinstance(m := decode(f[1:]), RunEpisode)]
+        assert len(runs) == 2
+        (w0, routed), (w1, direct) = runs
+        # Episode `routed`: vertical's groups through the router, horizontal's straight to its trainer.
+        router._on_frames(_frames(w0, Groups("vertical", 0, routed.episode_id, routed.attempt, 3, 30, [], 1)))
+        counts = {"vertical": 3, "horizontal": 2}
+        router._on_frames(_frames(w0, EpisodeDone(routed.episode_id, 0, "train", routed.attempt, "", {}, counts)))
+        router._on_frames(_frames(w1, EpisodeDone(direct.episode_id, 0, "train", direct.attempt, "", {}, counts)))
+        await asyncio.sleep(0.01)
+        sent = [(f[0], decode(f[1:])) for f in router.io.frames]
+        accepted = sorted((who, e[0], e[3]) for who, m in sent if isinstance(m, Accepted) for e in m.episodes)
+        assert accepted == sorted([(b"trainer/vertical", direct.episode_id, 3),
+                                   (b"trainer/horizontal", routed.episode_id, 2),
+                                   (b"trainer/horizontal", direct.episode_id, 2)])  # fmt: skip
+        forwarded = [m.episode_id for who, m in sent if who == b"trainer/vertical" and isinstance(m, Groups)]
+        assert forwarded == [routed.episode_id]
+        steps = {who: m.expected_samples for who, m in sent if isinstance(m, TrainStep)}
+        assert steps == {b"trainer/vertical": 6, b"trainer/horizontal": 4}
         iteration.cancel()
 
     asyncio.run(scenario())

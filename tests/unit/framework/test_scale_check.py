@@ -1,7 +1,8 @@
-"""The scale bench's deployment check (bench/scale.py): the router's load is counted in episodes with leases (in
-requests without), its CPU at the deployment's load is measured at a point of at least that load, else read from
-the line through several loads (fixed costs plus a cost per episode), else bounded from the most load; its own
-delay is judged on the p99 over all the window's ticks."""
+"""The scale bench's deployment check (bench/scale_deployment.py, bench/scale_report.py): the router's load is
+counted in episodes with leases (in requests without), its CPU at the deployment's load is measured at a point of
+at least that load, else read from the line through several loads (fixed costs plus a cost per episode), else
+bounded from the most load, and routed traffic measured below that load gets no figure (whether one event loop keeps
+up); its own delay is judged on the p99 over all the window's ticks."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import math
 
 import pytest
 
-from bench.scale import cpu_fit, cpu_line, deployment_check, own_delay, parse_args, router_lag
+from bench.scale import parse_args
+from bench.scale_deployment import cpu_fit, deployment_check
+from bench.scale_report import cpu_line, own_delay
+from bench.scale_sweep import router_lag
 from mas_async.metrics import Keys
 from mas_async.router.loop_lag import OVER_MS
 
@@ -60,12 +64,26 @@ def test_a_window_with_no_load_gives_no_deployment_size():
     assert check["max_gpus_at_target"] is None and check["max_gpus_one_core"] is None and not check["keeps_up"]
 
 
-def test_without_leases_the_load_is_in_requests():
+def test_without_leases_the_load_is_in_requests_and_routed_traffic_below_it_gets_no_figure():
     points = [point(250, 0.25), point(750, 0.65)]  # 1,000 and 3,000 requests/s: 0.05 cores + 200 us/request
-    check = deployment_check(parse_args(["--no-leases"]), points, SAT)
+    args = parse_args(["--no-leases"])
+    check = deployment_check(args, points, SAT)
     assert check["unit"] == "request" and check["load"] == RATE
-    assert math.isclose(check["router_cores"], 0.05 + 200e-6 * RATE) and not check["keeps_up"]
+    # One event loop is full at 4,750 requests/s by the line, below the deployment's 7,680: it does not keep up,
+    # and no cores figure is extrapolated past one loop's capacity.
+    assert check["router_cores"] is None and check["keeps_up"] is False and not check["cpu_target_met"]
+    assert math.isclose(check["one_core_load"], 0.95 / 200e-6)
+    line = cpu_line(args, check)
+    assert line.startswith("router CPU there: does not keep up") and "~4750 requests/s" in line
+    assert "cores fixed" not in line and "1.59" not in line  # (the line's 1.59 cores at the load: not a figure)
     assert deployment_check(parse_args(["--routed-groups"]), points, SAT)["unit"] == "request"
+    # A line that stays under one core past the load: not measured there, no verdict either way.
+    cheap = deployment_check(args, [point(250, 0.02), point(750, 0.06)], SAT)
+    assert cheap["router_cores"] is None and cheap["keeps_up"] is None
+    assert cpu_line(args, cheap).startswith("router CPU there: not measured")
+    # Measured at the load (8,000 requests/s): the figure is the measurement.
+    at = deployment_check(args, [*points, point(2000, 0.9)], SAT)
+    assert at["router_cores"] == 0.9 and at["keeps_up"] and at["measured_at_load"] == 8000
 
 
 @pytest.mark.parametrize(
@@ -119,3 +137,25 @@ def test_the_own_delay_is_judged_on_the_windows_ticks_and_the_worst_rows_figures
                                                                            "leases no request passes through the router)")  # fmt: skip
     shared = own_delay(parse_args([]), {**late, "router_lag_at_load": 1950.0, "unit": "episode"})
     assert "of which its own work <=10 ms" in shared and "at p99, its own work: NOT met" in shared
+
+
+def test_message_delays_count_from_when_each_message_was_due_within_the_window():
+    """Pings by their place in the pace (a ping due at 0.50 s and answered at 0.58 s waited 80 ms, however late it
+    went), one unanswered lost; EpisodeDone to RunEpisode only where the router had work to give; a step's fan-out
+    to its last WeightsLoaded only where every replica took it; nothing due outside the window."""
+    from bench.scale_sweep import message_delays
+
+    pings = [(0.1 * i, 0.1 * i + 0.002) for i in range(1, 10)] + [(0.5, 0.58), (0.95, None), (2.5, 2.6)]
+    reports = {
+        0: {"dispatches": [(0.2, 0.203, True), (0.3, 0.9, False), (1.5, 1.6, True)],
+            "updates": [(1, 0.4), (2, 0.8), (3, 1.9)], "loaded": [(1, 0.41), (2, 0.82), (3, 1.95)]},
+        1: {"dispatches": [(0.6, 0.61, True)], "updates": [], "loaded": [(1, 0.43)]},
+    }  # fmt: skip
+    delays = message_delays(reports, pings, t0=0.0, t1=1.0, replicas=2)
+    ping = delays["ping"]
+    assert ping["n"] == 10 and ping["lost"] == 1 and math.isclose(ping["max_ms"], 80.0)
+    assert math.isclose(ping["p50_ms"], 2.0)
+    dispatch = delays["dispatch"]  # (the wait for a step, 600 ms, is not the router's; 1.5 s is after the window)
+    assert dispatch["n"] == 2 and math.isclose(dispatch["max_ms"], 10.0) and math.isclose(dispatch["p50_ms"], 6.5)
+    fanout = delays["fanout"]  # version 2 reached one replica of the two: lost; version 3 is after the window
+    assert fanout["n"] == 1 and fanout["lost"] == 1 and math.isclose(fanout["max_ms"], 30.0)

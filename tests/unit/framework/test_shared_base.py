@@ -12,10 +12,10 @@ import torch
 
 from mas_async.checkpoint import save_policy
 from mas_async.config import ConfigError, load_config
-from mas_async.deployment import replica_names
 from mas_async.inference.backends.base import make_backend
 from mas_async.inference.request import GenerationRequest
 from mas_async.lora import ADAPTER_DIR, LoraSetup
+from mas_async.placement import replica_names
 from mas_async.router.hub import expected_peers
 from mas_async.router.peers import PeerInfo, PeerTable
 from mas_async.tiny_model import materialise

@@ -44,7 +44,7 @@ def test_dry_run_writes_a_readable_script_and_submits_nothing(tmp_path, capsys, 
         "--cpus-per-task=4",  # node 0: router, two trainers, an env worker, one CPU each (no GPU anywhere)
         "--mem=0",
         "--requeue",
-        "--signal=B:USR1@300",
+        "--signal=B:USR1@900",
         "--open-mode=append",
         f"--chdir={Path.cwd()}",
         f"--output={run_dir}/slurm-%j.out",

@@ -313,10 +313,11 @@ def test_groups_streamed_by_turn_and_a_withdrawn_attempt_give_the_batch_step_of_
             if n in cuts or computed_first:
                 await step.drain()
             if n == len(mine) - 1 and not computed_first:
-                step.withdraw([s for _, _, samples in mine for s in samples])
+                assert step.withdraw(lost, 0) == sum(len(samples) for _, _, samples in mine)
         await step.drain()
         if computed_first:
-            step.withdraw([s for _, _, samples in mine for s in samples])
+            assert step.withdraw(lost, 0) == sum(len(samples) for _, _, samples in mine)
+        assert step.withdraw(lost, 0) == 0  # (again: nothing left to take back)
         await step.finish()
         return step
 

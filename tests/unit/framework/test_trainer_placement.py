@@ -32,11 +32,15 @@ def _devices(*overrides: str, ranks: int) -> list[str]:
     ("overrides", "expected"),
     [
         ((), ["cpu", "cpu"]),
-        (("policies.vertical.device=cuda",), ["cuda:0", "cuda:1"]),
+        (("policies.vertical.device=cuda",), ["cuda:0", "cuda:0"]),  # each its own GPU (CUDA_VISIBLE_DEVICES)
         (("policies.vertical.device=cuda:2",), ["cuda:2", "cuda:3"]),
         (("policies.vertical.trainer_devices=[cuda:3, cuda:1]",), ["cuda:3", "cuda:1"]),
         (("policies.vertical.device=cuda", *RAY_OWN_GPUS), ["cuda:0", "cuda:0"]),  # each sees its own GPU
-        (("policies.vertical.device=cuda", "cluster.engine=ray"), ["cuda:0", "cuda:1"]),  # no GPUs reserved
+        (("policies.vertical.device=cuda", "cluster.engine=ray"), ["cuda:0", "cuda:0"]),  # reserved by default
+        (
+            ("policies.vertical.device=cuda", "cluster.engine=ray", "cluster.ray.trainer_gpus=0"),
+            ["cuda:0", "cuda:1"],
+        ),  # no GPUs reserved: the node's numbering
         (("policies.vertical.trainer_devices=[cuda, cuda]", "cluster.engine=slurm"), ["cuda:0", "cuda:0"]),
     ],
 )
@@ -60,7 +64,7 @@ def test_rank_0_is_the_trainer_the_weight_backend_sees() -> None:
     [
         (("policies.vertical.trainer_devices=[cuda:0]",), r"names 1 devices for trainer_ranks=2; give one per rank"),
         (("policies.vertical.trainer_devices=[cpu, cuda:0]",), r"all on the CPU \(gloo\) or all on GPUs"),
-        (("policies.vertical.trainer_devices=[cuda, cuda:0]",), r"two share a GPU of this machine"),
+        (("policies.vertical.trainer_devices=[cuda:1, cuda:1]",), r"two share a GPU of this machine"),
         (("policies.vertical.trainer_devices=[cuda:0, gpu1]",), r"trainer_devices.1"),
     ],
 )
@@ -82,7 +86,7 @@ def test_under_ray_gpus_the_same_name_is_not_one_gpu() -> None:
 
     def ray_places(config):
         engine = object.__new__(RayEngine)  # its placement facts only: no Ray cluster is joined
-        engine.ray_config = config.cluster.ray
+        engine.config, engine.ray_config = config, config.cluster.ray
         roles = {name: name.split("/")[0] for name in one_machine(config)}
         return place_processes(
             config, {name: ("n", "10.0.0.1") for name in roles},
@@ -94,7 +98,8 @@ def test_under_ray_gpus_the_same_name_is_not_one_gpu() -> None:
     assert weight_backend(one, "vertical", one_machine(one)) == "cuda_ipc"
     own = load_config(CONFIG, [*on_gpu, *RAY_OWN_GPUS, "cluster.ray.inference_gpus=1"])
     assert weight_backend(own, "vertical", ray_places(own)) == "nccl"
-    shared = load_config(CONFIG, [*on_gpu, "cluster.engine=ray"])  # no GPUs reserved: the node's numbering
+    no_gpus = ["cluster.engine=ray", "cluster.ray.trainer_gpus=0", "cluster.ray.inference_gpus=0"]
+    shared = load_config(CONFIG, [*on_gpu, *no_gpus])  # no GPUs reserved: the node's numbering
     assert weight_backend(shared, "vertical", ray_places(shared)) == "cuda_ipc"
     explicit = load_config(CONFIG, [*on_gpu, *RAY_OWN_GPUS, "cluster.weight_backend=cuda_ipc"])
     with pytest.raises(ConfigError, match=r"cuda_ipc .*one device name, other GPUs"):

@@ -1,6 +1,7 @@
 """`cluster.weight_backend`: the deployment decides it per policy from where the engine placed the processes
-(`mas_async.placement`): cuda_ipc when the trainer and its servers use one GPU, nccl across GPUs and nodes,
-gloo on the CPU; an explicit choice the placement cannot carry is a ConfigError naming the policy. The
+(`mas_async.placement`): gloo when any of the trainer and its servers is on the CPU (NCCL and CUDA IPC join GPUs
+only), cuda_ipc when they all use one GPU, nccl across GPUs and nodes; an explicit choice the placement cannot
+carry is a ConfigError naming the policy. The
 facts are given by hand here (node names, GPU views and UUIDs, as engines report them), so every case runs
 on the CPU; `prepare_deployment` records them in deployment.json through a fake engine."""
 
@@ -12,9 +13,11 @@ import pytest
 
 from mas_async.config import ConfigError, load_config
 from mas_async.deployment import Deployment
+from mas_async.gpu_plan import plan_gpus
 from mas_async.launch.engines.base import Engine, Node, ProcessSpec
-from mas_async.launch.launcher import prepare_deployment
-from mas_async.placement import Place, one_machine, place_processes, weight_backend
+from mas_async.launch.engines.slurm import SlurmEngine
+from mas_async.launch.launcher import place_specs, prepare_deployment, process_specs
+from mas_async.placement import Place, one_machine, place_processes, weight_backend, weight_backend_choice
 from mas_async.placement import main as placement_main
 from mas_async.weights.group import WeightGroupSpec
 from tests.support.paths import ROOT
@@ -43,8 +46,11 @@ def _placed(config, nodes: dict[str, str], uuids: dict[str, list[str]] | None = 
         (("policies.vertical.device=cuda:1",), "cuda_ipc"),
         (("policies.vertical.device=cuda", "policies.vertical.server_device=cuda:0"), "cuda_ipc"),
         (("policies.vertical.device=cuda:0", "policies.vertical.server_device=cuda:1"), "nccl"),
-        (("policies.vertical.device=cpu", "policies.vertical.server_device=cuda:0"), "nccl"),
-        (("policies.vertical.device=cuda:0", "policies.vertical.server_device=cpu"), "nccl"),
+        # any member on the CPU: NCCL joins GPUs only (the trainer, or a server)
+        (("policies.vertical.device=cpu", "policies.vertical.server_device=cuda:0"), "gloo"),
+        (("policies.vertical.device=cuda:0", "policies.vertical.server_device=cpu"), "gloo"),
+        (("policies.vertical.device=cuda:0", "policies.vertical.server_device=cuda:1", "policies.vertical.replicas=2",
+          "cluster.weight_backend=auto"), "gloo"),
         # two replicas on one GPU that is not the trainer's: NCCL cannot join them, CUDA IPC does not apply
         (("policies.vertical.device=cuda:0", "policies.vertical.server_device=cuda:1", "policies.vertical.replicas=2"),
          "gloo"),
@@ -56,9 +62,52 @@ def test_auto_on_one_machine_follows_the_devices(overrides: tuple[str, ...], exp
     assert _choice(*overrides, cuda=True) == expected  # the places decide, not the machine
 
 
-def test_auto_for_vllm_which_places_itself_is_nccl_only_where_cuda_exists() -> None:
-    assert _choice("policies.vertical.backend=vllm", cuda=True) == "nccl"
-    assert _choice("policies.vertical.backend=vllm", cuda=False) == "gloo"
+def test_auto_for_vllm_which_places_itself_is_nccl_only_where_cuda_exists_and_the_trainer_is_on_a_gpu() -> None:
+    """Servers whose GPUs nobody planned (a deployment no engine placed): NCCL where CUDA exists, and only with
+    the trainer on a GPU too; a trainer on the CPU (the Qwen configs' old default) means gloo."""
+    on_gpu = ("policies.vertical.backend=vllm", "policies.vertical.device=cuda")
+    assert _choice(*on_gpu, cuda=True) == "nccl"
+    assert _choice(*on_gpu, cuda=False) == "gloo"
+    assert _choice("policies.vertical.backend=vllm", cuda=True) == "gloo"  # the trainer is on the CPU
+    config = load_config(CONFIG, ["policies.vertical.backend=vllm"])
+    assert weight_backend_choice(config, "vertical", one_machine(config), lambda: True) == (
+        "gloo", "trainer/vertical is on the CPU (NCCL joins GPUs only)"
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match=r"nccl cannot join policy 'vertical'.*trainer/vertical is on the CPU"):
+        weight_backend(load_config(CONFIG, ["policies.vertical.backend=vllm", "cluster.weight_backend=nccl"]),
+                       "vertical", one_machine(config), lambda: True)  # fmt: skip
+
+
+def test_a_planned_vllm_server_on_the_cpu_or_on_the_trainer_s_gpu_is_gloo_whatever_this_machine_has() -> None:
+    """Planned places (`gpu_plan`): a vLLM server of a machine without GPUs runs on the CPU; one that shares the
+    trainer's GPU (cluster.gpu_shares) cannot take NCCL (one GPU) nor CUDA IPC (vLLM copies the weights in)."""
+    config = load_config(CONFIG, ["policies.vertical.backend=vllm", "policies.vertical.device=cuda"])
+    cpu_server = _planned(config, gpus=0, vllm_only=True)
+    assert cpu_server["inference/vertical/0"].device == "cpu" and cpu_server["inference/vertical/0"].gpus == ()
+    slurm = load_config(CONFIG, ["policies.vertical.backend=vllm", "policies.vertical.device=cuda",
+                                 "cluster.engine=slurm", "cluster.slurm.gpus={inference: 0}"])  # fmt: skip
+    engine = SlurmEngine.planning(slurm, 1)
+    _, on_cpu = place_specs(slurm, engine, process_specs(slurm))
+    assert on_cpu["inference/vertical/0"].device == "cpu" and on_cpu["trainer/vertical"].gpus == (0,)
+    assert weight_backend(slurm, "vertical", on_cpu, lambda: True) == "gloo"
+    shared = load_config(CONFIG, ["policies.vertical.backend=vllm", "policies.vertical.device=cuda",
+                                  "cluster.gpu_shares={trainer: 0.4, inference: 0.5}"])  # fmt: skip
+    places = _planned(shared, gpus=1)
+    assert places["trainer/vertical"].gpu == places["inference/vertical/0"].gpu == "m/cuda:0"
+    assert weight_backend_choice(shared, "vertical", places, lambda: False) == (
+        "gloo", "NCCL refuses two ranks on one GPU (trainer/vertical and inference/vertical/0 on cuda:0 of node m; "
+        "vLLM takes no CUDA IPC)"
+    )  # fmt: skip
+    own = _planned(config, gpus=2)
+    assert weight_backend_choice(config, "vertical", own, lambda: False)[0] == "nccl"  # not the machine's CUDA
+
+
+def _planned(config, gpus: int, vllm_only: bool = False) -> dict[str, Place]:
+    """The places of one machine `m` of `gpus` GPUs as the local engine plans them (`gpu_plan.plan_gpus`);
+    `vllm_only`: of the inference servers only."""
+    names = [n for n in one_machine(config) if n.startswith("inference/") or not vllm_only]
+    plan = plan_gpus(config, names, lambda name: "m", lambda pool: gpus)
+    return place_processes(config, dict.fromkeys(names, ("m", "127.0.0.1")), lambda name: "m", plan=plan)
 
 
 def test_slurm_trainer_and_servers_on_two_nodes_sync_over_nccl() -> None:
@@ -121,7 +170,10 @@ def test_auto_is_per_policy_and_the_spec_takes_the_deployment_s_decision() -> No
 
 def test_an_explicit_choice_that_can_work_is_kept() -> None:
     assert _choice("cluster.weight_backend=gloo", "policies.vertical.device=cuda") == "gloo"
-    assert _choice("cluster.weight_backend=nccl", cuda=True) == "nccl"
+    two_gpus = ["policies.vertical.device=cuda:0", "policies.vertical.server_device=cuda:1"]
+    assert _choice("cluster.weight_backend=nccl", *two_gpus) == "nccl"
+    with pytest.raises(ConfigError, match=r"nccl cannot join .*trainer/vertical is on the CPU"):
+        _choice("cluster.weight_backend=nccl", cuda=True)  # (accepted before: NCCL joins GPUs only)
     both_on_gpu = ["policies.vertical.device=cuda", "policies.horizontal.device=cuda:1"]
     assert _choice("cluster.weight_backend=cuda_ipc", *both_on_gpu) == "cuda_ipc"
 
@@ -140,8 +192,8 @@ def test_explicit_cuda_ipc_across_two_gpus_or_with_vllm_is_refused() -> None:
             "policies.vertical.device=cuda:0",
             "policies.vertical.server_device=cuda:1",
         )
-    with pytest.raises(ConfigError, match="vllm servers place themselves"):
-        _choice("cluster.weight_backend=cuda_ipc", "policies.vertical.backend=vllm")
+    with pytest.raises(ConfigError, match="its vllm servers take no CUDA IPC"):
+        _choice("cluster.weight_backend=cuda_ipc", "policies.vertical.backend=vllm", "policies.vertical.device=cuda")
 
 
 def test_explicit_nccl_on_one_gpu_is_refused() -> None:
@@ -192,9 +244,11 @@ def test_the_launcher_records_every_place_and_the_backends_in_deployment_json(tm
     saved = json.loads((tmp_path / "deployment.json").read_text())
     assert saved["weight_backends"] == {"vertical": "nccl", "horizontal": "nccl"} == deployment.weight_backends
     assert saved["nodes"]["trainer/vertical"] == {"node": "node0", "address": "127.0.0.1", "device": "cuda:0",
-                                                  "gpu": "node0/cuda:0"}  # fmt: skip
+                                                  "gpu": "node0/cuda:0", "gpus": [0], "cuda_visible_devices": "",
+                                                  "share": None}  # fmt: skip
     assert saved["nodes"]["inference/vertical/0"]["gpu"] == "GPU-n1-0"
-    assert saved["nodes"]["env_worker/0"] == {"node": "node0", "address": "127.0.0.1", "device": "cpu", "gpu": ""}
+    assert saved["nodes"]["env_worker/0"] == {"node": "node0", "address": "127.0.0.1", "device": "cpu", "gpu": "",
+                                              "gpus": [], "cuda_visible_devices": "", "share": None}  # fmt: skip
     assert Deployment.load(tmp_path / "deployment.json").weight_backend(config, "vertical") == "nccl"
     with pytest.raises(ConfigError, match="cluster.weight_backend=cuda_ipc"):  # refused before anything starts
         prepare_deployment(load_config(CONFIG, [*SLURM_GPU, "cluster.weight_backend=cuda_ipc"]), tmp_path,

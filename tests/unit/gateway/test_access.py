@@ -270,8 +270,8 @@ def test_the_launcher_records_each_gateway_on_its_node_and_mints_the_token(tmp_p
     deployment = prepare_deployment(config, tmp_path, engine=engine)
     saved = Deployment.load(tmp_path / "deployment.json")
     assert saved.gateways == deployment.gateways
-    # one free port more on n0 (beside the router's and the trainers' stores), one on n1
-    assert sorted(engine.asked) == [("n0", 6), ("n1", 1)]
+    # a port of its own node for each gateway (held, where the engine can), beside the router's and the stores'
+    assert sorted(engine.asked) == [("n0", 1), ("n0", 5), ("n1", 1)]
     assert saved.gateways["env_worker/0"] in {f"http://10.0.0.1:{port}/v1" for port in range(31000, 31006)}
     assert saved.gateways["env_worker/1"] == "http://10.0.0.2:32000/v1"  # a free port of its own node
     assert saved.gateway_token == str(tmp_path / "keys" / "gateway_token")
@@ -283,6 +283,41 @@ def test_the_launcher_records_each_gateway_on_its_node_and_mints_the_token(tmp_p
     assert fixed.gateways == {"env_worker/0": "http://10.0.0.1:9000/v1", "env_worker/1": "http://10.0.0.2:9001/v1"}
     loopback = prepare_deployment(load_config(CONFIG, ["gateway.external=false"]), tmp_path, engine=engine)
     assert loopback.gateways == {} and loopback.gateway_token is None
+
+
+def test_an_external_gateways_port_is_held_for_the_run_so_no_other_process_can_take_it(tmp_path) -> None:
+    """The launcher's engine keeps each external gateway's port bound (SO_REUSEPORT) until the run ends: a
+    process that did not set SO_REUSEPORT cannot bind it in between (it would be sent the run's token), while
+    the worker's gateway binds it and serves."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from mas_async.launch.engines.local import LocalEngine
+
+    config = load_config(CONFIG, ["cluster.curve=false"])
+    engine = LocalEngine(config)
+    try:
+        deployment = prepare_deployment(config, tmp_path, engine=engine)
+        url = urlsplit(deployment.gateways["env_worker/0"])
+        squatter = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        with pytest.raises(OSError), squatter:
+            squatter.bind((url.hostname, url.port))
+        host, port, access = listener(config, deployment, "env_worker/0", 0)
+        fake = FakeInference(build_tokenizer())
+        gateway = Gateway(
+            policy_of=POLICY_OF, tokenizers={"pv": fake.tokenizer, "ph": fake.tokenizer}, generate=fake,
+            limits=LIMITS, host=host, port=port, access=access,
+        )  # fmt: skip
+
+        async def serve_once() -> None:
+            assert await gateway.start() == f"http://{host}:{port}/v1"
+            await gateway.stop()
+
+        asyncio.run(serve_once())
+    finally:
+        engine.close()
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as free:  # released with the run
+        free.bind((url.hostname, url.port))
 
 
 def test_an_external_gateway_needs_a_program() -> None:

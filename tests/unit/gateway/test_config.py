@@ -61,3 +61,17 @@ def test_tree_sampling_of_a_program_needs_a_scorer_and_reaches_the_gateway() -> 
             load_config(TREE, overrides)
     with pytest.raises(ConfigError, match="workflow.name='plan_path' plays nodes, .* drop workflow.scorer"):
         load_config(ROOT / "configs" / "plan_path_tiny.yaml", ["workflow.scorer=nodes.examples.openai_movers:score"])
+
+
+def test_agents_that_are_not_the_envs_are_refused_naming_the_envs_agents(tmp_path, capsys) -> None:
+    """A team whose agent names the env does not know fails at the config check (and `--dry-run`), not in
+    every episode at run time."""
+    from mas_async.launch.cli import main
+
+    text = EXAMPLE.read_text().replace("vertical: {policy: vertical}", "proposer: {policy: vertical}")
+    path = tmp_path / "team.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=r"agents \['proposer'\] are not agents of env 'plan_path': its agents are "):
+        load_config(path)
+    assert main(["train", str(path), "--dry-run"]) == 2
+    assert "vertical, horizontal" in capsys.readouterr().err

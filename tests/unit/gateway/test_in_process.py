@@ -77,7 +77,7 @@ async def _refusals(client: Any, _g: Gateway, _s: Session) -> list[Any]:
         {"model": "vertical", "messages": [{"role": "wizard", "content": "x"}]},
         {"model": "vertical", "messages": [USER], "frequency_penalty": 1.0},
         {"model": "vertical", "messages": [USER], "extra_body": {"mystery": 1}},
-        {"model": "vertical", "messages": [USER], "tools": TOOLS},  # this template renders no tools
+        {"model": "vertical", "messages": [USER], "tools": TOOLS, "tool_choice": "required"},
         {"model": "vertical", "messages": [{"role": "user", "content": "x" * LIMITS.max_request_bytes}]},
         {"model": "vertical", "messages": []},
     )
@@ -196,7 +196,7 @@ def test_what_the_in_process_path_does_not_serve_goes_over_http() -> None:
         chat = client.chat.completions
         stream = await chat.create(model="vertical", messages=[USER], stream=True)
         assert "".join([c.choices[0].delta.content or "" async for c in stream if c.choices]) == "UD"
-        await chat.create(model="vertical", messages=[USER], extra_headers={"X-Trace": "1"})
+        await chat.create(model="vertical", messages=[USER], extra_headers={"Authorization": f"Bearer {session.key}"})
         raw = await chat.with_raw_response.create(model="vertical", messages=[USER])
         assert raw.parse().choices[0].message.content == "UD"
         elsewhere = gateway.base_url.replace("127.0.0.1", "localhost")  # (the same gateway, another base URL)
@@ -205,15 +205,18 @@ def test_what_the_in_process_path_does_not_serve_goes_over_http() -> None:
         # A copy with other options still calls in-process, as does the client's own `with_options`.
         await client.with_options(timeout=5.0).chat.completions.create(model="vertical", messages=[USER])
         assert session.in_process["vertical"] == 1
+        # Extra headers that the gateway does not read (the Agents SDK's User-Agent) stay in-process.
+        await chat.create(model="vertical", messages=[USER], extra_headers={"User-Agent": "Agents/Python"})
+        assert session.in_process["vertical"] == 2
         # A call made on another event loop (a thread's) goes over HTTP to the gateway's loop.
         other = InProcessClient(base_url=gateway.base_url, api_key=session.key, max_retries=0).bind(gateway)
         await asyncio.to_thread(asyncio.run, other.completions.create(model="vertical", prompt="GO"))
-        assert session.turns["vertical"] == 6 and session.in_process["vertical"] == 1
+        assert session.turns["vertical"] == 7 and session.in_process["vertical"] == 2
         # A per-call timeout, even 0 (which equals False), is the package's to apply, over HTTP.
         with pytest.raises(openai.APITimeoutError):
             await chat.create(model="vertical", messages=[USER], timeout=0)
         await asyncio.sleep(0.1)
-        assert session.in_process["vertical"] == 1
+        assert session.in_process["vertical"] == 2
 
     serve(test, limits=LIMITS.__class__(**{**LIMITS.__dict__, "max_calls": 10}))
 

@@ -14,7 +14,7 @@ from mas_async.gateway.server import Gateway
 from mas_async.gateway.session import Session
 from mas_async.gateway.tools import parse_reply
 from tests.unit.gateway.fakes import FakeInference, auth, openai_client, refused, serve
-from tests.unit.gateway.tokenizers import tools_tokenizer
+from tests.unit.gateway.tokenizers import plain_tokenizer, tools_tokenizer
 
 CALL = '<tool_call>\n{"name": "move", "arguments": {"dir": "U", "steps": 2}}\n</tool_call>'
 TOOLS = [
@@ -124,7 +124,7 @@ def test_tools_with_a_template_that_ignores_them_are_refused_before_inference() 
         )
         assert fake.requests == [] and session.requests == 0
 
-    serve(test)  # the tiny model's template has no tools
+    serve(test, tokenizer=plain_tokenizer())  # a template without tools (SmolLM2's is one)
 
 
 def test_a_streamed_tool_call_arrives_whole_with_the_extra_fields() -> None:

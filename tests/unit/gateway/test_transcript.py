@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from mas_async.gateway.tools import template_messages
 from mas_async.gateway.transcript import Transcript
-from mas_async.rollout.episode import _prompt_ids
+from mas_async.rollout.chat_prompt import chat_prompt_ids
 from mas_async.tiny_model import CHAT_TEMPLATE, IM_END_ID
 from tests.unit.gateway.tokenizers import merging_tokenizer
 
 USER = {"role": "user", "content": "GO"}
+CALL = {"id": "1", "type": "function", "function": {"name": "move", "arguments": "{}"}}
 
 
 def _first_turn(transcript: Transcript, tokenizer) -> tuple[np.ndarray, np.ndarray]:
@@ -26,7 +28,7 @@ def test_a_new_conversation_is_the_chat_template_of_its_messages() -> None:
     tokenizer = merging_tokenizer()
     prompt = Transcript(tokenizer).prompt([USER])
     assert prompt.source == "fresh"
-    assert prompt.ids.tolist() == _prompt_ids(tokenizer, [USER]).tolist()
+    assert prompt.ids.tolist() == chat_prompt_ids(tokenizer, [USER]).tolist()
     assert prompt.text == tokenizer.apply_chat_template([USER], add_generation_prompt=True, tokenize=False)
 
 
@@ -38,7 +40,7 @@ def test_a_repeated_exchange_reuses_the_sampled_ids_instead_of_retokenising() ->
     reused = transcript.prompt(messages)
     ids, source = reused.ids, reused.source
     assert source == "reused"
-    fresh = _prompt_ids(tokenizer, messages)
+    fresh = chat_prompt_ids(tokenizer, messages)
     # The model sampled U, D; re-tokenising the text "UD" would give the merged token instead.
     assert tokenizer.convert_tokens_to_ids("UD") in fresh.tolist()
     head = len(prompt) + len(completion)
@@ -78,13 +80,18 @@ def test_an_edited_reply_or_history_is_a_prefix_mismatch_and_is_tokenised_afresh
         [USER, {"role": "assistant", "content": "U"}, {"role": "user", "content": "AGAIN"}],  # reply edited
         [{"role": "user", "content": "GO "}, {"role": "assistant", "content": "UD"}, {"role": "user", "content": "X"}],
         [{"role": "system", "content": "S"}, USER, {"role": "assistant", "content": "UD"}],  # a message inserted
-        [USER, {"role": "assistant", "content": "UD", "tool_calls": [{"id": "1"}]}],  # not the reply given
+        [USER, {"role": "assistant", "content": "UD", "tool_calls": [CALL]}],  # not the reply given
     ]
     for messages in edits:
         prompt = transcript.prompt(messages)
         ids, source = prompt.ids, prompt.source
         assert source == "edited", messages
-        assert ids.tolist() == _prompt_ids(tokenizer, messages).tolist()
+        # (an OpenAI request's last assistant message is history: the gateway opens a new assistant turn after
+        # it, where a node's trailing assistant message is a reply to continue, `chat_prompt_ids`)
+        rendered = tokenizer.apply_chat_template(
+            template_messages(messages), add_generation_prompt=True, tokenize=False
+        )
+        assert ids.tolist() == tokenizer.encode(rendered, add_special_tokens=False)
 
 
 def test_a_template_that_rewrites_the_reply_is_retokenised_not_counted_as_an_edit() -> None:
@@ -98,4 +105,4 @@ def test_a_template_that_rewrites_the_reply_is_retokenised_not_counted_as_an_edi
     prompt = transcript.prompt(messages)
     ids, source = prompt.ids, prompt.source
     assert source == "retokenized"
-    assert ids.tolist() == _prompt_ids(tokenizer, messages).tolist()
+    assert ids.tolist() == chat_prompt_ids(tokenizer, messages).tolist()

@@ -48,6 +48,24 @@ TOOLS_TEMPLATE = (
 Hermes `<tool_call>` blocks (arguments as JSON objects), tool results as `<tool_response>` user turns."""
 
 
+PLAIN_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+"""ChatML that ignores `tools` (as many models' templates do: SmolLM2's)."""
+
+
+def plain_tokenizer() -> Any:
+    """The tiny-char tokenizer with a template that renders no tools (`PLAIN_TEMPLATE`)."""
+    from mas_async.tiny_model import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    tokenizer.chat_template = PLAIN_TEMPLATE
+    return tokenizer
+
+
 def tools_tokenizer() -> Any:
     """The tiny-ascii tokenizer (every printable character, so JSON tokenises) with `TOOLS_TEMPLATE`."""
     from mas_async.tiny_model import build_tokenizer

@@ -16,7 +16,7 @@ from envs.math_solo import MathSoloEnv
 from envs.sokoban_solo import SokobanSoloEnv
 from envs.sudoku_solo import SudokuSoloEnv
 from mas_async.api import ParseError
-from mas_async.rollout.episode import _prompt_ids
+from mas_async.rollout.chat_prompt import chat_prompt_ids
 from mas_async.tiny_model import CHARACTERS, PRESETS, build_tokenizer
 from nodes.solo import (
     ChatSoloPlacer,
@@ -198,7 +198,7 @@ def test_sudoku_tiny_config_prompts_fit_the_tiny_model() -> None:
     for problem in SudokuSoloEnv.problems("train", 10, sizes=[4, 9], holes=4):
         obs = _reset(SudokuSoloEnv, problem).observe("solo")
         assert set(obs) <= set(CHARACTERS)
-        ids = _prompt_ids(tokenizer, SoloPlacer().prompt(obs))
+        ids = chat_prompt_ids(tokenizer, SoloPlacer().prompt(obs))
         assert len(ids) + 2 < PRESETS["tiny-char"].max_position_embeddings
 
 

@@ -32,7 +32,8 @@ def test_eval_reports_avg_and_pass_at_k_from_a_checkpoint(tmp_path):
     assert row["eval/episodes"] == 18  # 6 problems x k=3
     assert 0.0 <= row["eval/avg@3"] <= row["eval/pass@3"] <= 1.0
     # the env's reference policies on the same problems and episode seeds, and the table that lines them up
-    assert row["eval/baseline/random/episodes"] == 18 and row["eval/baseline/optimal/team_success_rate"] == 1.0
+    # Each reference policy: every problem's k episodes, eval.baseline_draws (20) times.
+    assert row["eval/baseline/random/episodes"] == 360 and row["eval/baseline/optimal/team_success_rate"] == 1.0
     assert "baseline always_U_L" in result.stdout and "policy (iteration 2)" in result.stdout
     assert not (eval_dir / "logs" / "trainer-vertical.log").exists()  # no trainer in an evaluation
 

@@ -45,7 +45,8 @@ class Node:
         self.agent = agent
 
     def prompt(self, obs: Any) -> list[dict[str, str]]:
-        """Chat messages for the policy's chat template."""
+        """Chat messages for the policy's chat template. They may end with a partial assistant message (e.g.
+        "Answer:"): the reply then continues it, and `parse` gets the text that follows it."""
         return [{"role": "user", "content": str(obs)}]
 
     def parse(self, text: str) -> Any:

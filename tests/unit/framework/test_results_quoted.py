@@ -1,7 +1,7 @@
 """Every learning figure that README.md and docs/ quote from a committed run is the one in its file.
 
 A table quoted from runs opens with a marker comment, then a markdown table whose rows each link a
-results folder (`mas-async results RUN_DIR results/NAME`) in their first cell:
+results folder's eval.jsonl (`mas-async results RUN_DIR results/NAME`) in their first cell:
 
     <!-- results: curve KEY -->                 columns are iterations; each cell is KEY at that iteration
     <!-- results: at ITERATION KEY_TEMPLATE -->  columns are names; each cell is KEY_TEMPLATE with {name}
@@ -22,7 +22,7 @@ import pytest
 from tests.support.paths import ROOT
 
 MARKER = re.compile(r"<!-- results: (curve|at) (.+?) -->")
-LINK = re.compile(r"\]\(((?:\.\./)?results/[^)#]+)\)")
+LINK = re.compile(r"\]\(((?:\.\./)?results/[^)#]+)/eval\.jsonl\)")
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
@@ -98,9 +98,9 @@ def test_the_check_sees_a_wrong_figure(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
     good = (
         "<!-- results: curve eval/team_success_rate -->\n| run | 0 | 10 |\n|---|---|---|\n"
-        "| [s0](results/run) | 0.11 | 0.50 |\n\n"
+        "| [s0](results/run/eval.jsonl) | 0.11 | 0.50 |\n\n"
         "<!-- results: at 0 eval/baseline/{name}/team_success_rate -->\n| run | random |\n|---|---|\n"
-        "| [s0](results/run) | 0.20 |\n"
+        "| [s0](results/run/eval.jsonl) | 0.20 |\n"
     )
     page.write_text(good)
     assert check_page(page) == 3
@@ -110,3 +110,9 @@ def test_the_check_sees_a_wrong_figure(tmp_path: Path) -> None:
     page.write_text(good.replace("| 0.20 |", "| 0.21 |"))
     with pytest.raises(AssertionError, match="0.21"):
         check_page(page)
+
+
+def test_the_readme_and_the_results_page_quote_committed_runs() -> None:
+    """The learning figures of the README and docs/results.md are quoted through marked tables (so checked)."""
+    assert check_page(ROOT / "README.md") >= 30
+    assert check_page(ROOT / "docs" / "results.md") >= 30

@@ -32,13 +32,14 @@ import json
 import multiprocessing as mp
 import os
 import resource
-import socket
 import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
 from typing import Any
+
+from mas_async.deployment import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,12 +69,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.smoke:
         args.groups, args.k, args.prompt_tokens, args.completion_tokens, args.stall_bound = 2, 4, 48, 96, 5.0
     return args
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _sync(device: Any) -> None:
@@ -259,7 +254,7 @@ def check_broadcast(args: argparse.Namespace, path: Path, device: str, gpus: int
     checks: dict[str, bool] = {}
     for stall in (False, True):
         bound = args.stall_bound if stall else args.timeout
-        port, out = _free_port(), ctx.Queue()
+        port, out = free_ports("127.0.0.1", 1)[0], ctx.Queue()
         receiver_device = "cuda:1" if backend == "nccl" else "cpu"
         child = ctx.Process(
             target=_receiver, args=(backend, port, bound, args.timeout, stall, receiver_device, out), daemon=True

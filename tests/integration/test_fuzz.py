@@ -225,13 +225,17 @@ def test_a_live_run_survives_a_flood_of_malformed_frames(tmp_path):
     # The baselines are played once, in the first evaluation (row 0), and only there.
     assert any(k.startswith("eval/baseline/") for k in rows[0])
     assert not any(k.startswith("eval/baseline/") for r in rows[1:] for k in r)
-    # A policy's grad_norm and clip_fraction are measured only when some sample went through backward: a step
-    # whose samples all had advantage 0 (every episode of each problem scored alike) leaves them out.
+    # A policy's grad_norm and clip_fraction are measured only when some sample went through backward, and what
+    # the optimiser changed only when it stepped: a step whose samples all had advantage 0 (every episode of each
+    # problem scored alike) leaves the three out.
     backward_only = {f"policy/{p}/{k}" for p in POLICIES for k in ("grad_norm", "clip_fraction")}
+    backward_only |= {f"trainer/{p}/changed_fraction" for p in POLICIES}
     for i, row in enumerate(rows[:-1]):
         for policy in POLICIES:
-            measured = {f"policy/{policy}/grad_norm", f"policy/{policy}/clip_fraction"} & set(row)
-            assert len(measured) == (2 if row[f"policy/{policy}/active_samples"] else 0), (i, policy, row)
+            measured = {
+                f"policy/{policy}/grad_norm", f"policy/{policy}/clip_fraction", f"trainer/{policy}/changed_fraction"
+            } & set(row)
+            assert len(measured) == (3 if row[f"policy/{policy}/active_samples"] else 0), (i, policy, row)
     keys = [frozenset(k for k in r if not k.startswith("eval/baseline/")) - backward_only for r in rows]
     every = frozenset.union(*keys[:-2])
     assert len(set(keys[:-2])) == 1, (

@@ -233,7 +233,9 @@ def test_a_live_run_survives_a_flood_of_malformed_frames(tmp_path):
     for i, row in enumerate(rows[:-1]):
         for policy in POLICIES:
             measured = {
-                f"policy/{policy}/grad_norm", f"policy/{policy}/clip_fraction", f"trainer/{policy}/changed_fraction"
+                f"policy/{policy}/grad_norm",
+                f"policy/{policy}/clip_fraction",
+                f"trainer/{policy}/changed_fraction",
             } & set(row)
             assert len(measured) == (3 if row[f"policy/{policy}/active_samples"] else 0), (i, policy, row)
     keys = [frozenset(k for k in r if not k.startswith("eval/baseline/")) - backward_only for r in rows]

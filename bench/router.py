@@ -20,7 +20,8 @@ Each middle runs `--rounds` times, in turn; the best round of each counts (this 
 Beside the requests/s, each middle's CPU per request over the measured window: the middle process's, and every
 process's of the run (clients, echo servers, middle: on a machine where they all compete for the cores, what
 bounds the requests/s), with their ratios against the fastest raw forwarder's; the load of a shared machine moves
-these less than the requests/s.
+these less than the requests/s. And per role (middle, clients, echo servers): CPU per request and the voluntary
+context switches of the main threads per request (how often each slept waiting for a message).
 
     python bench/router.py                # the requests/s of each, the ratio (target >= 1.0), CPU ratios, CURVE ratio
     python bench/router.py --smoke        # seconds; run by the tests
@@ -33,6 +34,7 @@ import json
 import multiprocessing as mp
 import os
 import queue
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -253,9 +255,10 @@ def start_router(run_dir: Path, pairs: int, curve: bool) -> tuple[str, Keys, sub
     return endpoint, keys, proc
 
 
-def measure(args: argparse.Namespace, middle: str, run_dir: Path) -> tuple[float, float, float]:
+def measure(args: argparse.Namespace, middle: str, run_dir: Path) -> tuple[float, float, float, dict[str, list[float]]]:
     """(requests per second of all clients together, CPU microseconds per request of the middle, and of every
-    process of the run: the middle, the clients and the echo servers)."""
+    process of the run: the middle, the clients and the echo servers; and per role, middle, clients and servers,
+    [CPU microseconds, voluntary context switches of the main threads] per request: how often they slept)."""
     import psutil
 
     from mas_async.deployment import free_ports
@@ -301,10 +304,16 @@ def measure(args: argparse.Namespace, middle: str, run_dir: Path) -> tuple[float
             ready.get(timeout=120)
         middle_proc = psutil.Process(router.pid if router is not None else procs[0].pid)
         every = [middle_proc] + [psutil.Process(p.pid) for p in procs if p.pid != middle_proc.pid]
+        roles = {
+            "middle": [middle_proc],
+            "clients": [psutil.Process(p.pid) for p in clients],
+            "servers": [psutil.Process(p.pid) for p in procs if p not in clients and p.pid != middle_proc.pid],
+        }
         go.set()
         time.sleep(args.warmup)
         cpu0 = sum(middle_proc.cpu_times()[:2])
         all0 = sum(sum(proc.cpu_times()[:2]) for proc in every)
+        roles0 = _role_counts(roles)
         if args.profile and router is not None:
             subprocess.run(
                 [
@@ -330,6 +339,7 @@ def measure(args: argparse.Namespace, middle: str, run_dir: Path) -> tuple[float
             time.sleep(args.seconds)
         cpu = sum(middle_proc.cpu_times()[:2]) - cpu0
         cpu_all = sum(sum(proc.cpu_times()[:2]) for proc in every) - all0
+        roles1 = _role_counts(roles)
         rates: list[float] = []
         deadline = time.monotonic() + args.warmup + args.seconds + 120
         while len(rates) < len(clients):
@@ -344,7 +354,12 @@ def measure(args: argparse.Namespace, middle: str, run_dir: Path) -> tuple[float
         if rate <= 0:
             logs = "".join(f.read_text()[-2000:] for f in run_dir.glob("logs/*.log"))
             raise RuntimeError(f"the {middle} run forwarded no request in the measured window\n{logs}")
-        return rate, cpu / (rate * args.seconds) * 1e6, cpu_all / (rate * args.seconds) * 1e6
+        count = rate * args.seconds
+        per_role = {
+            role: [(roles1[role][0] - roles0[role][0]) / count * 1e6, (roles1[role][1] - roles0[role][1]) / count]
+            for role in roles
+        }
+        return rate, cpu / count * 1e6, cpu_all / count * 1e6, per_role
     finally:
         for p in procs:
             if p.is_alive():
@@ -355,6 +370,17 @@ def measure(args: argparse.Namespace, middle: str, run_dir: Path) -> tuple[float
             router.wait(timeout=10)
         if join:
             trainer.close(linger=0)
+
+
+def _role_counts(roles: dict[str, list[Any]]) -> dict[str, tuple[float, int]]:
+    """Per role: (CPU seconds, voluntary context switches of the main threads) of its processes so far."""
+    return {
+        role: (
+            sum(sum(proc.cpu_times()[:2]) for proc in procs),
+            sum(proc.num_ctx_switches().voluntary for proc in procs),
+        )
+        for role, procs in roles.items()
+    }
 
 
 MIDDLES = {
@@ -390,10 +416,12 @@ def main(argv: list[str] | None = None) -> int:
     rates: dict[str, list[float]] = {m: [] for m in MIDDLES}
     cpu: dict[str, list[float]] = {m: [] for m in MIDDLES}
     cpu_all: dict[str, list[float]] = {m: [] for m in MIDDLES}
+    per_role: dict[str, list[dict[str, list[float]]]] = {m: [] for m in MIDDLES}
     with tempfile.TemporaryDirectory(prefix="mas-async-bench-router-") as tmp:
         for round_ in range(args.rounds):
             for middle in args.middles:
-                rate, cpu_us, all_us = measure(args, middle, Path(tmp) / f"{middle}{round_}")
+                rate, cpu_us, all_us, roles = measure(args, middle, Path(tmp) / f"{middle}{round_}")
+                per_role[middle].append(roles)
                 rates[middle].append(rate)
                 cpu[middle].append(cpu_us)
                 cpu_all[middle].append(all_us)
@@ -412,6 +440,15 @@ def main(argv: list[str] | None = None) -> int:
             f"  {label:<44} {best[middle]:>8.0f} requests/s  {best_cpu[middle]:>5.0f} us CPU/request  "
             f"{best_all[middle]:>5.0f} us all processes  ({rounds})"
         )
+    print("  per request, by role (medians of the rounds): CPU us / voluntary context switches of the main threads")
+    for middle, label in MIDDLES.items():
+        if per_role[middle]:
+            cells = [
+                f"{role} {statistics.median(r[role][0] for r in per_role[middle]):.0f} us / "
+                f"{statistics.median(r[role][1] for r in per_role[middle]):.2f}"
+                for role in ("middle", "clients", "servers")
+            ]
+            print(f"  {label:<44} " + ", ".join(cells))
     ratio = cpu_ratio = all_ratio = None  # --middles may leave a side out
     if rates[raw] and rates["router"]:
         ratio, cpu_ratio = best["router"] / best[raw], best_cpu[raw] / best_cpu["router"]
@@ -433,6 +470,7 @@ def main(argv: list[str] | None = None) -> int:
             "rates": rates,
             "cpu_us": cpu,
             "cpu_us_all_processes": cpu_all,
+            "per_role": per_role,
             "baseline": raw,
             "ratio": ratio,
             "cpu_ratio": cpu_ratio,

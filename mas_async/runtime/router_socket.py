@@ -7,7 +7,8 @@ uses a plain (synchronous) pyzmq socket instead and only lets the event loop tel
 - receiving: the socket's file descriptor is watched with `loop.add_reader`; when it fires, `run()`
   takes every message already queued on the socket (up to `burst` of them or `BURST_S` seconds, then it
   yields so other tasks and timers run: a burst never holds the loop much longer than that) and hands each
-  one to `on_message`, synchronously;
+  one to `on_message`, synchronously; what the handlers send meanwhile is held and sent, in order, when the
+  burst ends, so a peer gets a burst's messages together (one wake-up for several) rather than one at a time;
 - sending: `send()` writes at once without blocking, for up to `SEND_S` seconds of a turn of the loop
   (a fan-out to a thousand replicas would hold it ~11 ms); past that, and at a peer's high-water mark
   (ROUTER_MANDATORY refuses the message on its first frame, never part-way), the message waits in an
@@ -59,6 +60,8 @@ class RouterSocket:
         self._turn_began: float | None = None
         """When this turn of the loop sent its first message (None: it sent none yet)."""
         self._draining = False
+        self._held: list[list] = []
+        """What the handlers of the burst under way sent (it leaves when the burst ends)."""
         self.unsent = 0
         """Messages to an unknown or vanished identity (ROUTER_MANDATORY refused them; logged, rate-limited)."""
         self._warnings = LogLimit()
@@ -99,11 +102,21 @@ class RouterSocket:
                 self.on_message(frames)
             return True
         finally:
+            held, self._held = self._held, []
+            for frames in held:
+                self._send_or_queue(frames)
             self._draining = False
 
     def send(self, frames: list) -> None:
         """Send [identity, *frames] now, or queue it (in order) past this turn's `SEND_S` or while the peer is
         at its high-water mark."""
+        if self._draining:
+            self._held.append(frames)
+            return
+        self._send_or_queue(frames)
+
+    def _send_or_queue(self, frames: list) -> None:
+        """`send`, outside a burst."""
         if not self._outbox and self._in_turn_budget() and self._send_now(frames):
             return
         self._outbox.append(frames)

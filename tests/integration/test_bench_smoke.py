@@ -62,6 +62,12 @@ def test_router_smoke(tmp_path: Path) -> None:
     every = figures["cpu_us_all_processes"]
     assert all(every[m][0] > figures["cpu_us"][m][0] > 0 for m in ("raw", "raw-sync", "router", "router-curve"))
     assert figures["all_processes_cpu_ratio"] > 0 and "router CPU ratio, every process" in stdout
+    # Per role: CPU and the main threads' voluntary context switches per request (how often each slept).
+    assert "per request, by role" in stdout
+    for middle in ("raw", "raw-sync", "router", "router-curve"):
+        (roles,) = figures["per_role"][middle]
+        assert set(roles) == {"middle", "clients", "servers"}
+        assert all(cpu_us > 0 and switches >= 0 for cpu_us, switches in roles.values()), roles
 
 
 def test_gpu_check_smoke(tmp_path: Path) -> None:

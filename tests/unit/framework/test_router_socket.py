@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 
 import pytest
@@ -213,4 +214,49 @@ def test_a_fan_out_sends_for_its_time_bound_then_goes_on_in_later_turns_in_order
             task.cancel()
             h.close()
 
+    _run(scenario())
+
+
+def test_the_sends_of_a_burst_leave_together_at_its_end_in_order() -> None:
+    """What the handlers of a burst send is held until the burst ends, then sent in order: the peers get
+    a burst's messages together (one wake-up for several) instead of one at a time; each arrives once."""
+    events: list[tuple[str, int]] = []
+
+    def echo(frames: list) -> None:
+        i = int(frames[1].bytes)
+        events.append(("handled", i))
+        h.io.send([b"peer", str(i).encode()])
+
+    async def scenario() -> None:
+        send_now = h.io._send_now
+
+        def recorded(frames: list) -> bool:
+            events.append(("sent", int(frames[1])))
+            return send_now(frames)
+
+        h.io._send_now = recorded  # type: ignore[method-assign]
+        task = asyncio.create_task(h.io.run())
+        try:
+            for i in range(12):
+                h.peer.send_multipart([str(i).encode()])
+            time.sleep(0.2)  # all of them queued on the socket before the loop looks
+            got: list[int] = []
+            deadline = time.monotonic() + WAIT_S
+            while len(got) < 12 and time.monotonic() < deadline:
+                try:
+                    got.append(int(h.peer.recv(zmq.NOBLOCK)))
+                except zmq.Again:
+                    await asyncio.sleep(0.001)
+            assert got == list(range(12))
+        finally:
+            task.cancel()
+            h.close()
+        runs = [(kind, len(list(group))) for kind, group in itertools.groupby(kind for kind, _ in events)]
+        # handled x n, then sent x n, burst after burst: never a send between two handlers of one burst
+        assert [kind for kind, _ in runs] == ["handled", "sent"] * (len(runs) // 2), runs
+        assert all(runs[i][1] == runs[i + 1][1] for i in range(0, len(runs), 2)), runs
+        assert max(n for _, n in runs) >= 2, runs  # (burst=4: the 12 messages in bursts of several)
+        assert [i for kind, i in events if kind == "sent"] == list(range(12))
+
+    h = Harness(on_message=echo)
     _run(scenario())

@@ -50,6 +50,23 @@ class Harness:
             except TimeoutError:
                 continue
 
+    async def receive(self, count: int) -> list[bytes]:
+        """The first frame of each of the next `count` messages the peer gets (fewer after WAIT_S)."""
+        got: list[bytes] = []
+        deadline = time.monotonic() + WAIT_S
+        while len(got) < count and time.monotonic() < deadline:
+            try:
+                got.append(self.peer.recv(zmq.NOBLOCK))
+            except zmq.Again:
+                await asyncio.sleep(0.001)  # let the loop's tasks (the flush) run
+        return got
+
+    def queue_on_socket(self, count: int) -> None:
+        """Send `count` numbered messages and wait until they lie queued on the router's socket."""
+        for i in range(count):
+            self.peer.send_multipart([str(i).encode()])
+        time.sleep(0.2)  # all of them queued on the socket before the loop looks
+
     def close(self) -> None:
         self.ctx.destroy(linger=0)
 
@@ -109,13 +126,7 @@ def test_sends_past_the_high_water_mark_wait_in_order_and_all_arrive() -> None:
             for i in range(200):
                 h.io.send([b"peer", str(i).encode()])
             assert h.io._outbox, "the high-water mark of 2 should have queued some messages"
-            got = []
-            deadline = time.monotonic() + WAIT_S
-            while len(got) < 200 and time.monotonic() < deadline:
-                try:
-                    got.append(int(h.peer.recv(zmq.NOBLOCK)))
-                except zmq.Again:
-                    await asyncio.sleep(0.001)  # let the flush task run
+            got = [int(m) for m in await h.receive(200)]
             assert got == list(range(200))
             assert not h.io._outbox
         finally:
@@ -153,9 +164,7 @@ def test_a_burst_of_slow_messages_yields_to_the_loop_within_its_time_bound() -> 
     async def scenario() -> None:
         task = asyncio.create_task(h.io.run())
         try:
-            for i in range(60):
-                h.peer.send_multipart([str(i).encode()])
-            time.sleep(0.2)  # all of them queued on the socket before the loop looks
+            h.queue_on_socket(60)
             ticks: list[int] = []
 
             async def tick() -> None:
@@ -202,13 +211,7 @@ def test_a_fan_out_sends_for_its_time_bound_then_goes_on_in_later_turns_in_order
                     h.io.send([b"peer", b"later"])  # behind the queue, never ahead of it
                 await asyncio.sleep(0)
             assert not h.io._outbox and turns >= 2, turns  # other tasks (this one) ran between the slices
-            got = []
-            deadline = time.monotonic() + WAIT_S
-            while len(got) < 2001 and time.monotonic() < deadline:
-                try:
-                    got.append(h.peer.recv(zmq.NOBLOCK).decode())
-                except zmq.Again:
-                    await asyncio.sleep(0.001)
+            got = [m.decode() for m in await h.receive(2001)]
             assert got == [str(i) for i in range(2000)] + ["later"]
         finally:
             task.cancel()
@@ -237,16 +240,8 @@ def test_the_sends_of_a_burst_leave_together_at_its_end_in_order() -> None:
         h.io._send_now = recorded  # type: ignore[method-assign]
         task = asyncio.create_task(h.io.run())
         try:
-            for i in range(12):
-                h.peer.send_multipart([str(i).encode()])
-            time.sleep(0.2)  # all of them queued on the socket before the loop looks
-            got: list[int] = []
-            deadline = time.monotonic() + WAIT_S
-            while len(got) < 12 and time.monotonic() < deadline:
-                try:
-                    got.append(int(h.peer.recv(zmq.NOBLOCK)))
-                except zmq.Again:
-                    await asyncio.sleep(0.001)
+            h.queue_on_socket(12)
+            got = [int(m) for m in await h.receive(12)]
             assert got == list(range(12))
         finally:
             task.cancel()

@@ -408,56 +408,59 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.smoke:
         args.window, args.warmup, args.seconds, args.rounds = 8, 0.2, 0.5, 1
+    if args.rounds < 1 or args.pairs < 1 or args.window < 1:
+        p.error("--rounds, --pairs and --window must be at least 1")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    rates: dict[str, list[float]] = {m: [] for m in MIDDLES}
-    cpu: dict[str, list[float]] = {m: [] for m in MIDDLES}
-    cpu_all: dict[str, list[float]] = {m: [] for m in MIDDLES}
-    per_role: dict[str, list[dict[str, list[float]]]] = {m: [] for m in MIDDLES}
+    measured = [m for m in MIDDLES if m in args.middles]  # (in MIDDLES' order; one left out is absent below)
+    rates: dict[str, list[float]] = {m: [] for m in measured}
+    cpu: dict[str, list[float]] = {m: [] for m in measured}
+    cpu_all: dict[str, list[float]] = {m: [] for m in measured}
+    per_role: dict[str, list[dict[str, list[float]]]] = {m: [] for m in measured}
     with tempfile.TemporaryDirectory(prefix="mas-async-bench-router-") as tmp:
         for round_ in range(args.rounds):
-            for middle in args.middles:
+            for middle in measured:
                 rate, cpu_us, all_us, roles = measure(args, middle, Path(tmp) / f"{middle}{round_}")
                 per_role[middle].append(roles)
                 rates[middle].append(rate)
                 cpu[middle].append(cpu_us)
                 cpu_all[middle].append(all_us)
-    best = {m: max(r, default=0.0) for m, r in rates.items()}
-    best_cpu = {m: min(c, default=float("inf")) for m, c in cpu.items()}
-    best_all = {m: min(c, default=float("inf")) for m, c in cpu_all.items()}
-    raw = max(("raw", "raw-sync"), key=lambda m: best[m])  # the faster baseline is the one compared against
+    best = {m: max(r) for m, r in rates.items()}
+    best_cpu = {m: min(c) for m, c in cpu.items()}
+    best_all = {m: min(c) for m, c in cpu_all.items()}
+    raws = [m for m in ("raw", "raw-sync") if m in best]
+    raw = max(raws, key=lambda m: best[m]) if raws else None  # the faster baseline is the one compared against
     print(
         f"router throughput: {args.pairs} client(s) x {args.window} in flight, n={args.n}, prompt "
         f"{args.prompt_tokens} tokens, {args.completion_tokens}-token completions; best of {args.rounds} rounds, "
         "CPU per request of the middle and of every process (clients, echo servers, middle)"
     )
-    for middle, label in MIDDLES.items():
+    for middle in measured:
         rounds = ", ".join(f"{r:.0f}" for r in rates[middle])
         print(
-            f"  {label:<44} {best[middle]:>8.0f} requests/s  {best_cpu[middle]:>5.0f} us CPU/request  "
+            f"  {MIDDLES[middle]:<44} {best[middle]:>8.0f} requests/s  {best_cpu[middle]:>5.0f} us CPU/request  "
             f"{best_all[middle]:>5.0f} us all processes  ({rounds})"
         )
     print("  per request, by role (medians of the rounds): CPU us / voluntary context switches of the main threads")
-    for middle, label in MIDDLES.items():
-        if per_role[middle]:
-            cells = [
-                f"{role} {statistics.median(r[role][0] for r in per_role[middle]):.0f} us / "
-                f"{statistics.median(r[role][1] for r in per_role[middle]):.2f}"
-                for role in ("middle", "clients", "servers")
-            ]
-            print(f"  {label:<44} " + ", ".join(cells))
+    for middle in measured:
+        cells = [
+            f"{role} {statistics.median(r[role][0] for r in per_role[middle]):.0f} us / "
+            f"{statistics.median(r[role][1] for r in per_role[middle]):.2f}"
+            for role in ("middle", "clients", "servers")
+        ]
+        print(f"  {MIDDLES[middle]:<44} " + ", ".join(cells))
     ratio = cpu_ratio = all_ratio = None  # --middles may leave a side out
-    if rates[raw] and rates["router"]:
+    if raw is not None and "router" in best:
         ratio, cpu_ratio = best["router"] / best[raw], best_cpu[raw] / best_cpu["router"]
         all_ratio = best_all[raw] / best_all["router"]
         print(f"router ratio (router / fastest raw forwarder, {raw}, requests/s): {ratio:.3f}   (target >= 1.0)")
         print(f"router CPU ratio ({raw} / router CPU per request, the middle's): {cpu_ratio:.3f}")
         print(f"router CPU ratio, every process ({raw} / router CPU per request of the whole run): {all_ratio:.3f}")
     curve_ratio = curve_cpu_ratio = None
-    if rates["router-curve"] and rates["router"]:
+    if "router-curve" in best and "router" in best:
         curve_ratio = best["router-curve"] / best["router"]
         curve_cpu_ratio = best_cpu["router"] / best_cpu["router-curve"]
         print(f"CURVE ratio (router with CURVE / router without, requests/s): {curve_ratio:.3f}   (target >= 0.90)")

@@ -70,6 +70,18 @@ def test_router_smoke(tmp_path: Path) -> None:
         assert all(cpu_us > 0 and switches >= 0 for cpu_us, switches in roles.values()), roles
 
 
+def test_router_smoke_of_some_middles_shows_only_those(tmp_path: Path) -> None:
+    """A middle left out (`--middles`) is absent from the output and the figures, never 0 requests/s or inf us;
+    a ratio whose sides were not both measured is absent too."""
+    stdout, figures = _run("router.py", tmp_path, "--middles", "raw-sync", "router")
+    assert set(figures["rates"]) == set(figures["per_role"]) == {"raw-sync", "router"}
+    assert figures["baseline"] == "raw-sync" and figures["ratio"] > 0 and figures["curve_ratio"] is None
+    assert "inf us" not in stdout and " 0 requests/s" not in stdout and "CURVE" not in stdout
+    assert "uvloop + zmq.asyncio" not in stdout and "blocking loop" in stdout
+    stdout, figures = _run("router.py", tmp_path, "--middles", "router")  # no baseline: no ratio
+    assert figures["baseline"] is None and figures["ratio"] is None and "router ratio" not in stdout
+
+
 def test_gpu_check_smoke(tmp_path: Path) -> None:
     """The GPU check's CPU rehearsal: hf server and trainer, a step, the versioned update over gloo and the
     log-prob match, in full and with LoRA adapters; the CUDA IPC part says it is skipped; 1 against 2 trainer ranks

@@ -27,7 +27,8 @@ and tasks on uvloop, one DEALER socket per simulated peer, each joining with a H
   longer: 2.2 s at 1,024 replicas and 64 env workers);
 - the ping peer, in a process of its own: one more env worker of capacity 0 (never given an episode) that sends
   the router a Generate for a policy nobody serves every `--ping-ms` (10 ms), which the router answers at once
-  through its whole receive, dispatch and send path.
+  through its whole receive, dispatch and send path. Its threads run at real-time priority (SCHED_FIFO, where the
+  user may set it: root), so that on cores the simulators saturate its round trip is not its own wait for a core.
 
 With `--leases` (the default; `cluster.leases: true` in the router's config) each replica also binds a
 direct socket and says its endpoint in its Hello; the router leases replicas to env workers (`Lease`), and an
@@ -172,6 +173,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument("--log-level", default="INFO", help="the router's log level (INFO, as in a training run)")
     p.add_argument("--ping-ms", type=float, default=10.0, help="the ping peer's pace: one ping every this many ms")
+    p.add_argument(
+        "--ping-priority", choices=("real-time", "normal"), default="real-time",
+        help="the ping peer's scheduling: SCHED_FIFO where this user may set it (root), or the simulators' own",
+    )  # fmt: skip
     p.add_argument(
         "--router-core", type=int,
         help="run the router on this core alone and everything else on the others (as on a server, where the "

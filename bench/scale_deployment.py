@@ -167,6 +167,7 @@ def deployment_check(args: argparse.Namespace, points: list[dict[str, Any]], sat
         "p99_at_rate_ms": min(p["added_p99_ms"] for p in near_rate) if near_rate else None,
         **_lag_at(at if at is not None else top, key),
         "message_delay": (at if at is not None else top).get("message_delay"),
+        "ping_priority": (at if at is not None else top).get("ping_priority"),
         "max_rps_measured": sat[nearest]["max_rps"],
     }
 

@@ -97,12 +97,17 @@ def delay_line(args: argparse.Namespace, check: dict[str, Any]) -> str:
     return (
         f"message delay through the router (at {check['router_lag_at_load']:.0f} {check['unit']}s/s, "
         f"{check['measured_replicas']} replicas; from when each message was due): ping round trip "
-        f"{_delay(ping, f'pings, one every {args.ping_ms:g} ms')}"
+        f"{_delay(ping, f'pings, one every {args.ping_ms:g} ms, the probe at {_probe(check)} priority')}"
         + ("" if math.isnan(worst) else f", the worst second's p99 {worst:.2f} ms")
         + f"; a worker's EpisodeDone to its next RunEpisode {_delay(dispatch, 'episodes')}"
         + f"; a step's UpdateWeights to its last WeightsLoaded {_delay(fanout, steps)}"
         f". Target <= {args.p99_bound_ms:g} ms at p99 (the pings and the EpisodeDones): {'met' if met else 'NOT met'}"
     )
+
+
+def _probe(check: dict[str, Any]) -> str:
+    """The ping peer's scheduling priority, as `_probe_first` set it ("unrecorded" for a point without it)."""
+    return {"SCHED_FIFO": "real-time (SCHED_FIFO)", "normal": "normal"}.get(check.get("ping_priority"), "unrecorded")
 
 
 def own_delay(args: argparse.Namespace, check: dict[str, Any]) -> str:

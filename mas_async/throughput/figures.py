@@ -87,8 +87,8 @@ def figures(record: dict[str, Any], policies: list[str]) -> dict[str, Any]:
     total["dropped"] = float(sum(p["dropped"] for p in phases))
     total["seconds"] = wall
     per_policy = {p: _policy_figures([r for r in requests if r[1] == p], phases, wall) for p in policies}
-    messages = sum(p.get("router_messages", 0) for p in phases)
-    router_cpu = sum(p.get("router_cpu_s", 0.0) for p in phases)
+    messages = sum(p["router_messages"] for p in phases)
+    router_cpu = sum(p["router_cpu_s"] for p in phases)
     router = {
         "messages_per_s": messages / wall,
         "cpu_us_per_message": 1e6 * router_cpu / max(1, messages),

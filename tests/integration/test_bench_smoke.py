@@ -352,6 +352,14 @@ def test_scale_smoke(tmp_path: Path) -> None:
     assert sum(p["message_delay"]["dispatch"]["n"] for p in points) > 0
     top = max(points, key=lambda p: p["episodes_per_s"])
     assert check["message_delay"] == top["message_delay"]
+    # The probe runs at real-time priority where this user may set it (root), and the line says which it had.
+    may = subprocess.run(
+        [sys.executable, "-c", "import os; os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))"],
+        capture_output=True,
+    )
+    expected = "SCHED_FIFO" if may.returncode == 0 else "normal"
+    assert {p["ping_priority"] for p in points} == {expected} and check["ping_priority"] == expected
+    assert f"the probe at {'real-time (SCHED_FIFO)' if expected == 'SCHED_FIFO' else 'normal'} priority" in stdout
 
 
 def test_scale_smoke_without_leases(tmp_path: Path) -> None:
@@ -359,9 +367,10 @@ def test_scale_smoke_without_leases(tmp_path: Path) -> None:
     alone (on a machine of one core the bench refuses it, naming the cores it may use)."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("the router's core of its own needs a second core for the simulators")
-    stdout, figures = _run("scale.py", tmp_path, "--no-leases", "--router-core", "0")
+    stdout, figures = _run("scale.py", tmp_path, "--no-leases", "--router-core", "0", "--ping-priority", "normal")
     assert "on core 0 alone" in stdout and "the router alone on core 0" in stdout
+    assert "the probe at normal priority" in stdout  # (left at the simulators' when asked, root or not)
     for point in figures["points"]:
-        assert point["router_on_cores"] == [0]
+        assert point["router_on_cores"] == [0] and point["ping_priority"] == "normal"
         assert point["direct_fraction"] == 0.0
         assert point["requests"] > 0 and point["sample_mismatches"] == 0 and point["errors"] == 0

@@ -110,13 +110,14 @@ def _probe_first(probe: Any) -> str:
     """The ping peer's threads at real-time priority (SCHED_FIFO 1; root only): woken by the router's answer, it
     runs at once even on the simulators' saturated cores, so its round trip is the router's and the network's, not
     its own wait for a core. It sends one small message every `--ping-ms`. Returns "SCHED_FIFO", or "normal"
-    where this user may not (the round trip then includes that wait)."""
+    where this user may not (the round trip then includes that wait): what the threads have, read back."""
+    threads = [thread.id for thread in probe.threads()]
     try:
-        for thread in probe.threads():
-            os.sched_setscheduler(thread.id, os.SCHED_FIFO, os.sched_param(1))
+        for tid in threads:
+            os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(1))
     except PermissionError:
-        return "normal"
-    return "SCHED_FIFO"
+        pass
+    return "SCHED_FIFO" if all(os.sched_getscheduler(tid) == os.SCHED_FIFO for tid in threads) else "normal"
 
 
 def _cores_of(proc: Any) -> list[int]:

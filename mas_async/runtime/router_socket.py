@@ -4,10 +4,9 @@ Every message of a rollout passes through the router twice, so its socket IO is 
 deployment. A zmq.asyncio socket costs a future and an event-loop round trip per message; this class
 uses a plain (synchronous) pyzmq socket instead and only lets the event loop tell it when to look:
 
-- receiving: the socket's file descriptor is watched with `loop.add_reader`, and the reader callback itself
-  (no task to wake) takes every message already queued on the socket (up to `burst` of them or `BURST_S`
-  seconds, then it goes on at the next turn of the loop, after the other tasks and timers: a burst never
-  holds the loop much longer than that) and hands each
+- receiving: the socket's file descriptor is watched with `loop.add_reader`; when it fires, `run()`
+  takes every message already queued on the socket (up to `burst` of them or `BURST_S` seconds, then it
+  yields so other tasks and timers run: a burst never holds the loop much longer than that) and hands each
   one to `on_message`, synchronously; what the handlers send meanwhile is held and sent, in order, when the
   burst ends, so a peer gets a burst's messages together (one wake-up for several) rather than one at a time;
 - sending: `send()` writes at once without blocking, for up to `SEND_S` seconds of a turn of the loop
@@ -16,8 +15,8 @@ uses a plain (synchronous) pyzmq socket instead and only lets the event loop tel
   outbox, in order (every later one behind it: no message overtakes another), and a flush task sends
   it on the next turns, `SEND_S` seconds a turn, retrying while the peer has no room;
 - ZMQ's descriptor is edge-triggered: any operation on the socket (a send included) may consume the
-  notification of messages that arrived meanwhile. So the reader re-reads ZMQ_EVENTS until no message is
-  queued, and a send outside a burst schedules one more look at the next turn.
+  notification of messages that arrived meanwhile. So the receive loop re-reads ZMQ_EVENTS before it
+  sleeps, and every send wakes it to do so.
 
 An exception raised by `on_message` propagates out of `run()` (a supervised task: the actor stops).
 """
@@ -55,11 +54,7 @@ class RouterSocket:
         self._send: Callable[..., object] = base.send.__get__(sock) if isinstance(sock, base) else sock.send
         self.on_message = on_message
         self.burst = burst
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._failed: asyncio.Future | None = None
-        """Set with what `on_message` raised (None: not receiving)."""
-        self._check_due = False
-        """A look at the socket is scheduled for the next turn of the loop."""
+        self._wake = asyncio.Event()
         self._outbox: deque[list] = deque()
         self._flushing: asyncio.Task | None = None
         self._turn_began: float | None = None
@@ -72,42 +67,22 @@ class RouterSocket:
         self._warnings = LogLimit()
 
     async def run(self) -> None:
-        """Receive until cancelled: the loop's reader callback drains the socket itself (no task to wake per
-        message); what `on_message` raises ends this coroutine with it."""
+        """Receive until cancelled."""
         loop = asyncio.get_running_loop()
-        self._loop = loop
-        self._failed = loop.create_future()
         fd = self.sock.getsockopt(zmq.FD)
-        loop.add_reader(fd, self._readable)
-        self._readable()  # what arrived before the reader was added
+        loop.add_reader(fd, self._wake.set)
         try:
-            await self._failed
+            while True:
+                self._wake.clear()
+                if self.sock.getsockopt(_EVENTS) & _POLLIN:
+                    if self._drain():  # a full burst: let the other tasks run, then go on
+                        await asyncio.sleep(0)
+                    continue
+                await self._wake.wait()
         finally:
             loop.remove_reader(fd)
-            self._failed = None
             if self._flushing is not None:
                 self._flushing.cancel()
-
-    def _readable(self) -> None:
-        """Take what is queued on the socket, up to a burst; past it, go on at the next turn of the loop."""
-        self._check_due = False
-        failed = self._failed
-        if failed is None or failed.done():
-            return
-        try:
-            while self.sock.getsockopt(_EVENTS) & _POLLIN:
-                if self._drain():  # a full burst: let the other tasks run, then go on
-                    self._recheck()
-                    return
-        except BaseException as e:  # the supervised task `run()` raises it
-            failed.set_exception(e)
-
-    def _recheck(self) -> None:
-        """Look at the socket again at the next turn of the loop (after a burst ran out, or a send outside a
-        burst, which may have consumed the descriptor's notification)."""
-        if not self._check_due and self._loop is not None:
-            self._check_due = True
-            self._loop.call_soon(self._readable)
 
     def _drain(self) -> bool:
         """Hand over the queued messages; True when the burst ran out before the queue did."""
@@ -181,7 +156,7 @@ class RouterSocket:
             return True
         finally:
             if not self._draining:  # the send may have consumed the descriptor's notification
-                self._recheck()
+                self._wake.set()
 
     async def _flush(self) -> None:
         """Send the outbox in order, `SEND_S` seconds a turn of the loop; wait 1 ms while its first message's

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import heapq
 import itertools
 import json
 import logging
@@ -625,9 +624,7 @@ class Router(Actor):
             return
         assert book is not None
         if task.worker in self.peers:
-            self.peers[task.worker].outstanding -= 1
-            if task.alone:
-                self.peers[task.worker].exclusive = False
+            self.table.episode_ended(task.worker, task.alone)
         if msg.error:
             log.error("episode %s failed: %s", msg.episode_id, msg.error)
         elif task.worker is not None and (recovered := self.faults.result_from(task.worker)) is not None:
@@ -702,7 +699,6 @@ class Router(Actor):
             loop = None
         now = time.monotonic()
         until = time.perf_counter() + DISPATCH_S
-        free: list[tuple[int, bytes]] | None = None  # (episodes in flight, worker), a heap; None: not built yet
         sent = 0
         for book in sorted(self.books.values(), key=lambda b: b.iteration):
             queued, waiting = iter(book.queued), []
@@ -726,21 +722,15 @@ class Router(Actor):
                     waiting.append(task)
                     continue
                 if task.alone:  # a last attempt: on a worker that runs nothing else
-                    worker, free = self.table.worker_for_alone(), None  # (it may reserve a worker: build again)
+                    worker = self.table.worker_for_alone()
                 else:
-                    if free is None:
-                        free = self.table.free_workers()
-                        heapq.heapify(free)
-                    worker = heapq.heappop(free)[1] if free else None
+                    worker = self.table.least_loaded_worker()
                 if worker is None:
                     waiting.append(task)
                     continue
                 task.worker = worker
                 task.deadline = now + self.cfg.rollout.episode_timeout_s
-                info = self.peers[worker]
-                info.outstanding += 1
-                if free is not None and self.table.takes_episodes(info):
-                    heapq.heappush(free, (info.outstanding, worker))
+                self.table.episode_started(worker)
                 book.in_flight[task.msg.episode_id] = task
                 if self.leases is not None and task.msg.mode == "train":
                     task.msg.trainer_ranks = self._trainer_ranks(book, task.msg.problem_id)

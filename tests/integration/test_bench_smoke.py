@@ -374,3 +374,12 @@ def test_scale_smoke_without_leases(tmp_path: Path) -> None:
         assert point["router_on_cores"] == [0] and point["ping_priority"] == "normal"
         assert point["direct_fraction"] == 0.0
         assert point["requests"] > 0 and point["sample_mismatches"] == 0 and point["errors"] == 0
+
+
+def test_router_refill_smoke(tmp_path: Path) -> None:
+    """The router per finished episode at each worker count, and each against the fewest workers'."""
+    stdout, figures = _run("router_refill.py", tmp_path)
+    assert "us (" in stdout and "x of 4 workers'" in stdout
+    rows = figures["workers"]
+    assert set(rows) == {"4", "64"} and all(row["us_per_episode"] > 0 for row in rows.values())
+    assert rows["4"]["ratio_to_fewest"] == 1.0 and rows["64"]["ratio_to_fewest"] > 0

@@ -6,7 +6,7 @@ Every peer says Hello once (a repeated Hello replaces its entry) and sends a mes
 kept by requests in flight (`least_loaded.py`), so the hot path picks the least-loaded one without
 scanning any; a replica that serves several policies (a shared base, `policies.<p>.base`) is listed under
 each. The env workers with room for another episode are kept by episodes in flight the same way, so
-refilling a slot does not scan every worker (a scan per episode cost ~0.1 us a worker: 128 us at 1,024 workers).
+refilling a slot does not scan every worker (a scan cost ~0.1 us a worker per episode: bench/router_refill.py).
 A worker's episodes in flight and its part in a last attempt change only through the table's methods.
 """
 

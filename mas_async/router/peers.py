@@ -131,7 +131,7 @@ class PeerTable:
     def _refile(self, identity: bytes) -> None:
         """Keep `_free` up to date after env worker `identity` changed."""
         info = self._workers.get(identity)
-        if info is not None and self.peers.get(identity) is info and self.takes_episodes(info):
+        if info is not None and self.takes_episodes(info):
             self._free.add(identity, info.outstanding)
         else:
             self._free.remove(identity)

@@ -19,7 +19,8 @@ Sides:
    straight to the leased replica and the groups straight to the trainer, at each episode's end, since
    `Config.streams_turns()` is false with leases), "k=1", "k=2" (`rollout.max_staleness`). The trainer runs
    with `cluster.torch_threads` (`--torch-threads`; by default every core for the batch step, whose step runs
-   alone, and 1 for the sides whose step runs beside the rollouts).
+   alone, and 1 for the sides whose step runs beside the rollouts); a streamed step's tail, which its rollout
+   waits for, on `trainer.tail_threads` (`--tail-threads`; by default every core).
 2. lockstep: the reference implementation's pattern, in this process: each iteration the recorded episodes
    in lockstep (`bench.lockstep.run_phase`: one batched generate call per turn for all episodes), then the
    step RUN, not costed: the trainer's own `PolicyLearner` (as the trainer process builds it, from the same
@@ -93,20 +94,27 @@ CORES = len(os.sched_getaffinity(0))
 
 @dataclass(frozen=True)
 class Side:
-    """One mas-async side: its staleness k, whether the step streams, whether leases are on."""
+    """One mas-async side: its staleness k, whether the step streams, whether leases are on, the torch threads
+    of a streamed step's tail (`trainer.tail_threads`)."""
 
     name: str
     staleness: int
     streaming: bool = False
     leases: bool = False
+    tail_threads: int | None = None
 
 
 def mas_sides(args: argparse.Namespace) -> list[Side]:
+    """k = 0 (the batch step), the streamed step (its tail on the first of `--tail-threads`, and a side more
+    for each other value), with leases, then k >= 1."""
     sides = [Side(f"k={k}", k) for k in sorted(args.staleness)]
     if args.streaming:
-        sides.insert(1, Side(STREAMING, 0, streaming=True))
+        first, *others = args.tail_threads
+        streamed = [Side(STREAMING, 0, streaming=True, tail_threads=first)]
+        streamed += [Side(f"{STREAMING}, tail {n}", 0, streaming=True, tail_threads=n) for n in others]
         if args.leases:
-            sides.insert(2, Side(LEASES, 0, streaming=True, leases=True))
+            streamed.append(Side(LEASES, 0, streaming=True, leases=True, tail_threads=first))
+        sides[1:1] = streamed
     return sides
 
 
@@ -138,6 +146,7 @@ def build_config(args: argparse.Namespace, run_dir: Path, side: Side) -> Config:
         f"trainer.streaming={str(side.streaming).lower()}",  # k=0 is the batch step unless streamed
         f"cluster.leases={str(side.leases).lower()}",
         f"cluster.torch_threads={torch_threads(args, side)}",
+        *([f"trainer.tail_threads={side.tail_threads}"] if side.tail_threads else []),
         f"algorithm.k={args.candidates}",
         f"workflow.options.max_turns={args.turns}",
         "cluster.env_workers=1",  # one event loop of env steps, as on the lockstep side
@@ -215,6 +224,7 @@ def training_figures(
     return {
         "step": "run",
         "torch_threads": threads,
+        **({"tail_threads": config.trainer.tail_threads} if config.trainer.tail_threads else {}),
         "streams_turns": config.streams_turns(),
         "measured_iterations": iterations,
         "iterations": iterations,
@@ -396,6 +406,11 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], same
         "  threads: lockstep's step torch on every core; mas-async's trainer cluster.torch_threads "
         + ", ".join(f"{name} {side['torch_threads']}" for name, side in sides.items() if name != "lockstep")
         + ("" if args.torch_threads is not None else " (the batch step every core, an overlapped step 1)")
+        + "".join(
+            f"; {name}'s tail (trainer.tail_threads) {side['tail_threads']}"
+            for name, side in sides.items()
+            if "tail_threads" in side
+        )
         + "; groups streamed by turn: "
         + ", ".join(
             f"{name} {'yes' if side['streams_turns'] else 'no'}"
@@ -551,6 +566,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--torch-threads", type=int,
         help="cluster.torch_threads of every mas-async side (default: every core for the batch step, 1 for the others)",
     )  # fmt: skip
+    p.add_argument(
+        "--tail-threads", default=str(CORES),
+        help="trainer.tail_threads of the streamed sides, the step's tail after the rollout (default: every core); "
+        "comma-separated: a streamed side more for each value after the first (the A/B of the tail's threads)",
+    )  # fmt: skip
     p.add_argument("--lockstep-threads", type=int, help="torch threads of lockstep's step (default: every core)")
     p.add_argument("--mock-step-ms", type=float, default=10.0, help="ms per decode step of a batch")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds each mas-async run may take")
@@ -568,6 +588,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--iterations and --repeat must be at least 1")
     if 0 not in args.staleness:
         p.error("--staleness must include 0: the strict batch step is what the streamed step is compared with")
+    try:
+        args.tail_threads = [int(n) for n in str(args.tail_threads).split(",")]
+    except ValueError:
+        p.error(f"--tail-threads must be whole numbers, comma-separated, not {args.tail_threads!r}")
+    if min(args.tail_threads) < 1 or len(set(args.tail_threads)) < len(args.tail_threads):
+        p.error("--tail-threads must be distinct values of at least 1")
     for name in ("torch_threads", "lockstep_threads"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")

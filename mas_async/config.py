@@ -428,6 +428,12 @@ class TrainerConfig(_Section):
     and step once the iteration's last group is in; the update equals the batch update (docs/trainer.md,
     training/streaming.py). None (the default): on wherever it applies; true: required (a config where it
     cannot apply is refused); false: the step waits for the whole batch."""
+    tail_threads: int | None = Field(None, ge=1)
+    """A streamed step's tail on more torch threads: what is left to compute once the step's TrainStep came
+    (from a pass under way, its next problems) and the finish (clip, optimiser step), for which a strict
+    rollout waits with nothing to run. None
+    (the default): `cluster.torch_threads`, as every pass. On the CPU, where the passes take one thread beside
+    the rollouts, set it to the cores the trainer's node can give it then."""
 
 
 class NodeConfig(_Section):

@@ -45,8 +45,9 @@ import logging
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -96,11 +97,17 @@ class StreamingStep:
     """One policy's step from weights `version`, computed as the iteration's episodes come in.
 
     `add` and `finish` run on the trainer's event loop; the compute passes run one at a time on the
-    step's own thread (a one-worker executor, so they never overlap each other or the finish)."""
+    step's own thread (a one-worker executor, so they never overlap each other or the finish). Once the
+    tail begins (`begin_tail`: the step's TrainStep came), what is left to compute (from the next run of
+    whole problems of a pass under way, `_pieces`) and the finish run on `tail_threads` torch threads
+    (None: the thread's own, `cluster.torch_threads`)."""
 
-    def __init__(self, learner: PolicyLearner, version: int) -> None:
+    def __init__(self, learner: PolicyLearner, version: int, tail_threads: int | None = None) -> None:
         self.learner = learner
         self.version = version
+        self.tail_threads = tail_threads
+        self.tail = False
+        """The step's TrainStep came: nothing of its rollout runs any more (`begin_tail`)."""
         self.waiting: dict[str, list[tuple[SampleKey, Sample]]] = defaultdict(list)
         """problem id -> its samples so far (with their keys), until every episode of the problem is in."""
         self.episodes: dict[str, set[str]] = defaultdict(set)
@@ -207,6 +214,11 @@ class StreamingStep:
         )  # fmt: skip
         return count
 
+    def begin_tail(self) -> None:
+        """The iteration's last episode is in: the passes that start from now, and the finish, take
+        `tail_threads` torch threads."""
+        self.tail = True
+
     async def drain(self) -> None:
         """Wait for the compute passes under way (re-raising a failure of theirs)."""
         while self._passes:
@@ -215,7 +227,8 @@ class StreamingStep:
     async def finish(self, extra: list[Sample] = ()) -> dict[str, Any]:
         """The step, after the iteration's last episode: the samples not computed yet (and `extra`, admitted
         samples that were never given), the normaliser, one all-reduce, the optimiser step. Returns the
-        step's metrics (`PolicyLearner.step`'s keys)."""
+        step's metrics (`PolicyLearner.step`'s keys). The tail begins here if `begin_tail` did not begin it."""
+        self.begin_tail()
         await self.drain()
         rest = [keyed for problem in list(self.waiting) for keyed in self.waiting.pop(problem)]  # a dropped episode's
         if extra:
@@ -239,7 +252,9 @@ class StreamingStep:
             chunk, self.ready = self.ready, []
         if chunk:
             start = time.monotonic()
-            self._compute(chunk)
+            for piece in self._pieces(chunk):
+                with self._threads():
+                    self._compute(piece)
             self.busy.append((start, time.monotonic()))
             log.debug(
                 "step from v%d: a pass over %d samples in %.2fs", self.version, len(chunk), self.busy[-1][1] - start
@@ -267,6 +282,40 @@ class StreamingStep:
         self.advantages.append(advantages)
 
     def _finish(self, chunk: list[tuple[SampleKey, Sample]]) -> dict[str, Any]:
+        with self._threads():
+            return self._finish_step(chunk)
+
+    def _pieces(self, keyed: list[tuple[SampleKey, Sample]]) -> list[list[tuple[SampleKey, Sample]]]:
+        """A pass's samples in runs of whole problems (a problem's advantages need only its own samples) of
+        about `trainer.micro_batch_sequences` each, so that a pass under way when the tail begins takes
+        `tail_threads` from its next run on (one run without `tail_threads`)."""
+        if not self.tail_threads:
+            return [keyed]
+        size = self.learner.cfg.trainer.micro_batch_sequences
+        problems: dict[str, list[tuple[SampleKey, Sample]]] = defaultdict(list)
+        for key, sample in keyed:
+            problems[sample.problem_id].append((key, sample))
+        pieces: list[list[tuple[SampleKey, Sample]]] = [[]]
+        for samples in problems.values():
+            if len(pieces[-1]) >= size:
+                pieces.append([])
+            pieces[-1] += samples
+        return pieces
+
+    @contextmanager
+    def _threads(self) -> Iterator[None]:
+        """In the tail, this (compute) thread's torch threads are `tail_threads`, then as they were."""
+        if not (self.tail and self.tail_threads):
+            yield
+            return
+        before = torch.get_num_threads()
+        torch.set_num_threads(self.tail_threads)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
+
+    def _finish_step(self, chunk: list[tuple[SampleKey, Sample]]) -> dict[str, Any]:
         with self._lock:
             chunk, self.ready = self.ready + chunk, []
         if self.redo:  # start again from the weights v: the passes' gradients held a withdrawn sample's

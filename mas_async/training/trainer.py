@@ -257,7 +257,7 @@ class Trainer(Peer):
 
     def _stream_of(self, version: int) -> StreamingStep:
         if self.stream is None or self.stream.version != version:
-            self.stream = StreamingStep(self.learner, version)
+            self.stream = StreamingStep(self.learner, version, self.cfg.trainer.tail_threads)
         return self.stream
 
     def _admits(self, sample: Sample, version: int) -> bool:
@@ -318,6 +318,7 @@ class Trainer(Peer):
             stream = self._stream_of(version) if self.streams else None  # (every rank, samples or not)
             t0 = time.monotonic()
             if stream is not None:
+                stream.begin_tail()
                 await stream.drain()  # (the save below reads the weights; the passes only add to gradients)
             drain_s = time.monotonic() - t0
             # Every rank takes the same save decisions (a save is collective: rank 0 writes only after

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.staleness import mas_sides, parse_args
 from mas_async.router.loop_lag import OVER_MS
 from mas_async.sandbox import isolation_available
 from tests.support.paths import ROOT
@@ -116,6 +117,23 @@ def test_gpu_step_check_smoke(tmp_path: Path) -> None:
     assert "did not complete within" in figures["broadcast"]["stall"]["error"]
 
 
+def test_staleness_tail_threads_give_one_streamed_side_each_and_bad_values_are_refused() -> None:
+    """`--tail-threads 2,1`: the A/B of a streamed step's tail, a streamed side for each value (the leases side
+    takes the first); a value that is not a whole number, below 1 or repeated is refused by name."""
+    sides = mas_sides(parse_args(["--tail-threads", "2,1", "--staleness", "0,1"]))
+    assert [(s.name, s.streaming, s.leases, s.tail_threads) for s in sides] == [
+        ("k=0", False, False, None),
+        ("k=0 streaming", True, False, 2),
+        ("k=0 streaming, tail 1", True, False, 1),
+        ("k=0 streaming, leases", True, True, 2),
+        ("k=1", False, False, None),
+    ]
+    for bad in ("x", "1,1", "0"):
+        with pytest.raises(SystemExit) as refused:
+            parse_args(["--tail-threads", bad])
+        assert refused.value.code == 2, bad
+
+
 def test_staleness_smoke(tmp_path: Path) -> None:
     """Training deployments with k = 0 (the batch step, the streamed one, and the streamed one with leases) and 1
     against the lockstep pattern on the same code episodes, lockstep's step run (not costed): the figures are there
@@ -130,6 +148,8 @@ def test_staleness_smoke(tmp_path: Path) -> None:
     cores = len(os.sched_getaffinity(0))
     assert sides["lockstep"]["step"] == "run" and sides["lockstep"]["torch_threads"] == cores
     assert sides["k=0"]["torch_threads"] == cores and sides["k=0 streaming"]["torch_threads"] == 1
+    assert sides["k=0 streaming"]["tail_threads"] == sides["k=0 streaming, leases"]["tail_threads"] == cores
+    assert "tail_threads" not in sides["k=0"] and "tail_threads" not in sides["k=1"]
     assert sides["k=0 streaming"]["streams_turns"] and not sides["k=0 streaming, leases"]["streams_turns"]
     for name, side in sides.items():
         assert side["step"] == "run" and side["measured_iterations"] == 1 and side["window_s"] > 0, name

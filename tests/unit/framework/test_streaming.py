@@ -12,6 +12,8 @@ the deliveries do split what a problem's advantages need.
 from __future__ import annotations
 
 import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -377,3 +379,177 @@ def test_the_trainer_takes_groups_one_at_a_time_and_drops_a_withdrawn_attempt_s(
     metrics = sent[-1].metrics
     assert not sent[-1].error and metrics["samples"] == 16 and metrics["version_mismatch"] == 0
     assert metrics["episodes"] == 2 and metrics["repeated_episodes"] == 0
+
+
+def _threads_of_a_new_thread() -> int:
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(torch.get_num_threads).result()
+
+
+def _record_threads(learner: PolicyLearner) -> list[tuple[str, int]]:
+    """(what ran, its thread's torch threads) of each compute and of the optimiser step of `learner`."""
+    seen: list[tuple[str, int]] = []
+    accumulate, optimizer_step = learner._accumulate, learner.optimizer_step
+
+    def recording_accumulate(*args, **kwargs):
+        seen.append(("pass", torch.get_num_threads()))
+        return accumulate(*args, **kwargs)
+
+    def recording_optimizer_step(*args, **kwargs):
+        seen.append(("optimizer", torch.get_num_threads()))
+        return optimizer_step(*args, **kwargs)
+
+    learner._accumulate, learner.optimizer_step = recording_accumulate, recording_optimizer_step
+    return seen
+
+
+def test_the_tail_of_a_streamed_step_runs_on_tail_threads_and_gives_the_same_update(model_path):
+    """`trainer.tail_threads`: the passes begun before the tail keep the thread's own torch threads; the pass
+    begun after `begin_tail` and the finish take `tail_threads`; afterwards every thread is as before; the
+    update is the batch step's."""
+    base = _threads_of_a_new_thread()
+    main_before = torch.get_num_threads()
+    tail = base + 1
+    overrides = CASES["agent_turn-group"]
+    delivered = episodes(model_path, parallel=False)
+    stream = learner(model_path, *overrides)
+    seen = _record_threads(stream)
+
+    async def run() -> None:
+        step = StreamingStep(stream, 0, tail_threads=tail)
+        for episode, count, samples in delivered[:2]:  # p0's two episodes: a complete problem, one pass
+            step.add(samples, episode, count)
+        await step.drain()
+        step.begin_tail()
+        for episode, count, samples in delivered[2:]:
+            step.add(samples, episode, count)
+        await step.drain()
+        await step.finish()
+
+    asyncio.run(run())
+    assert seen == [("pass", base), ("pass", tail), ("optimizer", tail)], seen
+    assert _threads_of_a_new_thread() == base and torch.get_num_threads() == main_before
+    batch = learner(model_path, *overrides)
+    start = params(batch)
+    batch.step([s for _, _, samples in delivered for s in samples], 0)
+    assert_same_update(stream, batch, start)
+
+
+def test_a_pass_under_way_when_the_tail_begins_takes_tail_threads_from_its_next_problems(model_path):
+    """One pass over every problem (`trainer.micro_batch_sequences` 1: a problem a run); the tail begins while
+    it computes the first problem: the next two take `tail_threads`. The update is the batch step's."""
+    base = _threads_of_a_new_thread()
+    overrides = [*CASES["agent_turn-group"], "trainer.micro_batch_sequences=1"]
+    delivered = episodes(model_path, parallel=False)
+    every = [s for _, _, samples in delivered for s in samples]
+    stream = learner(model_path, *overrides)
+    seen = _record_threads(stream)
+    first_began, gate = threading.Event(), threading.Event()
+    accumulate = stream._accumulate
+
+    def first_waits(*args, **kwargs):
+        if not first_began.is_set():
+            first_began.set()
+            gate.wait(10)
+        return accumulate(*args, **kwargs)
+
+    stream._accumulate = first_waits
+
+    async def run() -> None:
+        step = StreamingStep(stream, 0, tail_threads=base + 1)
+        step.add(every, "every", 1)  # (one delivery, every problem complete: one pass)
+        assert await asyncio.to_thread(first_began.wait, 10)
+        step.begin_tail()
+        gate.set()
+        await step.finish()
+        assert len(step.busy) == 2  # the pass and the finish
+
+    asyncio.run(run())
+    assert seen == [("pass", base), ("pass", base + 1), ("pass", base + 1), ("optimizer", base + 1)], seen
+    batch = learner(model_path, *overrides)
+    start = params(batch)
+    batch.step(every, 0)
+    assert_same_update(stream, batch, start)
+
+
+def test_without_tail_threads_the_whole_streamed_step_keeps_the_thread_s_own(model_path):
+    base = _threads_of_a_new_thread()
+    delivered = episodes(model_path, parallel=False)
+    stream = learner(model_path, *CASES["agent_turn-group"])
+    seen = _record_threads(stream)
+
+    async def run() -> None:
+        step = StreamingStep(stream, 0)
+        step.begin_tail()
+        for episode, count, samples in delivered:
+            step.add(samples, episode, count)
+        await step.finish()
+
+    asyncio.run(run())
+    assert seen and {threads for _, threads in seen} == {base}
+
+
+def test_finish_begins_the_tail_if_nothing_began_it(model_path):
+    base = _threads_of_a_new_thread()
+    delivered = episodes(model_path, parallel=False)
+    stream = learner(model_path, *CASES["agent_turn-group"])
+    seen = _record_threads(stream)
+
+    async def run() -> None:
+        step = StreamingStep(stream, 0, tail_threads=base + 1)
+        for episode, count, samples in delivered:
+            step.add(samples, episode, count)
+        await step.drain()
+        await step.finish()
+
+    asyncio.run(run())
+    assert seen[-1] == ("optimizer", base + 1) and {threads for _, threads in seen[:-1]} == {base}, seen
+
+
+def test_the_trainer_begins_the_tail_at_trainstep_on_trainer_tail_threads(model_path):
+    """Through the Trainer's messages, `trainer.tail_threads: 3`: of two groups that came before TrainStep, the
+    first one's pass (begun before it) keeps the thread's own torch threads; the second one's, held back until
+    TrainStep came, and the finish's optimiser step take 3."""
+    config = load_config(ROOT / "configs/plan_path_tiny.yaml", ["trainer.tail_threads=3"])
+    deployment = Deployment("tcp://127.0.0.1:1", {"vertical": 1, "horizontal": 2}, dict.fromkeys(AGENTS, model_path))
+    trainer, sent = _stepping_trainer((config, deployment), lambda: None)
+    seen = _record_threads(trainer.learner)
+    base = _threads_of_a_new_thread()
+    assert base != 3
+    first_began, gate = threading.Event(), threading.Event()
+    """The first pass waits for the gate (at most 10 s), so the second one begins after TrainStep."""
+    accumulate = trainer.learner._accumulate
+
+    def first_waits(*args, **kwargs):
+        if not first_began.is_set():
+            first_began.set()
+            gate.wait(10)
+        return accumulate(*args, **kwargs)
+
+    trainer.learner._accumulate = first_waits
+
+    def groups(episode: int) -> Groups:
+        samples = [
+            Sample(f"train0-{episode}/vertical/0", f"train0-{episode}", f"p{episode}", "vertical", "vertical", 0,
+                   np.array([1, 5, 6, 7], dtype=np.int32), np.array([20 + i], dtype=np.int32),
+                   np.array([-3.4], dtype=np.float32), 0, float(i))
+            for i in range(4)
+        ]  # fmt: skip
+        return Groups("vertical", 0, f"train0-{episode}", 0, 4, 20, [sample_to_wire(s) for s in samples], 1)
+
+    async def open_the_gate_in_the_tail() -> None:
+        while not trainer.stream.tail:
+            await asyncio.sleep(0.001)
+        gate.set()
+
+    async def run() -> None:
+        await trainer.on_message(groups(0))
+        assert await asyncio.to_thread(first_began.wait, 10)  # (the first pass took group 0 alone)
+        await trainer.on_message(groups(1))
+        opener = asyncio.create_task(open_the_gate_in_the_tail())
+        await trainer._step(TrainStep("vertical", 0, 0, 8))
+        await opener
+
+    asyncio.run(run())
+    assert sent[-1].version == 1 and sent[-1].metrics["optimizer_steps"] == 1
+    assert seen == [("pass", base), ("pass", 3), ("optimizer", 3)], seen

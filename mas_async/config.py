@@ -431,9 +431,9 @@ class TrainerConfig(_Section):
     tail_threads: int | None = Field(None, ge=1)
     """A streamed step's tail on more torch threads: what is left to compute once the step's TrainStep came
     (from a pass under way, its next problems) and the finish (clip, optimiser step), for which a strict
-    rollout waits with nothing to run. None
-    (the default): `cluster.torch_threads`, as every pass. On the CPU, where the passes take one thread beside
-    the rollouts, set it to the cores the trainer's node can give it then."""
+    rollout waits with nothing to run. None (the default): `cluster.torch_threads`, as every pass. On the
+    CPU, where the passes take one thread beside the rollouts, set it to the cores the trainer's node can
+    give it then (docs/staleness.md, "The tail on every core")."""
 
 
 class NodeConfig(_Section):

@@ -215,8 +215,8 @@ class StreamingStep:
         return count
 
     def begin_tail(self) -> None:
-        """The iteration's last episode is in: the passes that start from now, and the finish, take
-        `tail_threads` torch threads."""
+        """The iteration's last episode is in: what is left to compute (a pass under way from its next run of
+        problems on) and the finish take `tail_threads` torch threads."""
         self.tail = True
 
     async def drain(self) -> None:

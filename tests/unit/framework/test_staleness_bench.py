@@ -36,9 +36,12 @@ def test_a_sides_window_runs_from_the_last_warm_up_row_to_the_last_measured_one_
     elapsed = [10.0, 14.0, 18.0, 23.0, 27.0, 31.0]
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(row(i, t)) for i, t in enumerate(elapsed)) + "\n")
     cpu = SimpleNamespace(row_seen=[100.0 + t for t in elapsed], busy_between=lambda a, b: 1.5 * (b - a))
-    config = SimpleNamespace(streams_turns=lambda: False)
+    config = SimpleNamespace(streams_turns=lambda: False, trainer=SimpleNamespace(tail_threads=None))
     side = training_figures(tmp_path, 2, 3, cpu, 1, config)  # type: ignore[arg-type]
     assert side["step"] == "run" and side["torch_threads"] == 1 and side["measured_iterations"] == 3
+    assert "tail_threads" not in side  # (a step without a streamed tail)
+    streamed = SimpleNamespace(streams_turns=lambda: True, trainer=SimpleNamespace(tail_threads=2))
+    assert training_figures(tmp_path, 2, 3, cpu, 1, streamed)["tail_threads"] == 2  # type: ignore[arg-type]
     assert side["window_s"] == pytest.approx(27.0 - 14.0) and side["cpu_window_s"] == pytest.approx(13.0)
     assert side["tokens"] == 3 * 1000 and side["tokens_per_s"] == pytest.approx(3000 / 13.0)
     assert side["cpu_s"] == pytest.approx(1.5 * 13.0)

@@ -242,13 +242,19 @@ def _run_restarted_after(tmp_path: Path, name: str, watched: str, pattern: str, 
     finally:
         cleanup(proc, run_dir)
     assert proc.returncode == 0, out[-3000:]
-    # v4 is checkpointed after iteration 3's step: the run lost iteration 3 and goes back to v2
-    assert "restarting the run from its checkpoint of version 2" in out, out[-3000:]
+    # v4 is checkpointed after iteration 3's step: killed before that, the run lost iteration 3 and goes back to
+    # v2. A streamed step can be over, v4 saved, within the 20 ms the kill polls at (seen once on a loaded
+    # machine): the run then goes back to v4, and loses nothing it had not checkpointed.
+    restarted = re.search(r"restarting the run from its checkpoint of version (\d+)", out)
+    assert restarted is not None and int(restarted[1]) in (2, 4), out[-3000:]
+    version = int(restarted[1])
     rows = _rows(run_dir)
     _check_every_iteration_once(rows, iterations, batch)
     role = name.split("/")[0]
-    assert [r[Keys.restarts(role)] for r in rows] == [0, 0, 1, 0, 0, 0, 0]  # in the first row after the restart
-    assert rows[2][Keys.RECOVERY_S] > 0
+    expected = [0] * (iterations + 1)
+    expected[version] = 1  # in the first row after the restart
+    assert [r[Keys.restarts(role)] for r in rows] == expected
+    assert rows[version][Keys.RECOVERY_S] > 0
 
 
 def test_a_trainer_killed_mid_step_restarts_the_run_from_its_checkpoint(tmp_path):

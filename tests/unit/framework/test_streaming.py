@@ -245,6 +245,17 @@ def test_streaming_is_on_where_the_step_is_one_optimiser_step_and_refused_with_a
         load_config(CONFIG, ["trainer.streaming=true", "rollout.max_staleness=1"])
 
 
+def vertical_groups(episode: int) -> Groups:
+    """Episode `episode`'s one group of iteration 0 for policy vertical: 4 samples of problem p<episode>."""
+    samples = [
+        Sample(f"train0-{episode}/vertical/0", f"train0-{episode}", f"p{episode}", "vertical", "vertical", 0,
+               np.array([1, 5, 6, 7], dtype=np.int32), np.array([20 + i], dtype=np.int32),
+               np.array([-3.4], dtype=np.float32), 0, float(i))
+        for i in range(4)
+    ]  # fmt: skip
+    return Groups("vertical", 0, f"train0-{episode}", 0, 4, 20, [sample_to_wire(s) for s in samples], 1)
+
+
 def test_the_trainer_computes_each_episode_when_it_arrives_and_steps_at_trainstep(model_path):
     """Through the Trainer's messages: the first episode's samples are computed before the second arrives
     and before TrainStep (the stubbed batch step is never called); the step's row has the overlap."""
@@ -253,19 +264,10 @@ def test_the_trainer_computes_each_episode_when_it_arrives_and_steps_at_trainste
     trainer, sent = _stepping_trainer((config, deployment), lambda: None)
     assert trainer.streams
 
-    def groups(episode: int) -> Groups:
-        samples = [
-            Sample(f"train0-{episode}/vertical/0", f"train0-{episode}", f"p{episode}", "vertical", "vertical", 0,
-                   np.array([1, 5, 6, 7], dtype=np.int32), np.array([20 + i], dtype=np.int32),
-                   np.array([-3.4], dtype=np.float32), 0, float(i))
-            for i in range(4)
-        ]  # fmt: skip
-        return Groups("vertical", 0, f"train0-{episode}", 0, 4, 20, [sample_to_wire(s) for s in samples], 1)
-
     async def run() -> list[int]:
         computed = []
         for episode in range(2):
-            await trainer.on_message(groups(episode))
+            await trainer.on_message(vertical_groups(episode))
             assert trainer.stream is not None
             await trainer.stream.drain()
             computed.append(len(trainer.stream.samples))
@@ -528,24 +530,15 @@ def test_the_trainer_begins_the_tail_at_trainstep_on_trainer_tail_threads(model_
 
     trainer.learner._accumulate = first_waits
 
-    def groups(episode: int) -> Groups:
-        samples = [
-            Sample(f"train0-{episode}/vertical/0", f"train0-{episode}", f"p{episode}", "vertical", "vertical", 0,
-                   np.array([1, 5, 6, 7], dtype=np.int32), np.array([20 + i], dtype=np.int32),
-                   np.array([-3.4], dtype=np.float32), 0, float(i))
-            for i in range(4)
-        ]  # fmt: skip
-        return Groups("vertical", 0, f"train0-{episode}", 0, 4, 20, [sample_to_wire(s) for s in samples], 1)
-
     async def open_the_gate_in_the_tail() -> None:
         while not trainer.stream.tail:
             await asyncio.sleep(0.001)
         gate.set()
 
     async def run() -> None:
-        await trainer.on_message(groups(0))
+        await trainer.on_message(vertical_groups(0))
         assert await asyncio.to_thread(first_began.wait, 10)  # (the first pass took group 0 alone)
-        await trainer.on_message(groups(1))
+        await trainer.on_message(vertical_groups(1))
         opener = asyncio.create_task(open_the_gate_in_the_tail())
         await trainer._step(TrainStep("vertical", 0, 0, 8))
         await opener

@@ -8,7 +8,8 @@ uses a plain (synchronous) pyzmq socket instead and only lets the event loop tel
   takes every message already queued on the socket (up to `burst` of them or `BURST_S` seconds, then it
   yields so other tasks and timers run: a burst never holds the loop much longer than that) and hands each
   one to `on_message`, synchronously; what the handlers send meanwhile is held and sent, in order, when the
-  burst ends, so a peer gets a burst's messages together (one wake-up for several) rather than one at a time;
+  burst ends, so a peer gets a burst's messages together (one wake-up for several) rather than one at a time
+  (the first `burst` of them at once: the budget below is for fan-outs, not for a burst's forwards);
 - sending: `send()` writes at once without blocking, for up to `SEND_S` seconds of a turn of the loop
   (a fan-out to a thousand replicas would hold it ~11 ms); past that, and at a peer's high-water mark
   (ROUTER_MANDATORY refuses the message on its first frame, never part-way), the message waits in an
@@ -103,9 +104,18 @@ class RouterSocket:
             return True
         finally:
             held, self._held = self._held, []
-            for frames in held:
-                self._send_or_queue(frames)
+            self._send_held(held)
             self._draining = False
+
+    def _send_held(self, held: list[list]) -> None:
+        """A burst's sends, at its end: the first `burst` of them at once, whatever this turn of the loop has sent
+        (a burst handles at most `burst` messages, so a forwarded message never waits a turn, however long a
+        preempted thread or the burst's own handlers took); the rest, a fan-out's, as `send` sends them."""
+        for i, frames in enumerate(held):
+            if i >= self.burst or self._outbox:
+                self._send_or_queue(frames)
+            elif not self._send_now(frames):
+                self._queue(frames)
 
     def send(self, frames: list) -> None:
         """Send [identity, *frames] now, or queue it (in order) past this turn's `SEND_S` or while the peer is
@@ -119,6 +129,10 @@ class RouterSocket:
         """`send`, outside a burst."""
         if not self._outbox and self._in_turn_budget() and self._send_now(frames):
             return
+        self._queue(frames)
+
+    def _queue(self, frames: list) -> None:
+        """Put the message in the outbox, behind every other, for the flush task."""
         self._outbox.append(frames)
         if self._flushing is None or self._flushing.done():
             self._flushing = asyncio.get_running_loop().create_task(self._flush())

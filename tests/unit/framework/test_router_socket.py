@@ -255,3 +255,59 @@ def test_the_sends_of_a_burst_leave_together_at_its_end_in_order() -> None:
 
     h = Harness(on_message=echo)
     _run(scenario())
+
+
+def test_a_bursts_forwards_leave_at_once_even_past_the_turns_send_budget() -> None:
+    """A burst's forwards are not a fan-out: with this turn's send budget spent (a thread preempted mid-turn, or
+    the burst's own handlers' time), each still leaves at the burst's end, not a turn later through the outbox."""
+
+    def forward(frames: list) -> None:
+        h.io.send([b"peer", frames[1].bytes])
+
+    async def scenario() -> None:
+        task = asyncio.create_task(h.io.run())
+        try:
+            h.queue_on_socket(12)
+            assert [int(m) for m in await h.receive(12)] == list(range(12))
+            assert h.io._flushing is None and not h.io._outbox  # the outbox was never used
+        finally:
+            task.cancel()
+            h.close()
+
+    h = Harness(on_message=forward)
+    h.io._in_turn_budget = lambda: False  # type: ignore[method-assign]  # every turn's budget spent already
+    _run(scenario())
+
+
+def test_a_fan_out_from_a_burst_sends_a_burst_at_once_and_the_rest_in_later_turns_in_order() -> None:
+    """A handler that fans out (`burst` + 50 messages for one received): the first `burst` of the held sends leave
+    at the burst's end, the 50 others wait in the outbox for the next turns (the budget bounds a fan-out); every
+    one arrives once, in order."""
+    queued_after_burst: list[int] = []
+
+    def fan_out(frames: list) -> None:
+        for i in range(h.io.burst + 50):
+            h.io.send([b"peer", str(i).encode()])
+
+    async def scenario() -> None:
+        drain = h.io._drain
+
+        def recorded() -> bool:
+            full = drain()
+            queued_after_burst.append(len(h.io._outbox))
+            return full
+
+        h.io._drain = recorded  # type: ignore[method-assign]
+        task = asyncio.create_task(h.io.run())
+        try:
+            h.peer.send_multipart([b"go"])
+            got = [int(m) for m in await h.receive(h.io.burst + 50)]
+            assert got == list(range(h.io.burst + 50))
+            assert queued_after_burst[0] == 50, queued_after_burst
+        finally:
+            task.cancel()
+            h.close()
+
+    h = Harness(on_message=fan_out)
+    h.io._in_turn_budget = lambda: False  # type: ignore[method-assign]
+    _run(scenario())

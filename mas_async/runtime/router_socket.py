@@ -6,7 +6,7 @@ uses a plain (synchronous) pyzmq socket instead and only lets the event loop tel
 
 - receiving: the socket's file descriptor is watched with `loop.add_reader`; when it fires, `run()`
   takes every message already queued on the socket (up to `burst` of them or `BURST_S` seconds, then it
-  yields so other tasks and timers run: a burst never holds the loop much longer than that) and hands each
+  yields so other tasks and timers run: a burst holds the loop that long at most, and then its sends) and hands each
   one to `on_message`, synchronously; what the handlers send meanwhile is held and sent, in order, when the
   burst ends, so a peer gets a burst's messages together (one wake-up for several) rather than one at a time
   (the first `burst` of them at once: the budget below is for fan-outs, not for a burst's forwards);

@@ -29,6 +29,9 @@ and tasks on uvloop, one DEALER socket per simulated peer, each joining with a H
   the router a Generate for a policy nobody serves every `--ping-ms` (10 ms), which the router answers at once
   through its whole receive, dispatch and send path. Its threads run at real-time priority (SCHED_FIFO, where the
   user may set it: root), so that on cores the simulators saturate its round trip is not its own wait for a core.
+  Beside it, on the same idle loop, the probe worker: the last of the point's env workers (its share of the
+  episodes, run as the simulated workers run theirs), moved out of the simulators so that its EpisodeDone to its
+  next RunEpisode is the router's delay, not a saturated simulator's wait for its own loop.
 
 With `--leases` (the default; `cluster.leases: true` in the router's config) each replica also binds a
 direct socket and says its endpoint in its Hello; the router leases replicas to env workers (`Lease`), and an
@@ -63,8 +66,9 @@ and per replica count the saturation point: where requests/s stops growing with 
 What messages wait in the router, p50, p99 and max over the window, each from when the message was due (its
 place in the ping peer's pace; the env step's end or the trainer's answer before an EpisodeDone; the step's end
 before an UpdateWeights), not from when it actually went, so a late sender hides no delay (no coordinated
-omission): the ping peer's round trip; a worker's EpisodeDone to its next RunEpisode, where the router had an
-episode to give (its iteration was open); a step's UpdateWeights to the last replica's WeightsLoaded. The loop
+omission): the ping peer's round trip; the probe worker's EpisodeDone to its next RunEpisode, where the router had
+an episode to give (its iteration was open), and the same of the simulated workers (printed beside: their loops'
+lag is inside it); a step's UpdateWeights to the last replica's WeightsLoaded. The loop
 lag alone does not show these: receiving, sending and dispatching are bounded per turn of the router's loop,
 so a backlog waits in ZeroMQ's queues while a timer between the slices fires on time.
 
@@ -121,7 +125,7 @@ RUNS: dict[str, dict[str, Any]] = {
     "sweep": {"replicas": [64, 256, 1024], "episodes": [256, 1024, 2048, 4096], "turns": 4, "prompt_tokens": 512,
               "deployment_turns": None, "iteration_episodes": None, "staleness": 1, "seconds": 6.0},
     "smoke": {"replicas": [6], "episodes": [8, 16], "turns": 2, "prompt_tokens": 512, "deployment_turns": None,
-              "iteration_episodes": None, "staleness": 1, "seconds": 2.0, "procs": 2, "episodes_per_worker": 8,
+              "iteration_episodes": None, "staleness": 1, "seconds": 2.0, "procs": 2, "episodes_per_worker": 4,
               "warmup": 1.0, "batch": 1, "step_ms": 20.0},  # (133 ms per request)
 }  # fmt: skip
 """Each run's values of the options it sets (`--sweep`, `--smoke`, else the deployment's)."""

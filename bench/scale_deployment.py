@@ -168,6 +168,7 @@ def deployment_check(args: argparse.Namespace, points: list[dict[str, Any]], sat
         **_lag_at(at if at is not None else top, key),
         "message_delay": (at if at is not None else top).get("message_delay"),
         "ping_priority": (at if at is not None else top).get("ping_priority"),
+        "sim_lag_p99_ms": (at if at is not None else top).get("sim_lag_p99_ms"),
         "max_rps_measured": sat[nearest]["max_rps"],
     }
 

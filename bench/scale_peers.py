@@ -15,6 +15,7 @@ import os
 import random
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -583,7 +584,8 @@ class Sim:
         keys = self.spec["keys"]
         return None if keys is None else (keys[0], keys[1][name])
 
-    async def run(self) -> dict[str, Any]:
+    async def run(self, ready: Callable[[], None]) -> dict[str, Any]:
+        """Run the peers until the parent says stop; `ready()` once every one of them was welcomed."""
         spec = self.spec
         completion = [np.zeros(spec["tokens_per_turn"], np.int32), np.zeros(spec["tokens_per_turn"], np.float32), 0]
         result_payload = encode(GenerateResult(0, "", "", [[*completion, "length"]] * spec["k"]))[2]
@@ -601,7 +603,7 @@ class Sim:
             peer.hello()
         async with asyncio.timeout(JOIN_TIMEOUT_S):
             await asyncio.gather(*(p.welcomed for p in peers))
-        spec["out"].put(("ready", spec["index"], None))
+        ready()
         deadline = time.perf_counter() + spec["max_s"]
         beat = lag_at = time.perf_counter()
         while not self.stop.is_set() and time.perf_counter() < deadline and not self.shutdown_reason:
@@ -654,7 +656,7 @@ def sim_process(spec: dict[str, Any], stop: Any) -> None:
     import uvloop
 
     async def main() -> dict[str, Any]:
-        return await Sim(spec, stop).run()
+        return await Sim(spec, stop).run(lambda: spec["out"].put(("ready", spec["index"], None)))
 
     try:
         report = uvloop.run(main())
@@ -677,7 +679,11 @@ def ping_process(spec: dict[str, Any], stop: Any) -> None:
     worker of the run, of capacity 0 (no episode is dispatched to it), that sends a Generate for `PING_POLICY`
     every `ping_s` seconds and records, for each, when it was due (its place in the pace, not when it actually
     went: a late loop does not hide a slow router, no coordinated omission) and when the router's answer came.
-    Puts ("ready", index, None), then ("report", index, {"pings": [(due, answered or None)]})."""
+    Beside it, in the same process and on the same idle loop, the probe worker (`spec["probe"]`, a `Sim` of one
+    env worker, run as the simulators run theirs): its EpisodeDone to its next RunEpisode is the router's delay,
+    not a saturated simulator's wait for its own loop.
+    Puts ("ready", index, None), then ("report", index, {"pings": [(due, answered or None)], "probe": its Sim's
+    report})."""
     import uvloop
 
     async def main() -> dict[str, Any]:
@@ -685,7 +691,9 @@ def ping_process(spec: dict[str, Any], stop: Any) -> None:
         keys = spec["keys"]
         name = spec["name"]
         answered: dict[int, float] = {}
-        welcomed = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        welcomed, probe_ready = loop.create_future(), loop.create_future()
+        probe = loop.create_task(Sim(spec["probe"], stop).run(lambda: probe_ready.set_result(True)))
 
         def on_frames(frames: list) -> None:
             kind = frames[0].bytes[0]
@@ -697,7 +705,12 @@ def ping_process(spec: dict[str, Any], stop: Any) -> None:
         link = Link(ctx, name, spec["endpoint"], None if keys is None else (keys[0], keys[1][name]), on_frames)
         link.send(encode(Hello("env_worker", name, "", 0, PROTOCOL_VERSION, os.getpid())))
         async with asyncio.timeout(JOIN_TIMEOUT_S):
-            await welcomed
+            joined = asyncio.gather(welcomed, probe_ready)
+            await asyncio.wait({joined, probe}, return_when=asyncio.FIRST_COMPLETED)
+            if probe.done():  # (before the window it ends only on an error)
+                probe.result()
+                raise RuntimeError("the probe worker stopped before it was welcomed")
+            await joined
         spec["out"].put(("ready", spec["index"], None))
         payload = encode(Generate(0, PING_POLICY, name, 0.0, np.zeros(8, np.int32), 1, 1, 1.0, 1.0, False, [0]))[2]
         interval, due = spec["ping_s"], []
@@ -711,7 +724,7 @@ def ping_process(spec: dict[str, Any], stop: Any) -> None:
         await asyncio.sleep(0.5)  # (the answers to the last pings)
         link.close()
         ctx.term()
-        return {"pings": [(at, answered.get(i)) for i, at in enumerate(due)]}
+        return {"pings": [(at, answered.get(i)) for i, at in enumerate(due)], "probe": await probe}
 
     try:
         report = uvloop.run(main())

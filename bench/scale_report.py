@@ -89,9 +89,11 @@ def delay_line(args: argparse.Namespace, check: dict[str, Any]) -> str:
     the whole window (pooled) and, for the pings, the window's worst second; judged against `--p99-bound-ms` on
     the pings and the EpisodeDones (the fan-out to every replica is one message to each, printed beside)."""
     delay = check["message_delay"]
-    ping, dispatch, fanout = delay["ping"], delay["dispatch"], delay["fanout"]
-    judged = [f["p99_ms"] for f in (ping, dispatch) if f["n"]]
-    met = bool(judged) and max(judged) <= args.p99_bound_ms and not ping["lost"]
+    ping, probe, dispatch, fanout = delay["ping"], delay["probe"], delay["dispatch"], delay["fanout"]
+    met = bool(ping["n"] and probe["n"]) and max(ping["p99_ms"], probe["p99_ms"]) <= args.p99_bound_ms
+    met = met and not ping["lost"]
+    lag = check.get("sim_lag_p99_ms")
+    late = "" if lag is None or math.isnan(lag) else f", their loops {lag:.0f} ms late at p99"
     worst = ping["worst_second_p99_ms"]
     steps = f"steps, each to {check['measured_replicas']} replicas"
     return (
@@ -99,9 +101,11 @@ def delay_line(args: argparse.Namespace, check: dict[str, Any]) -> str:
         f"{check['measured_replicas']} replicas; from when each message was due): ping round trip "
         f"{_delay(ping, f'pings, one every {args.ping_ms:g} ms, the probe at {_probe(check)} priority')}"
         + ("" if math.isnan(worst) else f", the worst second's p99 {worst:.2f} ms")
-        + f"; a worker's EpisodeDone to its next RunEpisode {_delay(dispatch, 'episodes')}"
+        + f"; the probe worker's EpisodeDone to its next RunEpisode {_delay(probe, 'episodes, on the same loop')}"
         + f"; a step's UpdateWeights to its last WeightsLoaded {_delay(fanout, steps)}"
-        f". Target <= {args.p99_bound_ms:g} ms at p99 (the pings and the EpisodeDones): {'met' if met else 'NOT met'}"
+        f". Target <= {args.p99_bound_ms:g} ms at p99 (the pings and the probe worker's EpisodeDones): "
+        f"{'met' if met else 'NOT met'}. The simulated workers' EpisodeDone to their next RunEpisode, both ends "
+        f"waiting for the simulators' own loops{late}: {_delay(dispatch, 'episodes')}"
     )
 
 

@@ -158,7 +158,8 @@ def measure_point(args: argparse.Namespace, replicas: int, episodes: int, run_di
     sims: list[Any] = []
     reports: dict[int, dict[str, Any]] = {}
     try:
-        procs = min(args.procs, replicas + plan["env_workers"])
+        workers = list(enumerate(plan["capacities"]))  # (the last one is the probe worker, beside the ping peer)
+        procs = min(args.procs, replicas + len(workers) - 1)
         common = {
             "endpoint": endpoint,
             "keys": keys,
@@ -185,11 +186,13 @@ def measure_point(args: argparse.Namespace, replicas: int, episodes: int, run_di
                 "index": index,
                 "trainer": index == 0,
                 "replicas": list(range(index, replicas, procs)),
-                "env_workers": list(enumerate(plan["capacities"]))[index::procs],
+                "env_workers": workers[:-1][index::procs],
             }
             sims.append(spawn.Process(target=sim_process, args=(spec, stop), daemon=True))
+        probe = {**common, "index": procs, "trainer": False, "replicas": [],
+                 "env_workers": workers[-1:]}  # fmt: skip
         ping = {"endpoint": endpoint, "keys": keys, "out": out, "index": procs, "name": env_name(plan["env_workers"]),
-                "ping_s": args.ping_ms / 1000, "max_s": common["max_s"]}  # fmt: skip
+                "ping_s": args.ping_ms / 1000, "max_s": common["max_s"], "probe": probe}  # fmt: skip
         sims.append(spawn.Process(target=ping_process, args=(ping, stop), daemon=True))  # (taken as a simulator)
         for sim in sims:
             sim.start()
@@ -250,9 +253,13 @@ def measure_point(args: argparse.Namespace, replicas: int, episodes: int, run_di
         if router.poll() is None:
             router.kill()
         router.wait(timeout=10)
-    pings = reports.pop(procs)["pings"]
-    figures = _figures(args, plan, reports, t0, t1, (cpu1 - cpu0, main1 - main0), sim_cpu1 - sim_cpu0, rss)
-    figures["message_delay"] = message_delays(reports, pings, t0, t1, replicas)
+    ping = reports.pop(procs)
+    probe = ping["probe"]  # its requests, samples and episodes count with the simulators'; its own loop's lag does not
+    figures = _figures(
+        args, plan, {**reports, procs: {**probe, "lag": [], "queued": [], "dispatches": []}}, t0, t1,
+        (cpu1 - cpu0, main1 - main0), sim_cpu1 - sim_cpu0, rss,
+    )  # fmt: skip
+    figures["message_delay"] = message_delays(reports, ping["pings"], t0, t1, replicas, probe["dispatches"])
     figures["router_warnings"] = warnings
     figures["router_on_cores"] = router_on
     figures["ping_priority"] = probe_priority
@@ -267,15 +274,28 @@ def delay_figures(delays_s: list[float], lost: int = 0) -> dict[str, Any]:
             "max_ms": float(ms.max()) if len(ms) else float("nan"), "lost": lost}  # fmt: skip
 
 
+def _refills(dispatches: list[tuple[float, float, bool]], t0: float, t1: float) -> list[float]:
+    """EpisodeDone to next RunEpisode of `dispatches` (`SimEnvWorker.dispatched`) due in [t0, t1), where the router
+    had work to give."""
+    return [got - due for due, got, router in dispatches if router and t0 <= due < t1]
+
+
 def message_delays(
-    reports: dict[int, dict[str, Any]], pings: list[tuple[float, float | None]], t0: float, t1: float, replicas: int
+    reports: dict[int, dict[str, Any]],
+    pings: list[tuple[float, float | None]],
+    t0: float,
+    t1: float,
+    replicas: int,
+    probe: list[tuple[float, float, bool]],
 ) -> dict[str, Any]:
     """What messages waited in the router, over the window [t0, t1) (by when each was due):
 
     - ping: the ping peer's round trip, from each ping's place in its pace (`ping_process`); one unanswered is
       lost; `worst_second_p99_ms`: the p99 of the window's worst second;
-    - dispatch: a worker's EpisodeDone (when it was due: its last env step's end, or its trainer's answer) to
-      its next RunEpisode, where the router had work to give (`SimEnvWorker.dispatched`);
+    - dispatch: a simulated worker's EpisodeDone (when it was due: its last env step's end, or its trainer's
+      answer) to its next RunEpisode, where the router had work to give (`SimEnvWorker.dispatched`; both ends
+      wait for the simulator's loop too);
+    - probe: the same of the probe worker (`probe`, its dispatches), on the ping peer's idle loop: the router's;
     - fanout: the trainer's UpdateWeights (when its step ended) to the last of the replicas taking it and
       answering WeightsLoaded (`lost`: steps some replica never heard of)."""
     rtt = [(due, answered - due) for due, answered in pings if t0 <= due < t1 and answered is not None]
@@ -284,9 +304,7 @@ def message_delays(
     for due, delay in rtt:
         seconds.setdefault(int(due - t0), []).append(delay)
     worst = max((_percentile(np.array(d) * 1000, 99) for d in seconds.values() if len(d) >= 10), default=float("nan"))
-    dispatch = [
-        got - due for r in reports.values() for due, got, router in r["dispatches"] if router and t0 <= due < t1
-    ]
+    dispatch = [delay for r in reports.values() for delay in _refills(r["dispatches"], t0, t1)]
     loaded: dict[int, list[float]] = {}
     for r in reports.values():
         for version, at in r["loaded"]:
@@ -296,6 +314,7 @@ def message_delays(
     return {
         "ping": {**delay_figures([d for _, d in rtt], lost), "worst_second_p99_ms": worst},
         "dispatch": delay_figures(dispatch),
+        "probe": delay_figures(_refills(probe, t0, t1)),
         "fanout": delay_figures(fanout, len(updates) - len(fanout)),
     }
 

@@ -370,6 +370,7 @@ def test_scale_smoke(tmp_path: Path) -> None:
         assert ping["n"] > 0 and ping["lost"] == 0 and 0 < ping["p50_ms"] <= ping["p99_ms"] <= ping["max_ms"]
         assert fanout["n"] > 0 and 0 < fanout["p50_ms"] <= fanout["max_ms"]
     assert sum(p["message_delay"]["dispatch"]["n"] for p in points) > 0
+    assert sum(p["message_delay"]["probe"]["n"] for p in points) > 0  # (the probe worker ran episodes too)
     top = max(points, key=lambda p: p["episodes_per_s"])
     assert check["message_delay"] == top["message_delay"]
     # The probe runs at real-time priority where this user may set it (root), and the line says which it had.

@@ -141,7 +141,8 @@ def test_the_own_delay_is_judged_on_the_windows_ticks_and_the_worst_rows_figures
 
 def test_message_delays_count_from_when_each_message_was_due_within_the_window():
     """Pings by their place in the pace (a ping due at 0.50 s and answered at 0.58 s waited 80 ms, however late it
-    went), one unanswered lost; EpisodeDone to RunEpisode only where the router had work to give; a step's fan-out
+    went), one unanswered lost; EpisodeDone to RunEpisode only where the router had work to give, the probe worker's
+    apart from the simulated workers'; a step's fan-out
     to its last WeightsLoaded only where every replica took it; nothing due outside the window."""
     from bench.scale_sweep import message_delays
 
@@ -151,11 +152,14 @@ def test_message_delays_count_from_when_each_message_was_due_within_the_window()
             "updates": [(1, 0.4), (2, 0.8), (3, 1.9)], "loaded": [(1, 0.41), (2, 0.82), (3, 1.95)]},
         1: {"dispatches": [(0.6, 0.61, True)], "updates": [], "loaded": [(1, 0.43)]},
     }  # fmt: skip
-    delays = message_delays(reports, pings, t0=0.0, t1=1.0, replicas=2)
+    probe = [(0.25, 0.251, True), (0.7, 0.704, True), (0.8, 1.3, False), (1.2, 1.201, True)]
+    delays = message_delays(reports, pings, t0=0.0, t1=1.0, replicas=2, probe=probe)
     ping = delays["ping"]
     assert ping["n"] == 10 and ping["lost"] == 1 and math.isclose(ping["max_ms"], 80.0)
     assert math.isclose(ping["p50_ms"], 2.0)
     dispatch = delays["dispatch"]  # (the wait for a step, 600 ms, is not the router's; 1.5 s is after the window)
     assert dispatch["n"] == 2 and math.isclose(dispatch["max_ms"], 10.0) and math.isclose(dispatch["p50_ms"], 6.5)
+    probe = delays["probe"]  # the probe worker's alone, by the same rule (not pooled with the simulated workers')
+    assert probe["n"] == 2 and math.isclose(probe["max_ms"], 4.0) and math.isclose(probe["p50_ms"], 2.5)
     fanout = delays["fanout"]  # version 2 reached one replica of the two: lost; version 3 is after the window
     assert fanout["n"] == 1 and fanout["lost"] == 1 and math.isclose(fanout["max_ms"], 30.0)

@@ -308,6 +308,13 @@ class Router(Actor):
         self.io.send([self.routes.get(identity, identity), *frames])
         self.sent_at[identity] = time.monotonic()
 
+    def fan_out(self, identities: list[bytes], frames: list) -> None:
+        """`forward` to each of `identities`, a slice at a time (`RouterSocket.fan_out`)."""
+        now = time.monotonic()
+        for identity in identities:
+            self.sent_at[identity] = now
+        self.io.fan_out([self.routes.get(identity, identity) for identity in identities], frames)
+
     def _on_frames(self, frames: list) -> None:
         route, body = frames[0].bytes, frames[1:]
         identity = route if self.deployment.keys_dir is None else self._key_name(route, body)
@@ -454,8 +461,7 @@ class Router(Actor):
             self._on_episode_done(msg)
         elif isinstance(msg, UpdateWeights):
             frames = encode(msg)  # once for all the policy's replicas (a thousand at a large run)
-            for ident in self.table.of_policy("inference", msg.policy, alive=True):
-                self.forward(ident, frames)
+            self.fan_out(list(self.table.of_policy("inference", msg.policy, alive=True)), frames)
         elif isinstance(msg, Trained):
             if msg.error:
                 raise RuntimeError(f"trainer of policy {msg.policy!r} failed: {msg.error}")

@@ -15,6 +15,10 @@ uses a plain (synchronous) pyzmq socket instead and only lets the event loop tel
   (ROUTER_MANDATORY refuses the message on its first frame, never part-way), the message waits in an
   outbox, in order (every later one behind it: no message overtakes another), and a flush task sends
   it on the next turns, `SEND_S` seconds a turn, retrying while the peer has no room;
+- fanning out (`fan_out`: one message to each of a thousand replicas): a slice of `FAN_OUT_SLICE` now and the
+  next every `FAN_OUT_GAP_S`, so that libzmq's I/O thread, which encrypts and writes each, never holds a thousand
+  in front of an answer sent meanwhile; a message to a peer whose copy still waits takes that copy with it, in
+  front (each peer's messages keep their order);
 - ZMQ's descriptor is edge-triggered: any operation on the socket (a send included) may consume the
   notification of messages that arrived meanwhile. So the receive loop re-reads ZMQ_EVENTS before it
   sleeps, and every send wakes it to do so.
@@ -27,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 
 import zmq
@@ -44,6 +48,11 @@ BURST_S = 0.0005
 """The most seconds one burst of received messages holds the event loop (then the next message waits a turn)."""
 SEND_S = 0.0005
 """The most seconds of one turn of the loop in which messages are sent at once (the rest leave on the next turns)."""
+FAN_OUT_SLICE = 64
+"""A fan-out's messages sent together (`fan_out`): libzmq's I/O thread takes 10-20 us to encrypt and write each,
+so a slice holds an answer sent after it ~1 ms in libzmq, where a thousand at once held it 12-20 ms."""
+FAN_OUT_GAP_S = 0.001
+"""Seconds between a fan-out's slices (so the I/O thread writes one slice before the next is handed to it)."""
 
 
 class RouterSocket:
@@ -61,6 +70,9 @@ class RouterSocket:
         self._turn_began: float | None = None
         """When this turn of the loop sent its first message (None: it sent none yet)."""
         self._draining = False
+        self._fanning: OrderedDict[bytes, list[list]] = OrderedDict()
+        """identity -> the fan-outs' messages to it not sent yet, in order (`fan_out`)."""
+        self._fan_task: asyncio.Task | None = None
         self._held: list[list] = []
         """What the handlers of the burst under way sent (it leaves when the burst ends)."""
         self.unsent = 0
@@ -82,8 +94,9 @@ class RouterSocket:
                 await self._wake.wait()
         finally:
             loop.remove_reader(fd)
-            if self._flushing is not None:
-                self._flushing.cancel()
+            for task in (self._flushing, self._fan_task):
+                if task is not None:
+                    task.cancel()
 
     def _drain(self) -> bool:
         """Hand over the queued messages; True when the burst ran out before the queue did."""
@@ -117,9 +130,40 @@ class RouterSocket:
             elif not self._send_now(frames):
                 self._queue(frames)
 
+    def fan_out(self, identities: list[bytes], frames: list) -> None:
+        """Send `frames` to each of `identities`: `FAN_OUT_SLICE` of them now, the next slice every `FAN_OUT_GAP_S`.
+        A message sent meanwhile to a peer whose copy waits takes that copy with it, in front (each peer's messages
+        keep their order); to any other peer it goes as it would, ahead of the fan-out's rest."""
+        for identity in identities:
+            self._fanning.setdefault(identity, []).append([identity, *frames])
+        self._send_fan_slice()
+        if self._fanning and (self._fan_task is None or self._fan_task.done()):
+            try:
+                self._fan_task = asyncio.get_running_loop().create_task(self._fan_rest())
+            except RuntimeError:  # no loop: nothing else waits on one
+                while self._fanning:
+                    self._send_fan_slice()
+
+    def _send_fan_slice(self) -> None:
+        for _ in range(min(FAN_OUT_SLICE, len(self._fanning))):
+            for frames in self._fanning.popitem(last=False)[1]:
+                self._send_or_hold(frames)
+
+    async def _fan_rest(self) -> None:
+        while self._fanning:
+            await asyncio.sleep(FAN_OUT_GAP_S)
+            self._send_fan_slice()
+
     def send(self, frames: list) -> None:
         """Send [identity, *frames] now, or queue it (in order) past this turn's `SEND_S` or while the peer is
         at its high-water mark."""
+        if self._fanning and frames[0] in self._fanning:  # its fan-out copies first
+            for earlier in self._fanning.pop(frames[0]):
+                self._send_or_hold(earlier)
+        self._send_or_hold(frames)
+
+    def _send_or_hold(self, frames: list) -> None:
+        """`send`, once no fan-out's copy waits for the peer."""
         if self._draining:
             self._held.append(frames)
             return

@@ -23,6 +23,7 @@ from mas_async.wire.messages import (
     RunEpisode,
     Trained,
     TrainStep,
+    UpdateWeights,
     WeightsLoaded,
     Withdrawn,
     decode,
@@ -43,6 +44,10 @@ class _Sent:
 
     def send(self, frames: list) -> None:
         self.sent.append((frames[0], decode([bytes(f) for f in frames[1:]])))
+
+    def fan_out(self, identities: list[bytes], frames: list) -> None:
+        for identity in identities:
+            self.send([identity, *frames])
 
     def of(self, cls: type) -> list[tuple[bytes, object]]:
         return [(who, msg) for who, msg in self.sent if isinstance(msg, cls)]
@@ -384,3 +389,19 @@ def test_under_parallel_sampling_every_episode_of_a_problem_goes_to_one_trainer_
         iteration.cancel()
 
     asyncio.run(scenario())
+
+
+def test_a_trainers_update_reaches_every_live_replica_of_its_policy_once(tmp_path):
+    """The trainer's UpdateWeights goes out as one fan-out (`RouterSocket.fan_out`, a slice at a time) to each live
+    replica of its policy: not to a replica that was lost, not to another policy's."""
+    router = _router(tmp_path, "policies.horizontal.replicas=2")
+    second = b"inference/horizontal/1"
+    router._on_hello(second, Hello("inference", second.decode(), "horizontal", 1, PROTOCOL_VERSION, 1))
+    router._handle(TRAINERS[1], UpdateWeights("horizontal", 1, 0))
+    updates = router.io.of(UpdateWeights)
+    assert sorted(who for who, _ in updates) == [b"inference/horizontal/0", second]
+    assert all(msg == UpdateWeights("horizontal", 1, 0) for _, msg in updates)
+    router.io.sent.clear()
+    router._peer_died(second, router.peers[second])
+    router._handle(TRAINERS[1], UpdateWeights("horizontal", 2, 0))
+    assert [who for who, _ in router.io.of(UpdateWeights)] == [b"inference/horizontal/0"]

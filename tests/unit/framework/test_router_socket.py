@@ -311,3 +311,106 @@ def test_a_fan_out_from_a_burst_sends_a_burst_at_once_and_the_rest_in_later_turn
     h = Harness(on_message=fan_out)
     h.io._in_turn_budget = lambda: False  # type: ignore[method-assign]
     _run(scenario())
+
+
+class Peers:
+    """A ROUTER driven by RouterSocket and `count` DEALER peers named b"p0", b"p1", ..., each joined (the router has
+    seen a message from it, so ROUTER_MANDATORY knows its identity)."""
+
+    def __init__(self, count: int) -> None:
+        self.ctx = zmq.Context()
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.router.setsockopt(zmq.LINGER, 0)
+        port = self.router.bind_to_random_port("tcp://127.0.0.1")
+        self.names = [f"p{i}".encode() for i in range(count)]
+        self.peers = {}
+        for name in self.names:
+            peer = self.ctx.socket(zmq.DEALER)
+            peer.setsockopt(zmq.IDENTITY, name)
+            peer.setsockopt(zmq.LINGER, 0)
+            peer.connect(f"tcp://127.0.0.1:{port}")
+            peer.send(b"hello")
+            self.peers[name] = peer
+        for _ in self.names:
+            assert self.router.poll(int(WAIT_S * 1000)), "a peer never said hello"
+            self.router.recv_multipart()
+        self.io = RouterSocket(self.router, lambda frames: None)
+
+    async def gather(self, count: int, wait_s: float = WAIT_S) -> list[tuple[bytes, bytes, float]]:
+        """(peer, message, when it was read) of the next `count` messages, over all the peers, as they come (fewer
+        after `wait_s`)."""
+        got: list[tuple[bytes, bytes, float]] = []
+        deadline = time.monotonic() + wait_s
+        while len(got) < count and time.monotonic() < deadline:
+            idle = True
+            for name, peer in self.peers.items():
+                try:
+                    got.append((name, peer.recv(zmq.NOBLOCK), time.monotonic()))
+                    idle = False
+                except zmq.Again:
+                    pass
+            if idle:
+                await asyncio.sleep(0.001)
+        return got
+
+    def close(self) -> None:
+        self.ctx.destroy(linger=0)
+
+
+def test_a_fan_out_leaves_a_slice_at_a_time_each_peer_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """150 peers, slices of 50 every 0.1 s: 50 go at once, the other 100 wait; every peer gets its copy once, and the
+    last slice cannot arrive before two gaps have passed. With no loop running, all of them go at once."""
+    from mas_async.runtime import router_socket
+
+    monkeypatch.setattr(router_socket, "FAN_OUT_SLICE", 50)
+    monkeypatch.setattr(router_socket, "FAN_OUT_GAP_S", 0.1)
+    h = Peers(150)
+
+    async def scenario() -> None:
+        began = time.monotonic()
+        h.io.fan_out(h.names, [b"update"])
+        assert len(h.io._fanning) == 100  # the first slice went, the rest waits
+        got = await h.gather(150)
+        assert sorted(name for name, _, _ in got) == sorted(h.names) and {m for _, m, _ in got} == {b"update"}
+        assert max(at for _, _, at in got) - began >= 0.2  # the third slice, two gaps later
+        assert not h.io._fanning and not await h.gather(1, wait_s=0.5)  # nothing more, nothing twice
+
+    try:
+        _run(scenario())
+        h.io.fan_out(h.names, [b"again"])  # (no loop)
+        assert not h.io._fanning
+        got = uvloop.run(h.gather(150))
+        assert sorted(name for name, _, _ in got) == sorted(h.names) and {m for _, m, _ in got} == {b"again"}
+    finally:
+        h.close()
+
+
+def test_a_message_to_a_peer_whose_fan_out_copy_waits_follows_that_copy_and_overtakes_the_rest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """During a fan-out in slices, a message to a peer still waiting for its copy takes the copy with it, in front
+    (each peer's messages in order), and both leave before the fan-out's later slices; a message to a peer outside
+    the fan-out leaves at once too."""
+    from mas_async.runtime import router_socket
+
+    monkeypatch.setattr(router_socket, "FAN_OUT_SLICE", 50)
+    monkeypatch.setattr(router_socket, "FAN_OUT_GAP_S", 0.1)
+    h = Peers(151)
+    fanned, outside = h.names[:150], h.names[150]
+
+    async def scenario() -> None:
+        h.io.fan_out(fanned, [b"update"])
+        h.io.send([b"p120", b"after"])
+        h.io.send([outside, b"answer"])
+        got = await h.gather(152)
+        order = [(name, message) for name, message, _ in got]
+        assert [m for name, m in order if name == b"p120"] == [b"update", b"after"]
+        assert order.index((b"p120", b"after")) < order.index((b"p149", b"update"))  # ahead of the last slice
+        assert order.index((outside, b"answer")) < order.index((b"p149", b"update"))
+        assert sorted(name for name, _ in order) == sorted([*fanned, b"p120", outside])
+
+    try:
+        _run(scenario())
+    finally:
+        h.close()

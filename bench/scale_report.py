@@ -87,12 +87,13 @@ def delay_line(args: argparse.Namespace, check: dict[str, Any]) -> str:
     (else of the most load): the ping peer's round trip, a worker's EpisodeDone to its next RunEpisode, a step's
     UpdateWeights to its last WeightsLoaded, each from when the message was due (no coordinated omission), over
     the whole window (pooled) and, for the pings, the window's worst second; judged against `--p99-bound-ms` on
-    the pings and the EpisodeDones (the fan-out to every replica is one message to each, printed beside)."""
+    the pings and the probe worker's EpisodeDones (the simulated workers', which wait for their own loops, and the
+    fan-out to every replica, one message to each, are printed beside)."""
     delay = check["message_delay"]
     ping, probe, dispatch, fanout = delay["ping"], delay["probe"], delay["dispatch"], delay["fanout"]
     met = bool(ping["n"] and probe["n"]) and max(ping["p99_ms"], probe["p99_ms"]) <= args.p99_bound_ms
     met = met and not ping["lost"]
-    lag = check.get("sim_lag_p99_ms")
+    lag = check["sim_lag_p99_ms"]
     late = "" if lag is None or math.isnan(lag) else f", their loops {lag:.0f} ms late at p99"
     worst = ping["worst_second_p99_ms"]
     steps = f"steps, each to {check['measured_replicas']} replicas"

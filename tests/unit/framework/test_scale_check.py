@@ -12,7 +12,7 @@ import pytest
 
 from bench.scale import parse_args
 from bench.scale_deployment import cpu_fit, deployment_check
-from bench.scale_report import cpu_line, own_delay
+from bench.scale_report import cpu_line, delay_line, own_delay
 from bench.scale_sweep import router_lag
 from mas_async.metrics import Keys
 from mas_async.router.loop_lag import OVER_MS
@@ -163,3 +163,27 @@ def test_message_delays_count_from_when_each_message_was_due_within_the_window()
     assert probe["n"] == 2 and math.isclose(probe["max_ms"], 4.0) and math.isclose(probe["p50_ms"], 2.5)
     fanout = delays["fanout"]  # version 2 reached one replica of the two: lost; version 3 is after the window
     assert fanout["n"] == 1 and fanout["lost"] == 1 and math.isclose(fanout["max_ms"], 30.0)
+
+
+def test_the_message_delay_is_judged_on_the_pings_and_the_probe_worker_not_on_the_simulated_workers():
+    """The verdict reads the pings' and the probe worker's p99 (on an idle loop: the router's delay); the simulated
+    workers' EpisodeDones, which wait for their own saturated loops, are printed beside it, with those loops' lag."""
+
+    def figures(p99: float, n: int = 100, lost: int = 0) -> dict:
+        return {"n": n, "p50_ms": p99 / 4, "p99_ms": p99, "max_ms": 2 * p99, "lost": lost}
+
+    def line(ping: dict, probe: dict, dispatch: dict) -> str:
+        delay = {"ping": {**ping, "worst_second_p99_ms": 6.0}, "probe": probe, "dispatch": dispatch,
+                 "fanout": figures(60.0, n=5)}  # fmt: skip
+        check = {"message_delay": delay, "router_lag_at_load": 2000.0, "unit": "episode", "measured_replicas": 1024,
+                 "ping_priority": "SCHED_FIFO", "sim_lag_p99_ms": 90.0}  # fmt: skip
+        return delay_line(parse_args([]), check)
+
+    met = line(figures(4.0), figures(4.5), figures(230.0))
+    assert "the probe worker's EpisodeDone to its next RunEpisode p50 1.12 / p99 4.50" in met
+    assert "(the pings and the probe worker's EpisodeDones): met." in met
+    assert met.endswith("their loops 90 ms late at p99: p50 57.50 / p99 230.00 / max 460.00 ms (100 episodes)")
+    assert ": NOT met." in line(figures(4.0), figures(5.5), figures(3.0))  # the probe over the bound
+    assert ": NOT met." in line(figures(5.5), figures(4.0), figures(3.0))  # the pings over it
+    assert ": NOT met." in line(figures(4.0), figures(0.0, n=0), figures(3.0))  # the probe ran no episode
+    assert ": NOT met." in line(figures(4.0, lost=1), figures(4.0), figures(3.0))  # a ping never answered

@@ -9,7 +9,9 @@ delegated to this process, else a number of concurrent runs sized by the memory 
 - `RunCgroup`: one run's cgroup (memory.max and memory.swap.max: the run's memory, all its processes
   together; pids.max: its processes and threads); the run's first process moves itself in before it
   execs bubblewrap, so everything the run starts is inside; removed when the run has ended.
-- `max_concurrency(memory_bytes)`: runs in flight per event loop: 4 per core, and without a cgroup
+- `max_concurrency(memory_bytes)`: runs in flight per event loop: 4 per CPU this process may use
+  (`mas_async.cpu_limit.usable_cpus`: its affinity and its cgroup's CPU quota, not the machine's cores:
+  under a SLURM step of 1 CPU on a 128-core node, 4 runs share that CPU, not 512), and without a cgroup
   also at most half of the memory available now divided by a run's memory limit, so that a batch of
   hostile programs, each at its limit, cannot take a node's memory from its trainer.
 """
@@ -21,6 +23,8 @@ import functools
 import itertools
 import os
 from pathlib import Path
+
+from mas_async.cpu_limit import usable_cpus
 
 CONTROLLERS = ("memory", "pids")
 _configured_root: str | None = None
@@ -108,7 +112,7 @@ def memory_available() -> int:
 
 def max_concurrency(memory_bytes: int) -> int:
     """Runs in flight per event loop (see the module's docstring)."""
-    by_cores = max(4, 4 * (os.cpu_count() or 1))
+    by_cores = 4 * usable_cpus()
     if cgroup_root() is not None:
         return by_cores
     available = memory_available()

@@ -28,7 +28,7 @@ def stand_in(tmp_path: Path):
 
 def test_without_a_cgroup_concurrency_is_sized_by_the_memory_available(monkeypatch) -> None:
     monkeypatch.setattr(capacity, "cgroup_root", lambda: None)
-    monkeypatch.setattr(capacity.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(capacity, "usable_cpus", lambda: 8)
     monkeypatch.setattr(capacity, "memory_available", lambda: 10 * GiB)
     assert capacity.max_concurrency(1 * GiB) == 5  # half the memory available, a run's limit each
     assert capacity.max_concurrency(64 << 20) == 32  # 4 per core at most

@@ -294,7 +294,7 @@ class Router(Actor):
             self.spawn(authenticator.serve(), "zap")
         self.spawn(self.refusals.watch(sock, authenticator), "refused-handshakes")
         sock.bind(self.deployment.router_endpoint)
-        self.io = RouterSocket(zmq.Socket.shadow(sock.underlying), self._on_frames)
+        self.io = RouterSocket(zmq.Socket.shadow(sock.underlying), self._on_frames, spawn=self.spawn)
         self._sock = sock  # owns the socket (closed with the context)
         self.spawn(self.io.run(), "receive")
         self.spawn(self._watchdog(), "watchdog")
@@ -472,6 +472,13 @@ class Router(Actor):
         else:
             self.refuse(identity, type(msg), "no peer sends it to the router")
 
+    def _forget_route(self, name: str, *routes: bytes | None) -> None:
+        """Drop the messages still waiting for a replaced peer's routes (`RouterSocket.forget`): the replacement's
+        Welcome is the first message it gets, and what waited was for its predecessor (a catch-up order follows)."""
+        dropped = sum(self.io.forget(r) for r in dict.fromkeys(routes) if r is not None)
+        if dropped:
+            log.info("dropped %d message(s) still waiting for the replaced %s", dropped, name)
+
     def _on_hello(self, identity: bytes, msg: Hello, route: bytes | None = None) -> None:
         """A peer says who it is (`identity`: with CURVE, the process its key was issued to) over the
         connection `route` (its socket identity; `identity` itself without CURVE)."""
@@ -503,6 +510,8 @@ class Router(Actor):
                 self._lost_before_hello(name)
             self.faults.replacement_joined(identity, msg.died_at or time.time())
         self.replacing.discard(name)
+        if replacement:  # what still waits for the predecessor (a sliced fan-out's copy) must not reach this one
+            self._forget_route(name, self.routes.get(identity), identity if route is None else route)
         # A replacement replica of a training run serves once it loaded the weights the others hold.
         serving = not (replacement and msg.role == "inference" and self.deployment.training)
         served = self.cfg.served_policies(msg.policy, self.deployment.training) if msg.role == "inference" else []

@@ -209,6 +209,8 @@ class Peer(Actor):
         self._sent_at = float("-inf")
         """When the last message was queued for the router (time.monotonic())."""
         self.sock: zmq.asyncio.Socket | None = None
+        self.before_welcome = 0
+        """Messages from the router dropped because they came before its Welcome (`_await_welcome`)."""
         self.endpoint = ""
         """Where this process takes messages of its own (an inference replica's direct socket with
         `cluster.leases`), said in its Hello; set before `setup` runs. "": nowhere but from the router."""
@@ -243,14 +245,40 @@ class Peer(Actor):
                 )
         finally:
             handshakes.close()
-        reply = decode(await self.sock.recv_multipart())
-        if not isinstance(reply, Welcome):
-            raise RuntimeError(f"expected Welcome from the router, got {type(reply).__name__}")
+        await self._await_welcome()
         self._router_seen = time.monotonic()
         self.spawn(self._receive_loop(), "receive")
         self.spawn(self._send_loop(), "send")
         self.spawn(self._heartbeat_loop(), "heartbeat")
         log.info("connected to router at %s", self.router_endpoint)
+
+    async def _await_welcome(self) -> None:
+        """Take the router's messages until its Welcome, within `startup_timeout_s`. Anything before the Welcome
+        was addressed to a predecessor under this identity (a copy that waited in the router while it was
+        replaced): it is dropped and counted, not obeyed and not fatal; what this process needs comes after the
+        Welcome (a catch-up order). An undecodable message is dropped the same way."""
+        assert self.sock is not None
+        deadline = time.monotonic() + self.startup_timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                frames = await asyncio.wait_for(self.sock.recv_multipart(), max(remaining, 0.0))
+            except TimeoutError:
+                raise PeerDead(
+                    f"no Welcome from the router at {self.router_endpoint} in {self.startup_timeout_s}s "
+                    f"({self.before_welcome} other message(s) dropped meanwhile)"
+                ) from None
+            try:
+                reply = decode(frames)
+            except CodecError as e:
+                reply = e
+            if isinstance(reply, Welcome):
+                return
+            self.before_welcome += 1
+            log.warning(
+                "dropped a %s from the router before its Welcome (it was for a predecessor under this name)",
+                type(reply).__name__,
+            )
 
     def send(self, msg: Message) -> None:
         """Queue a message for the router (never blocks the caller)."""

@@ -98,7 +98,7 @@ class DirectSocket:
         sock.bind(bind_endpoint(self.address))
         self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._sock = sock  # owns the socket (closed with the context)
-        self.io = RouterSocket(zmq.Socket.shadow(sock.underlying), self._on_frames)
+        self.io = RouterSocket(zmq.Socket.shadow(sock.underlying), self._on_frames, spawn=spawn)
         spawn(self.io.run(), "direct-receive")
         log.info("taking %s directly at %s", self.what, self.endpoint)
         return self.endpoint

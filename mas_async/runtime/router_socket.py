@@ -19,11 +19,15 @@ uses a plain (synchronous) pyzmq socket instead and only lets the event loop tel
   next every `FAN_OUT_GAP_S`, so that libzmq's I/O thread, which encrypts and writes each, never holds a thousand
   in front of an answer sent meanwhile; a message to a peer whose copy still waits takes that copy with it, in
   front (each peer's messages keep their order);
+- forgetting a peer (`forget`): a replacement that says Hello under its predecessor's identity first drops what
+  still waits for that identity (a fan-out's copies, the outbox's, a burst's held sends): they were for the
+  process that is gone, and the Welcome must be the first message the replacement gets;
 - ZMQ's descriptor is edge-triggered: any operation on the socket (a send included) may consume the
   notification of messages that arrived meanwhile. So the receive loop re-reads ZMQ_EVENTS before it
   sleeps, and every send wakes it to do so.
 
-An exception raised by `on_message` propagates out of `run()` (a supervised task: the actor stops).
+An exception raised by `on_message` propagates out of `run()` (a supervised task: the actor stops); the flush and
+fan-out tasks are started with `spawn` (the actor's: supervised too, so their failure stops the actor as well).
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import zmq
 
@@ -55,9 +60,24 @@ FAN_OUT_GAP_S = 0.001
 """Seconds between a fan-out's slices (so the I/O thread writes one slice before the next is handed to it)."""
 
 
+Spawn = Callable[[Coroutine[Any, Any, None], str], asyncio.Task]
+"""Starts a task of the socket's (the owner's supervised `Actor.spawn`)."""
+
+
+def _create_task(coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task:
+    return asyncio.get_running_loop().create_task(coro, name=name)
+
+
 class RouterSocket:
-    def __init__(self, sock: zmq.Socket, on_message: Callable[[list[zmq.Frame]], None], burst: int = 256) -> None:
+    def __init__(
+        self,
+        sock: zmq.Socket,
+        on_message: Callable[[list[zmq.Frame]], None],
+        burst: int = 256,
+        spawn: Spawn = _create_task,
+    ) -> None:
         self.sock = sock
+        self._spawn = spawn
         # pyzmq's own send, not the Python wrapper around it (which only adds routing-id and group arguments
         # the router never uses): a third less CPU per frame, and every forwarded message is four frames.
         base = zmq.backend.Socket
@@ -77,6 +97,8 @@ class RouterSocket:
         """What the handlers of the burst under way sent (it leaves when the burst ends)."""
         self.unsent = 0
         """Messages to an unknown or vanished identity (ROUTER_MANDATORY refused them; logged, rate-limited)."""
+        self.forgotten = 0
+        """Messages dropped unsent because their peer was replaced before they left (`forget`)."""
         self._warnings = LogLimit()
 
     async def run(self) -> None:
@@ -139,15 +161,31 @@ class RouterSocket:
         self._send_fan_slice()
         if self._fanning and (self._fan_task is None or self._fan_task.done()):
             try:
-                self._fan_task = asyncio.get_running_loop().create_task(self._fan_rest())
+                asyncio.get_running_loop()
             except RuntimeError:  # no loop: nothing else waits on one
                 while self._fanning:
                     self._send_fan_slice()
+            else:
+                self._fan_task = self._spawn(self._fan_rest(), "fan-out")
 
     def _send_fan_slice(self) -> None:
         for _ in range(min(FAN_OUT_SLICE, len(self._fanning))):
             for frames in self._fanning.popitem(last=False)[1]:
                 self._send_or_hold(frames)
+
+    def forget(self, identity: bytes) -> int:
+        """Drop every message still waiting for `identity` (its fan-out copies, the outbox's, those held by the
+        burst under way): the peer it was for is gone, and a replacement under the same identity must get its
+        Welcome first. Returns how many were dropped (also counted in `forgotten`)."""
+        dropped = len(self._fanning.pop(identity, ()))
+        for name in ("_outbox", "_held"):
+            waiting = getattr(self, name)
+            kept = [frames for frames in waiting if bytes(frames[0]) != identity]
+            dropped += len(waiting) - len(kept)
+            if len(kept) != len(waiting):
+                setattr(self, name, deque(kept) if name == "_outbox" else kept)
+        self.forgotten += dropped
+        return dropped
 
     async def _fan_rest(self) -> None:
         while self._fanning:
@@ -179,7 +217,7 @@ class RouterSocket:
         """Put the message in the outbox, behind every other, for the flush task."""
         self._outbox.append(frames)
         if self._flushing is None or self._flushing.done():
-            self._flushing = asyncio.get_running_loop().create_task(self._flush())
+            self._flushing = self._spawn(self._flush(), "flush")
 
     def _in_turn_budget(self) -> bool:
         """Whether this turn of the loop has sent for less than `SEND_S` so far (always, with no loop running)."""

@@ -117,8 +117,6 @@ class PolicyLearner:
     ) -> None:
         """`model_path`: the weights to start from; with `policies.<p>.lora`, the base model, and the
         adapters are fresh or those saved in `adapter` (a checkpoint's)."""
-        from transformers import AutoModelForCausalLM
-
         spec = config.policies[policy]
         self.algo = config.algorithm
         self.cfg = config
@@ -133,7 +131,7 @@ class PolicyLearner:
         self.lora = LoraSetup.of(spec.lora, model_path, adapter) if spec.lora is not None else None
         # With LoRA the base is frozen (its master is the model folder): it is held in the served dtype.
         held = self.serve_dtype if self.lora is not None else self.master_dtype
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=held).to(self.device)
+        self.model = self._load_model(model_path, held)
         if config.trainer.activation_checkpointing:  # before DDP wraps the model; non-reentrant works with DDP
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if self.lora is not None:
@@ -166,8 +164,8 @@ class PolicyLearner:
         self.kept = KeptWeights(self.flat, self.max_staleness)
         self.reference = None
         if self.algo.kl_coef > 0:
-            self.reference = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype(spec.dtype))
-            self.reference.to(self.device).eval()
+            self.reference = self._load_model(model_path, torch_dtype(spec.dtype))
+            self.reference.eval()
             self.reference.requires_grad_(False)
         self.dp = dp
         self.world_size = dp.world_size if dp is not None else 1
@@ -175,15 +173,7 @@ class PolicyLearner:
         self.ddp: torch.nn.Module = self.model
         """What the loss's forward runs through: the model, or its DistributedDataParallel wrapper."""
         if dp is not None:
-            from torch.nn.parallel import DistributedDataParallel
-
-            on_gpu = self.device.type == "cuda"
-            # No buffer broadcast at each forward: the model's buffers (rotary frequencies) are constants,
-            # and ranks run different numbers of forwards per step.
-            self.ddp = DistributedDataParallel(
-                self.model, device_ids=[self.device] if on_gpu else None, broadcast_buffers=False
-            )
-            self._settle_buckets()
+            self.ddp = self._data_parallel()
         self.sharded = dp is not None and config.trainer.zero
         """The Adam state is split over the ranks (`trainer.zero`): each counts the changes of its shard."""
         self.optimizer = make_optimizer(
@@ -196,6 +186,26 @@ class PolicyLearner:
         """Recompute every sample's old log-probs in a no-grad pass even where the training pass's would do."""
         # Rank 0 keeps the single-rank stream; each other rank shuffles its own share with its own.
         self.rng = np.random.default_rng(config.run.seed if self.rank == 0 else [config.run.seed, self.rank])
+
+    def _load_model(self, model_path: str, dtype: torch.dtype) -> torch.nn.Module:
+        """The model of `model_path` in `dtype` on this rank's device (the trained model, and a KL reference).
+        The memory plan (`mas_async.launch.memory_plan`) builds it from its config.json instead, weightless."""
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device)
+
+    def _data_parallel(self) -> torch.nn.Module:
+        """The model wrapped in `DistributedDataParallel` over the policy's ranks, its buckets settled. The
+        memory plan puts a stand-in of the same memory in its place (DDP cannot run on fake tensors)."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        on_gpu = self.device.type == "cuda"
+        # No buffer broadcast at each forward: the model's buffers (rotary frequencies) are constants,
+        # and ranks run different numbers of forwards per step.
+        ddp = DistributedDataParallel(self.model, device_ids=[self.device] if on_gpu else None, broadcast_buffers=False)
+        self.ddp = ddp
+        self._settle_buckets()
+        return ddp
 
     def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
         """What the weight sync sends: every parameter, or with LoRA the adapters only, in the dtype the

@@ -68,6 +68,7 @@ def build_config(args: argparse.Namespace, run_dir: Path) -> Config:
         f"run.output_dir={run_dir}",
         f"run.iterations={args.iterations}",
         "eval.every=0",
+        "trainer.max_untrained_iterations=0",  # a speed bench: its mock tokens may teach nothing
         f"env.name={ENV}",
         f"policies.{POLICY}.backend=mock",
         f"policies.{POLICY}.model=builtin:tiny-ascii",

@@ -137,6 +137,7 @@ def build_config(args: argparse.Namespace, run_dir: Path, side: Side) -> Config:
         # next k iterations beside it, as its first one had.
         f"run.iterations={args.warmup + args.iterations + side.staleness}",
         "eval.every=0",
+        "trainer.max_untrained_iterations=0",  # a speed bench: its scripted rewards may teach nothing
         "env.name=bench.lockstep:TimedCodeEnv",
         f"policies.{POLICY}.backend={engine_path(args)}",
         f"policies.{POLICY}.model=builtin:tiny-ascii",

@@ -425,6 +425,11 @@ class TrainerConfig(_Section):
     streaming: bool | None = None
     """Strict mode with one optimiser step (`algorithm.ppo_epochs` and `mini_batches` 1): compute each
     problem's forward and backward as soon as its episodes' groups arrive, while other episodes still run,
+    max_untrained_iterations: int = Field(10, ge=0)
+    """Stop the run (`NothingTrained`, naming the policy and the likely cause) after this many training
+    iterations in a row in which a policy trained nothing: no sample reached it, or none had a non-zero
+    advantage (every reward equal within its groups), or its loss and gradient were exactly 0. Each such
+    iteration is said on the progress line and in the log either way. 0: never stop."""
     and step once the iteration's last group is in; the update equals the batch update (docs/trainer.md,
     training/streaming.py). None (the default): on wherever it applies; true: required (a config where it
     cannot apply is refused); false: the step waits for the whole batch."""

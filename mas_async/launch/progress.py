@@ -22,6 +22,7 @@ from rich.table import Table
 from mas_async.config import Config
 from mas_async.launch.comparison import baselines_line, comparison_lines
 from mas_async.metrics import Keys, read_metrics
+from mas_async.untrained import untrained_policies
 
 ETA_WINDOW = 10
 """Rows (iterations) over which the time per iteration of the ETA is averaged."""
@@ -77,7 +78,8 @@ class Progress:
         self.started = time.monotonic()
         self.console = Console()
         self.live: Live | None = None
-        self.console.print(f"[bold]mas-async[/] run directory: {run_dir}")
+        # Whole on one line, terminal or not (scripts read the path from it).
+        self.console.print(f"[bold]mas-async[/] run directory: {run_dir}", soft_wrap=True, highlight=False)
         if self.console.is_terminal:
             self.live = Live(self._table(), console=self.console, refresh_per_second=4)
             self.live.start()
@@ -99,6 +101,8 @@ class Progress:
                 self.baselines = Keys.baselines(row)
             if self.live is None:
                 print(self._line(row, rows[: index + 1]), flush=True)
+                for policy, why in untrained_policies(row, list(self.cfg.policies)).items():
+                    print(f"  policy {policy} trained nothing: {why}", flush=True)
                 if Keys.baselines(row):
                     print(f"  baselines, held-out team success: {baselines_line(row)}", flush=True)
         if self.live is not None:
@@ -153,6 +157,8 @@ class Progress:
             diff = row.get(Keys.policy(policy, Keys.LOGPROB_DIFF))
             mismatch = row.get(Keys.policy(policy, Keys.VERSION_MISMATCH))
             table.add_row(f"{policy}: logprob diff / mismatch", f"{_fmt(diff, '.1e')} / {_fmt(mismatch, 'd')}")
+        for policy, why in untrained_policies(row, list(self.cfg.policies)).items():
+            table.add_row(f"[bold red]{policy}: TRAINED NOTHING[/]", why)
         return table
 
     def summary(self) -> None:

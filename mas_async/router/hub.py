@@ -85,6 +85,7 @@ from mas_async.runtime.log_limit import LogLimit, printable
 from mas_async.runtime.router_socket import RouterSocket
 from mas_async.runtime.run_failed import RunFailed
 from mas_async.startup import startup_bound_reason, startup_bound_s
+from mas_async.untrained import UntrainedWatch
 from mas_async.wandb_run import WandbRun
 from mas_async.wire.codec import CodecError
 from mas_async.wire.messages import (
@@ -260,6 +261,8 @@ class Router(Actor):
         self.poisoned_problems: set[str] = set()
         """Problems whose episode was dropped as poisoned: not dispatched again in this run."""
         self.faults = FaultLog()
+        self.untrained = UntrainedWatch(config.trainer.max_untrained_iterations)
+        """Training iterations in a row in which each policy trained nothing (a named stop at the limit)."""
         self.faults.carry(replaced)  # faults seen in the iterations run again are still counted, once
         restart = run_restart_from_env()
         if restart is not None:  # the launcher restarted the whole run after losing this role
@@ -999,8 +1002,14 @@ class Router(Actor):
         if self.leases is not None:
             row.update(self.leases.take())
         row[Keys.POISONED] = len(book.poisoned)
+        untrained = self.untrained.observe(trained) if train else {}
+        for policy in trained:
+            row[Keys.policy(policy, "untrained_iterations")] = self.untrained.streak[policy]
         del self.books[iteration]
         self.metrics.write(row)
+        for policy, why in untrained.items():
+            log.warning("iteration %d: policy %s trained nothing: %s", iteration, policy, why)
+        self.untrained.check(iteration, untrained)  # a named stop after trainer.max_untrained_iterations in a row
         return row
 
     def _new_best(self, book: EpisodeBook) -> float | None:

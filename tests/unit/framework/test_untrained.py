@@ -1,0 +1,56 @@
+"""A policy's iteration that trained nothing is named, with its cause, on the progress line; after
+`trainer.max_untrained_iterations` in a row the router's watch stops the run with `NothingTrained`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mas_async.config import load_config
+from mas_async.launch.progress import Progress
+from mas_async.untrained import NothingTrained, UntrainedWatch, untrained_policies, why_untrained
+from tests.support.paths import ROOT
+
+TRAINED = {"samples": 16, "active_samples": 12, "loss": 0.03, "grad_norm": 0.4, "reward_mean": 0.2}
+FLAT = {"samples": 16, "active_samples": 0, "loss": 0.0, "reward_mean": 0.0}
+
+
+def test_a_step_without_a_non_zero_advantage_or_without_samples_or_gradient_trained_nothing():
+    assert why_untrained(TRAINED) is None
+    assert "non-zero advantage" in why_untrained(FLAT) and "mean reward 0" in why_untrained(FLAT)
+    assert "no sample reached" in why_untrained({"samples": 0})
+    assert "exactly 0" in why_untrained({**TRAINED, "loss": 0.0, "grad_norm": 0.0})
+    assert why_untrained({**TRAINED, "loss": 0.0}) is None  # a zero loss with a gradient trains (PPO's first pass)
+
+
+def test_the_watch_counts_iterations_in_a_row_and_stops_at_its_limit():
+    watch = UntrainedWatch(limit=3)
+    for iteration, (a, b) in enumerate([(FLAT, TRAINED), (FLAT, FLAT), (TRAINED, FLAT)]):
+        untrained = watch.observe({"a": a, "b": b})
+        watch.check(iteration, untrained)
+    assert watch.streak == {"a": 0, "b": 2}
+    untrained = watch.observe({"a": TRAINED, "b": FLAT})
+    assert list(untrained) == ["b"]
+    with pytest.raises(NothingTrained, match=r"policy 'b' trained nothing for 3 iterations in a row .*non-zero"):
+        watch.check(3, untrained)
+
+
+def test_a_limit_of_0_never_stops():
+    watch = UntrainedWatch(limit=0)
+    for iteration in range(20):
+        watch.check(iteration, watch.observe({"a": FLAT}))
+    assert watch.streak == {"a": 20}
+
+
+def test_the_progress_line_names_the_policy_that_trained_nothing_and_why(tmp_path, capsys):
+    config = load_config(ROOT / "configs/plan_path_tiny.yaml")
+    row = {"iteration": 0, "policy/vertical/samples": 16, "policy/vertical/active_samples": 0,
+           "policy/vertical/reward_mean": 0.0, **{f"policy/horizontal/{k}": v for k, v in TRAINED.items()}}  # fmt: skip
+    assert list(untrained_policies(row, list(config.policies))) == ["vertical"]
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+    progress = Progress(config, tmp_path)
+    progress.update()
+    out = capsys.readouterr().out
+    assert "policy vertical trained nothing: none of its 16 samples had a non-zero advantage" in out
+    assert "policy horizontal trained nothing" not in out

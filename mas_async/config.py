@@ -503,8 +503,10 @@ class SlurmConfig(_Section):
 
     placement: dict[str, int] = Field(default_factory=dict)
     """Role (router, trainer, inference, env_worker) or process (inference/P/I, ...) -> node index. Unplaced
-    processes: the router and trainers on node 0, inference servers round-robin over nodes 1.. (node 0 in
-    a one-node allocation), env workers round-robin over all nodes."""
+    processes: those with GPUs packed in start order, each node up to an even share of the GPUs (a policy's
+    trainer beside its servers: `slurm_resources.pack_gpu_steps`); the router and CPU trainers on node 0,
+    CPU inference servers round-robin over nodes 1.. (node 0 in a one-node allocation), env workers
+    round-robin over all nodes."""
     step_args: dict[str, list[str]] = Field(default_factory=dict)
     """Role or process -> extra `srun` arguments of its step, after the resources the launcher gives it
     (`gpus`, `cpus`), e.g. `{inference: ["--gpu-bind=closest"]}`; a process's entry is added after its role's."""

@@ -8,8 +8,9 @@
     mas-async eval CONFIG [checkpoint=RUN_DIR ...]   evaluate policies on the test split (avg@k, pass@k)
     mas-async bench CONFIG [overrides] [--phases N --warmup W --baseline --sweep KEY=V1,V2]
                                                      rollout throughput of the config's deployment
-    mas-async slurm CONFIG --nodes N [--partition P --time T --job-name J --dry-run] [overrides]
-                                                     write the run's SLURM batch script and submit it
+    mas-async slurm CONFIG [--gpus-per-node G | --nodes N] [--partition P --time T --job-name J --dry-run]
+                     [overrides]                     write the run's SLURM batch script and submit it (on the
+                                                     fewest nodes of G GPUs that hold its steps)
     mas-async prompts CONFIG [--n N] [--split train|test] [overrides]
                                                      the first N problems' prompts as the models read them
     mas-async plot RUN_DIR [--out DIR]               PNG plots of a run's metrics (into RUN_DIR/plots/)
@@ -68,7 +69,13 @@ def main(argv: list[str] | None = None) -> int:
     slurm = sub.add_parser("slurm", help="write a SLURM batch script for a training run and submit it (sbatch)")
     slurm.add_argument("config", help="YAML run config")
     slurm.add_argument("overrides", nargs="*", help="dotted overrides, e.g. cluster.slurm.placement.inference=1")
-    slurm.add_argument("--nodes", type=int, required=True, help="nodes of the job (one task per node)")
+    slurm.add_argument(
+        "--nodes", type=int, help="nodes of the job (one task per node; default: the fewest that hold its steps)"
+    )
+    slurm.add_argument(
+        "--gpus-per-node", type=int, metavar="G",
+        help="GPUs of each node: the job takes as few nodes as hold its steps' GPUs, one when they fit one",
+    )  # fmt: skip
     slurm.add_argument("--partition", help="SLURM partition")
     slurm.add_argument("--time", help="time limit, e.g. 2:00:00")
     slurm.add_argument("--job-name", help="SLURM job name (default mas-async-<run.name>)")
@@ -199,12 +206,13 @@ def _slurm(args: argparse.Namespace) -> int:
     from mas_async.launch.engines.slurm import SlurmCommandError
     from mas_async.launch.slurm_job import JobRequest, submit, write_batch_script
 
-    if args.nodes < 1:
+    if args.nodes is not None and args.nodes < 1:
         print(f"mas-async: --nodes={args.nodes}: a job needs at least one node", file=sys.stderr)
         return 2
     request = JobRequest(
-        Path(args.config), args.overrides, args.nodes, args.partition, args.time, args.job_name, args.sbatch
-    )
+        Path(args.config), args.overrides, args.nodes, args.partition, args.time, args.job_name, args.sbatch,
+        args.gpus_per_node,
+    )  # fmt: skip
     try:
         script = write_batch_script(request, load_config(args.config, [*args.overrides, "cluster.engine=slurm"]))
     except (ConfigError, RegistryError) as e:

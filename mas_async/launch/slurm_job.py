@@ -3,7 +3,8 @@
 At submission the run's resolved config (with `cluster.engine=slurm` and `run.output_dir=RUN_DIR`) is
 copied to RUN_DIR/config.yaml: every start of the job runs that copy. The job has one task per node and
 asks each node for what the processes placed there need (`slurm_resources`: `--cpus-per-task`,
-`--gpus-per-node`, `--mem`); it may be requeued (`--requeue`), and SLURM warns its batch shell with SIGUSR1
+`--gpus-per-node`, `--mem`): with `--gpus-per-node N` (each node's GPUs) and no `--nodes`, as few nodes as
+hold the steps' GPUs, one node when they fit one (`slurm_resources.nodes_for`). It may be requeued (`--requeue`), and SLURM warns its batch shell with SIGUSR1
 `cluster.slurm.signal_before_s` seconds before the time limit, at most half its `--time`
 (`--signal=B:USR1@N`). Its output is appended to RUN_DIR/slurm-JOBID.out, one block per start. Its
 script, on the first node:
@@ -33,7 +34,7 @@ from mas_async.launch.engines.base import ProcessSpec
 from mas_async.launch.engines.slurm import slurm_command
 from mas_async.launch.launcher import process_specs
 from mas_async.launch.slurm_batch import STOP_ENV
-from mas_async.launch.slurm_resources import job_options, node_indexes, step_resources
+from mas_async.launch.slurm_resources import job_options, node_indexes, nodes_for, step_resources
 from mas_async.launch.slurm_stale import JOB_NAME_ENV
 
 SCRIPT_NAME = "slurm.sbatch"
@@ -48,12 +49,15 @@ class JobRequest:
 
     config_path: Path
     overrides: list[str]
-    nodes: int
+    nodes: int | None
+    """`--nodes`; None: from `gpus_per_node` (`slurm_resources.nodes_for`)."""
     partition: str | None = None
     time: str | None = None
     job_name: str | None = None
     sbatch_args: list[str] = field(default_factory=list)
-    """Extra `#SBATCH` options, e.g. --gpus-per-node=8 or --exclusive."""
+    """Extra `#SBATCH` options, e.g. --exclusive or --constraint=h100."""
+    gpus_per_node: int | None = None
+    """`--gpus-per-node`: the GPUs of each node of the partition (what the job may ask of one node)."""
 
 
 def run_dir_of(config: Config) -> Path:
@@ -75,19 +79,20 @@ def batch_script(request: JobRequest, config: Config, run_dir: Path) -> str:
         if not value or any(c.isspace() or c in "'\"" for c in value):
             raise ConfigError(f"{what} {value!r}: #SBATCH lines cannot hold spaces or quotes")
     for index in config.cluster.slurm.placement.values():
-        if index >= request.nodes:
+        if request.nodes is not None and index >= request.nodes:
             raise ConfigError(
                 f"cluster.slurm.placement names node index {index}, but the job has --nodes={request.nodes} "
                 f"(indexes 0..{request.nodes - 1})"
             )
     python, q = sys.executable, shlex.quote
     specs = process_specs(config)
+    nodes = nodes_for(config, specs, request.gpus_per_node, request.nodes)
     margin = signal_margin_s(config.cluster.slurm.signal_before_s, request.time)
     options = [
         f"--job-name={job_name}",
-        f"--nodes={request.nodes}",
+        f"--nodes={nodes}",
         "--ntasks-per-node=1",
-        *job_options(config, specs, request.nodes),
+        *job_options(config, specs, nodes),
         "--requeue",
         f"--signal=B:USR1@{margin}",
         "--open-mode=append",
@@ -106,6 +111,11 @@ def batch_script(request: JobRequest, config: Config, run_dir: Path) -> str:
         f"# config:  {request.config_path}, copied to {run_dir / 'config.yaml'}, which every start runs",
         f"# run dir: {run_dir} (on a file system every node shares)",
         *(
+            [f"# nodes: {nodes}, the fewest of {request.gpus_per_node} GPUs each (--gpus-per-node) that hold the steps"]
+            if request.nodes is None and request.gpus_per_node
+            else []
+        ),
+        *(
             [
                 f"# SIGUSR1 {margin} s before the time limit: half the job's --time={request.time} (signal_before_s is "
                 f"{config.cluster.slurm.signal_before_s})"
@@ -114,7 +124,7 @@ def batch_script(request: JobRequest, config: Config, run_dir: Path) -> str:
             else []
         ),
         "# steps (each with CPUs and GPUs of its own; the job asks every node for the most that one needs):",
-        *(f"#   {line}" for line in steps_by_node(config, specs, request.nodes)),
+        *(f"#   {line}" for line in steps_by_node(config, specs, nodes)),
         *(f"#SBATCH {option}" for option in options),
         "set -euo pipefail",
         "",

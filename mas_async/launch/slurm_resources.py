@@ -1,5 +1,6 @@
-"""What each process of a SLURM run holds, and what its job asks for: one place for the batch script
-(`slurm_job`) and the engine (`engines/slurm`), so that the job always holds what its steps take.
+"""What each process of a SLURM run holds, where it runs, and what its job asks for: one place for the batch
+script (`slurm_job`) and the engine (`engines/slurm`), so that the job always holds what its steps take,
+and asks for no GPU that no step uses.
 
 Every process is its own job step with resources of its own (`srun --exact`, never `--overlap`, which
 shares CPUs, memory and GPUs with every other step):
@@ -11,12 +12,23 @@ shares CPUs, memory and GPUs with every other step):
   one without asks `--gres=none`, since a step gets every GPU of the job on its node by default.
 - CPUs: `cluster.slurm.cpus` for the process or its role, else 4 with GPUs and `cluster.torch_threads`
   without (`--cpus-per-task`).
-- memory: `--mem=0`, which lets a step use the job's memory on its node without taking it from the others.
+- memory: `--mem=0`: the step may use all of the job's memory on its node, and, as srun documents it ("not
+  remove any of the job's memory allocation from being available to other job steps"), takes none of it
+  from the other steps, also where memory is a consumable resource (`SelectTypeParameters=CR_Core_Memory`,
+  and a `DefMemPerGPU`): tests/integration/test_slurm_memory.py runs every step of a run at once there.
+
+Where (`node_indexes`): `cluster.slurm.placement` for the process or its role; the other steps with GPUs
+are packed onto the nodes in start order (a policy's trainer ranks, then its servers), each node filled up
+to an even share of all the GPUs before the next (`pack_gpu_steps`), so each policy's trainer and servers
+share a node where they fit one (its weight broadcasts stay on the node); the processes without GPUs as
+`default_node_index` says.
 
 The job has one task per node and asks every node for `--cpus-per-task=C --gpus-per-node=G --mem=M`, C and
 G the most that the processes placed on any one node need together (SLURM asks the same of each node), M
-`cluster.slurm.mem_per_node`. Within it, the steps of one node run side by side, CPU roles packed beside
-the GPU ones; the batch step (the launcher) takes nothing from them.
+`cluster.slurm.mem_per_node`; with the GPUs spread evenly, G times the nodes is the GPUs the steps use (up
+to one less per node where the steps' sizes do not divide evenly). `nodes_for` is the fewest nodes of N
+GPUs that hold the steps: one node when everything fits one. Within the job, the steps of one node run
+side by side, CPU roles packed beside the GPU ones; the batch step (the launcher) takes nothing from them.
 """
 
 from __future__ import annotations
@@ -54,9 +66,9 @@ class StepResources:
 
 
 def default_node_index(spec: ProcessSpec, nth_of_role: int, node_count: int) -> int:
-    """Where a process runs unless `cluster.slurm.placement` says: router and trainers on node 0 (beside the
-    launcher), inference servers round-robin over nodes 1.. (node 0 when it is the only one), env workers
-    round-robin over all nodes."""
+    """Where a process without GPUs runs unless `cluster.slurm.placement` says: router and trainers on node 0
+    (beside the launcher), inference servers round-robin over nodes 1.. (node 0 when it is the only one),
+    env workers round-robin over all nodes. Processes with GPUs are packed (`pack_gpu_steps`)."""
     if spec.role == "inference":
         return 1 + nth_of_role % (node_count - 1) if node_count > 1 else 0
     if spec.role == "env_worker":
@@ -64,15 +76,40 @@ def default_node_index(spec: ProcessSpec, nth_of_role: int, node_count: int) -> 
     return 0
 
 
+def pack_gpu_steps(sizes: list[int], used: list[int]) -> list[int]:
+    """Node indexes for steps of `sizes` GPUs, in order, on nodes already holding `used` GPUs: each step on
+    the first node whose GPUs stay within the share (all the GPUs over the nodes, rounded up), the share
+    raised by one until every step fits. A step is never split over nodes."""
+    share = -(-(sum(sizes) + sum(used)) // len(used))
+    while True:
+        held, where = list(used), []
+        for size in sizes:
+            index = next((i for i, h in enumerate(held) if h + size <= share), None)
+            if index is None:
+                break
+            held[index] += size
+            where.append(index)
+        if len(where) == len(sizes):
+            return where
+        share += 1
+
+
 def node_indexes(config: Config, specs: list[ProcessSpec], node_count: int) -> dict[str, int]:
-    """process name -> its node index: `cluster.slurm.placement` (the process, else its role), else
-    `default_node_index`; an index outside the allocation is a ConfigError."""
+    """process name -> its node index: `cluster.slurm.placement` (the process, else its role), else the
+    steps with GPUs packed (`pack_gpu_steps`) and the others at `default_node_index`; an index outside the
+    allocation is a ConfigError."""
     placement = config.cluster.slurm.placement
     seen: dict[str, int] = {}
-    where = {}
+    where: dict[str, int] = {}
+    used = [0] * node_count
+    packed: list[tuple[ProcessSpec, int]] = []
     for spec in specs:
         nth = seen[spec.role] = seen.get(spec.role, -1) + 1
         key = spec.name if spec.name in placement else spec.role
+        gpus = gpus_of(config, spec)
+        if key not in placement and gpus:
+            packed.append((spec, gpus))
+            continue
         index = placement.get(key, default_node_index(spec, nth, node_count))
         if index >= node_count:
             raise ConfigError(
@@ -80,7 +117,10 @@ def node_indexes(config: Config, specs: list[ProcessSpec], node_count: int) -> d
                 f"0..{node_count - 1}"
             )
         where[spec.name] = index
-    return where
+        used[index] += gpus
+    for (spec, _), index in zip(packed, pack_gpu_steps([g for _, g in packed], used), strict=True):
+        where[spec.name] = index
+    return {spec.name: where[spec.name] for spec in specs}
 
 
 def _setting(table: dict[str, int], spec: ProcessSpec) -> int | None:
@@ -130,6 +170,43 @@ def job_options(config: Config, specs: list[ProcessSpec], node_count: int) -> li
         *([f"--gpus-per-node={gpus}"] if gpus else []),
         f"--mem={config.cluster.slurm.mem_per_node}",
     ]
+
+
+def nodes_for(config: Config, specs: list[ProcessSpec], gpus_per_node: int | None, nodes: int | None) -> int:
+    """The job's node count: `nodes` (`--nodes`) when given, checked against nodes of `gpus_per_node` GPUs
+    (`--gpus-per-node`) when that is given too; else the fewest nodes of `gpus_per_node` GPUs that hold the
+    steps (at least one past every node index `cluster.slurm.placement` names); else one node. Steps that
+    cannot fit are a ConfigError that says what to change."""
+    lowest = 1 + max(config.cluster.slurm.placement.values(), default=0)
+    if gpus_per_node is None:
+        return nodes or lowest
+    if gpus_per_node < 1:
+        raise ConfigError(f"--gpus-per-node={gpus_per_node}: a node has at least one GPU")
+    for spec in specs:
+        gpus = gpus_of(config, spec)
+        if gpus > gpus_per_node:
+            raise ConfigError(
+                f"{spec.name} needs {gpus} GPUs (cluster.slurm.gpus, or its vllm.tensor_parallel_size), more "
+                f"than a node has (--gpus-per-node {gpus_per_node}): a step runs on one node"
+            )
+
+    def most_on_a_node(count: int) -> int:
+        return max(n.gpus for n in node_needs(config, specs, count))
+
+    if nodes is not None:
+        most = most_on_a_node(nodes)
+        if most > gpus_per_node:
+            needed = nodes_for(config, specs, gpus_per_node, None)
+            raise ConfigError(
+                f"on {nodes} node(s) the steps need {most} GPUs on one node, more than its {gpus_per_node} "
+                f"(--gpus-per-node {gpus_per_node}): leave --nodes out ({needed} nodes hold them), or place "
+                f"them with cluster.slurm.placement"
+            )
+        return nodes
+    count = lowest
+    while most_on_a_node(count) > gpus_per_node:
+        count += 1  # ends: with a node per step, each node holds at most one step, and none is too big
+    return count
 
 
 def step_options(resources: StepResources) -> list[str]:

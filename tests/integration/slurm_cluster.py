@@ -5,8 +5,9 @@ and `slurmd -N node1`, `slurmd -N node2`, give two nodes that jobs and steps rea
 16 CPUs (more than this machine has) and 4 GPUs as GRES on character devices the cluster creates, which
 slurmd hands to steps as their CUDA_VISIBLE_DEVICES (there is no GPU behind them). Every file
 (slurm.conf, cgroup.conf, munge key and socket, state, logs, pid files) lives in one temporary folder;
-no systemd, nothing in /etc. The daemons run in the foreground as children of the test, munged as the
-munge user, and are stopped by pid. Processes are tracked with proctrack/cgroup (cgroup v1 freezer):
+no systemd, nothing in /etc. Only cores are scheduled (`CR_Core`), or in the `memory` variant memory too
+(`SelectTypeParameters=CR_Core_Memory` and `DefMemPerGPU`), as on most GPU clusters. The daemons run in the
+foreground as children of the test, munged as the munge user, and are stopped by pid. Processes are tracked with proctrack/cgroup (cgroup v1 freezer):
 the end of a step kills everything it started, double-forked processes too. Where the v1 freezer
 hierarchy is not mounted, proctrack/linuxproc is used instead, which loses double-forked processes.
 
@@ -39,6 +40,8 @@ LOCAL_MAJOR = 240
 CPUS_PER_NODE = 16
 """CPUs each node declares (more than this machine has: `SlurmdParameters=config_overrides`); the steps
 of a run need one or more each, and the processes share the real cores."""
+MEMORY_PER_NODE_MB = 16000
+"""Memory each node declares (RealMemory; scheduled only in the `memory` variant, never enforced)."""
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "squeue", "sinfo", "scancel")
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 20.0
@@ -65,6 +68,9 @@ class SlurmCluster:
     env: dict[str, str]
     """os.environ plus SLURM_CONF: the environment for sbatch, squeue, ..."""
     proctrack: str
+    memory: bool = False
+    """Memory is a consumable resource (`CR_Core_Memory`), as on most GPU clusters: a step that asks for
+    memory (`--mem=N`) holds it, and the other steps of its job cannot get it."""
     daemons: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     def command(self, *args: str, timeout: float = 30.0) -> str:
@@ -82,12 +88,12 @@ class SlurmCluster:
         return "\n".join(parts)
 
 
-def write_config(root: Path, proctrack: str) -> None:
+def write_config(root: Path, proctrack: str, memory: bool = False) -> None:
     ctld_port, *node_ports = free_ports("127.0.0.1", 1 + len(NODES))
     host = socket.gethostname().split(".")[0]
     node_lines = [
         f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs={CPUS_PER_NODE} "
-        f"Gres=gpu:{GPUS_PER_NODE} State=UNKNOWN"
+        f"Gres=gpu:{GPUS_PER_NODE} RealMemory={MEMORY_PER_NODE_MB} State=UNKNOWN"
         for name, port in zip(NODES, node_ports, strict=True)
     ]
     (root / "slurm.conf").write_text(
@@ -117,7 +123,9 @@ def write_config(root: Path, proctrack: str) -> None:
                 "SlurmdParameters=config_overrides",
                 "MpiDefault=none",
                 "SelectType=select/cons_tres",
-                "SelectTypeParameters=CR_Core",
+                f"SelectTypeParameters={'CR_Core_Memory' if memory else 'CR_Core'}",
+                # As GPU clusters that schedule memory often do: a GPU brings its share of the node's memory.
+                *([f"DefMemPerGPU={MEMORY_PER_NODE_MB // GPUS_PER_NODE}"] if memory else []),
                 "JobAcctGatherType=jobacct_gather/none",
                 "AccountingStorageType=accounting_storage/none",
                 "ReturnToService=2",
@@ -180,7 +188,7 @@ def start(cluster: SlurmCluster) -> None:
     root = cluster.dir
     for folder in ("state", "spool", "log"):
         (root / folder).mkdir()
-    write_config(root, cluster.proctrack)
+    write_config(root, cluster.proctrack, cluster.memory)
     conf = ["-f", str(root / "slurm.conf")]
     quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     cluster.daemons["munged"] = start_munged(root)
@@ -222,13 +230,13 @@ def stop(cluster: SlurmCluster) -> None:
 
 
 @contextmanager
-def running_slurm_cluster() -> Iterator[SlurmCluster]:
-    """A started 2-node cluster, stopped and removed at the end."""
+def running_slurm_cluster(memory: bool = False) -> Iterator[SlurmCluster]:
+    """A started 2-node cluster, stopped and removed at the end; `memory`: memory is scheduled too."""
     # Not under pytest's tmp folder: the munge user must reach the socket, and pytest's base is private.
     root = Path(tempfile.mkdtemp(prefix="mas-async-slurm-"))
     root.chmod(0o755)
     proctrack = "cgroup" if FREEZER.is_dir() else "linuxproc"
-    cluster = SlurmCluster(root, {**os.environ, "SLURM_CONF": str(root / "slurm.conf")}, proctrack)
+    cluster = SlurmCluster(root, {**os.environ, "SLURM_CONF": str(root / "slurm.conf")}, proctrack, memory)
     try:
         start(cluster)
         yield cluster

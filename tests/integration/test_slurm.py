@@ -243,12 +243,21 @@ RESOURCE_OPTIONS = ("--nodes=", "--ntasks-per-node=", "--cpus-per-task=", "--gpu
 def test_each_gpu_process_is_a_step_with_gpus_of_its_own(cluster, tmp_path, monkeypatch):
     """The resources the script of a GPU config asks for hold every process of the run at once, each GPU
     process's step seeing only GPUs of its own (the cluster's GPUs are GRES on device files)."""
+    resources = every_step_at_once(cluster, tmp_path, monkeypatch)
+    assert "--gpus-per-node=2" in resources  # 4 GPU steps packed on 2 nodes: 4 GPUs asked, 4 used
+
+
+def every_step_at_once(cluster, tmp_path: Path, monkeypatch, *overrides: str) -> list[str]:
+    """Submit-as-dry-run the tiny GPU config as a job of 2 nodes, hold the allocation its script asks for, and
+    start every process of the run in it as its step at once: each must run without waiting for another's
+    CPUs, GPUs or memory, a GPU process seeing GPUs of its own beside its policy's other process. The job's
+    resource options."""
     from mas_async.launch.engines.slurm import SlurmEngine
 
     run_dir = tmp_path / "run"
     out = subprocess.run(
         [sys.executable, "-m", "mas_async", "slurm", "configs/plan_path_tiny_gpu.yaml", "--nodes", "2", "--dry-run",
-         f"run.output_dir={run_dir}"],
+         f"run.output_dir={run_dir}", *overrides],
         cwd=ROOT, env=cluster.env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
@@ -256,7 +265,6 @@ def test_each_gpu_process_is_a_step_with_gpus_of_its_own(cluster, tmp_path, monk
         line.split()[1] for line in (run_dir / "slurm.sbatch").read_text().splitlines() if line.startswith("#SBATCH")
     ]
     resources = [option for option in sbatch if option.startswith(RESOURCE_OPTIONS)]
-    assert "--gpus-per-node=2" in resources
     # The job's allocation as the script asks for it, held without a shell; inside it, the environment that
     # sbatch gives the batch step (its resource options too, which a step must not inherit).
     job = enter_allocation(cluster, monkeypatch, "--job-name=gpu-steps", *resources)
@@ -282,9 +290,9 @@ def test_each_gpu_process_is_a_step_with_gpus_of_its_own(cluster, tmp_path, monk
                     seen[name] = (node, gpus)
             assert time.monotonic() < deadline, f"steps not running after 60 s: {sorted(set(children) - set(seen))}"
             time.sleep(0.1)
-        for neighbours in (
-            ("trainer/vertical", "trainer/horizontal"),
-            ("inference/vertical/0", "inference/horizontal/0"),
+        for neighbours in (  # each policy's trainer and server packed on one node
+            ("trainer/vertical", "inference/vertical/0"),
+            ("trainer/horizontal", "inference/horizontal/0"),
         ):
             (node_a, gpus_a), (node_b, gpus_b) = (seen[name] for name in neighbours)
             assert node_a == node_b  # one node ...
@@ -297,6 +305,7 @@ def test_each_gpu_process_is_a_step_with_gpus_of_its_own(cluster, tmp_path, monk
         if engine is not None:
             engine.close()
         cluster.command("scancel", job)
+    return resources
 
 
 def test_a_requeued_job_resumes_its_run_and_runs_every_iteration_once(cluster, tmp_path, monkeypatch):

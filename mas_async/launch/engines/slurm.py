@@ -3,7 +3,7 @@ on its node, started with `srun` by the launcher (which itself runs in the batch
 
 Nodes are the allocation's (`scontrol show hostnames $SLURM_JOB_NODELIST`), each at its `NodeAddr`
 resolved to an IP; `cluster.slurm.placement` puts a role or one process on a node by index (defaults in
-`slurm_resources.default_node_index`). A process is `srun --exact -N1 -n1 -w NODE --cpus-per-task=C
+`slurm_resources.node_indexes`). A process is `srun --exact -N1 -n1 -w NODE --cpus-per-task=C
 (--gpus-per-task=G | --gres=none) --mem=0 --kill-on-bad-exit=1 --immediate=T --job-name=NAME sh -c '<write
 JOB.STEP and pid>; exec COMMAND'`, run by the launcher in its own session with its output (the step's and
 srun's own errors) in the process's log: each step holds CPUs and GPUs of its own (`slurm_resources`), so

@@ -62,8 +62,9 @@ def test_under_slurm_outside_a_job_each_gpu_process_is_a_step_of_its_own(
     rc, out, _ = _dry_run(capsys, tmp_path, *args)
     assert rc == 0 and "as a job of 3 nodes" in out
     rows = _rows(out)
-    assert rows["trainer/vertical"][1] == "node0" and rows["trainer/horizontal"][1] == "node0"
-    assert {rows["inference/vertical/0"][1], rows["inference/horizontal/0"][1]} == {"node1", "node2"}
+    # The GPU steps packed, each policy's trainer beside its server: 2 GPUs on each of 2 nodes, none on the third.
+    assert rows["trainer/vertical"][1] == rows["inference/vertical/0"][1] == "node0"
+    assert rows["trainer/horizontal"][1] == rows["inference/horizontal/0"][1] == "node1"
     assert " ".join(rows["inference/vertical/0"]).endswith("1 GPU(s) of its own, 4 CPU(s)")
     assert " ".join(rows["router"]).endswith("taken at start) 1 CPU(s)")
     assert "weights by nccl: no two of its trainer and servers are on one GPU" in out
@@ -151,7 +152,7 @@ def test_a_qwen_config_as_a_slurm_job_of_two_nodes_of_8_gpus(
     plan = json.loads(out)
     on = {p["name"]: (p["node"], p["gpus"], p["step"]) for p in plan["processes"]}
     assert on["trainer/tool"] == ("node0", [0], "1 GPU(s) of its own, 4 CPU(s)")
-    assert on["inference/plan/2"] == ("node1", [5], "1 GPU(s) of its own, 4 CPU(s)")
+    assert on["inference/plan/2"] == ("node1", [3], "1 GPU(s) of its own, 4 CPU(s)")  # a policy per node
     assert all(p["cuda_visible_devices"] is None for p in plan["processes"])  # SLURM sets each step's
     assert {p["weight_backend"] for p in plan["policies"].values()} == {"nccl"}
     rc, _, err = _dry_run(capsys, tmp_path, *args[:-3], "--nodes", "1", "--gpus-per-node", "4")

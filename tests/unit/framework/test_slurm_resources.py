@@ -35,8 +35,8 @@ def test_a_gpu_script_asks_every_node_for_its_steps_and_comes_back_after_a_preem
     assert rc == 0, capsys.readouterr().err
     text = (run_dir / "slurm.sbatch").read_text()
     sbatch = _sbatch_lines(text)
-    # node 0: router 1 + two trainers 4 + 4 (1 GPU each) + env worker 2 = 11 CPUs, 2 GPUs;
-    # node 1: two servers 4 + 4 (1 GPU each) + env worker 2 = 10 CPUs, 2 GPUs; the job asks the most of each.
+    # node 0: router 1 + a policy's trainer and server 4 + 4 (1 GPU each) + env worker 2 = 11 CPUs, 2 GPUs;
+    # node 1: the other policy's 4 + 4 (1 GPU each) + env worker 2 = 10 CPUs, 2 GPUs; the job asks the most of each.
     assert sbatch[2:9] == [
         "--ntasks-per-node=1",
         "--cpus-per-task=11",
@@ -46,8 +46,8 @@ def test_a_gpu_script_asks_every_node_for_its_steps_and_comes_back_after_a_preem
         "--signal=B:USR1@600",
         "--open-mode=append",
     ]
-    assert "#   node 0: router (1 CPU), trainer/vertical (4 CPUs, 1 GPU), trainer/horizontal (4 CPUs, 1 GPU)" in text
-    assert "#   node 1: inference/vertical/0 (4 CPUs, 1 GPU), inference/horizontal/0 (4 CPUs, 1 GPU)" in text
+    assert "#   node 0: router (1 CPU), trainer/vertical (4 CPUs, 1 GPU), inference/vertical/0 (4 CPUs, 1 GPU)" in text
+    assert "#   node 1: trainer/horizontal (4 CPUs, 1 GPU), inference/horizontal/0 (4 CPUs, 1 GPU)" in text
     assert "--overlap" not in text
 
 

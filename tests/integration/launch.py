@@ -87,8 +87,14 @@ def wait_for_rows(run_dir: Path, count: int, timeout: float) -> list[dict]:
     raise TimeoutError(f"fewer than {count} metrics rows in {timeout}s")
 
 
+RUN_DIRS: list[Path] = []
+"""The run directories of the test under way, whose metrics' keys its teardown checks against the metrics
+reference (tests/integration/conftest.py)."""
+
+
 def cleanup(proc: subprocess.Popen, run_dir: Path) -> None:
     """Kill the launcher and every child it recorded, by pid (never by name)."""
+    RUN_DIRS.append(run_dir)
     pids = []
     if (run_dir / "pids.json").exists():
         pids = list(json.loads((run_dir / "pids.json").read_text()).values())

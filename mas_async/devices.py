@@ -1,16 +1,31 @@
 """The GPU a process works on: checked against the GPUs the process sees, and made its current device.
 
 NCCL groups and CUDA IPC buffers are opened on the current device, so a trainer rank or a server placed on
-cuda:N must make cuda:N current before it opens either.
+cuda:N must make cuda:N current before it opens either. The CUDA current device is per thread, and a thread
+other than the one that called `use_device` (an `asyncio.to_thread` worker: the step, a gather, a join of
+the weight group) starts on cuda:0: the process's blocking calls go to a thread through `to_thread` here,
+which makes the process's GPU current there first, and code that names a device reads `process_device`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 import os
+from collections.abc import Callable, Iterator
+from typing import ParamSpec, TypeVar
 
 import torch
 
 from mas_async.gpu_plan import GPU_SHARE_ENV
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+_placed: torch.device | None = None
+"""The GPU `use_device` made this process's (None: the CPU, or not placed, like a vLLM worker, whose engine
+makes its GPU current in the threads it runs)."""
 
 
 class DeviceError(RuntimeError):
@@ -36,7 +51,42 @@ def use_device(device: str, who: str) -> torch.device:
     share = os.environ.get(GPU_SHARE_ENV)
     if share:
         torch.cuda.set_per_process_memory_fraction(float(share), index)
-    return torch.device("cuda", index)
+    global _placed
+    _placed = torch.device("cuda", index)
+    return _placed
+
+
+def process_device() -> torch.device | None:
+    """The GPU this process was placed on (`use_device`), whichever thread asks; None when it was not."""
+    return _placed
+
+
+@contextlib.contextmanager
+def current(device: torch.device | None) -> Iterator[None]:
+    """Make `device` the calling thread's current CUDA device for the block (nothing for None or the CPU;
+    "cuda" without an index is cuda:0, as `use_device` takes it)."""
+    if device is None or device.type != "cuda":
+        yield
+        return
+    with torch.cuda.device(0 if device.index is None else device.index):
+        yield
+
+
+def on_process_device(func: Callable[_P, _T]) -> Callable[_P, _T]:
+    """`func`, run with this process's GPU (`process_device`) current in whichever thread calls it."""
+
+    @functools.wraps(func)
+    def run(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        with current(_placed):
+            return func(*args, **kwargs)
+
+    return run
+
+
+async def to_thread(func: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+    """`asyncio.to_thread` on this process's GPU: the worker thread makes it current first (a new thread's
+    current device is cuda:0, whatever the process was placed on)."""
+    return await asyncio.to_thread(on_process_device(func), *args, **kwargs)
 
 
 def gpu_id(device: torch.device) -> str:

@@ -276,9 +276,12 @@ def _where(members: list[tuple[str, Place]]) -> str:
 
 
 def _cuda_available() -> bool:
+    """Does this process see a GPU? Asked through NVML (`torch.cuda.device_count` before CUDA is initialised),
+    not `torch.cuda.is_available`, which poisons fork for the process on a CUDA build: an inference server of
+    a deployment without weight backends asks this before its vLLM engine starts (docs/vllm.md, "Fork safety")."""
     import torch
 
-    return torch.cuda.is_available()
+    return torch.cuda.device_count() > 0
 
 
 # --- the facts as the processes see them: checked when a weight group forms ----------------------------
@@ -290,13 +293,18 @@ class PlacementError(RuntimeError):
 
 
 def this_gpu() -> str:
-    """The UUID of this process's current CUDA device ("" without CUDA): what it reports to its group."""
+    """The UUID of this process's GPU ("" without CUDA): what it reports to its group. The GPU it was placed on
+    (`devices.process_device`: asked from a worker thread, whose current device is cuda:0), else the calling
+    thread's current device (a vLLM worker's, which its engine made current)."""
     import torch
 
+    from mas_async.devices import gpu_id, process_device
+
+    placed = process_device()
+    if placed is not None:
+        return gpu_id(placed)
     if not torch.cuda.is_available():
         return ""
-    from mas_async.devices import gpu_id
-
     return gpu_id(torch.device("cuda", torch.cuda.current_device()))
 
 

@@ -48,7 +48,7 @@ import time
 
 from mas_async.config import Config
 from mas_async.deployment import Deployment
-from mas_async.devices import use_device
+from mas_async.devices import to_thread, use_device
 from mas_async.inference.backends.base import InferenceBackend, make_backend
 from mas_async.inference.backends.vllm_args import engine_args
 from mas_async.inference.direct import DirectRequests
@@ -180,7 +180,7 @@ class InferenceServer(Peer):
                 return False
             args = self.weight_groups[policy].join_args(rank, generation, world_size)
             try:
-                await asyncio.to_thread(self.backend_of(policy).join_weight_group, **args)
+                await to_thread(self.backend_of(policy).join_weight_group, **args)
             except GroupRetired as e:
                 log.warning("%s", e)
                 return False
@@ -331,12 +331,12 @@ class InferenceServer(Peer):
             error = ""
             try:
                 if self.overlap_updates:
-                    tensors = await asyncio.to_thread(backend.receive_weights, version)
+                    tensors = await to_thread(backend.receive_weights, version)
                     async with self._writing():
                         backend.apply_weights(version, tensors)
                 else:
                     async with self._writing():
-                        await asyncio.to_thread(backend.update_weights, version)
+                        await to_thread(backend.update_weights, version)
             except WeightSyncError as e:  # retired, or broken by a lost replica: the router has the group re-formed
                 log.warning(
                     "the receive of %s v%d was abandoned (%s); the trainer sends again in the re-formed group",

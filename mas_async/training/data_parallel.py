@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mas_async.devices import gpu_id, shared_gpus
+from mas_async.devices import current, gpu_id, shared_gpus
 from mas_async.network import LOOPBACK_HOSTS, interface_of, local_address_towards
 from mas_async.weights.group import library_timeout_s
 from mas_async.weights.store import open_store
@@ -46,6 +46,9 @@ class DataParallel:
     world_size: int
     backend: str
     timeout_s: float
+    device: torch.device = torch.device("cpu")
+    """This rank's device (`Config.trainer_device`): the object collectives run on it whichever thread calls
+    them (a worker thread's current device is cuda:0)."""
 
     @classmethod
     def join(
@@ -73,7 +76,7 @@ class DataParallel:
                 f"trainer rank {rank} of policy {policy!r} could not join its {world_size} ranks at {host}:{port} "
                 f"within {timeout_s}s: {e}"
             ) from e
-        return cls(policy, rank, world_size, backend, timeout_s)
+        return cls(policy, rank, world_size, backend, timeout_s, torch.device(device))
 
     def sum(self, values: list[float], device: torch.device) -> list[float]:
         """Element-wise sum of `values` over every rank (float64, so token counts stay exact)."""
@@ -85,7 +88,9 @@ class DataParallel:
         """Every rank's `obj` (picklable, small: metrics, RNG states), in rank order, on every rank."""
         out: list[Any] = [None] * self.world_size
         # all_gather_object has no async form: it is bounded by the library's timeout, and its failure named here.
-        self._bounded(lambda: dist.all_gather_object(out, obj), "gather")
+        # It takes no device: on NCCL it stages the objects on the calling thread's current device.
+        with current(self.device):
+            self._bounded(lambda: dist.all_gather_object(out, obj), "gather")
         return out
 
     def _bounded(self, call, what: str) -> None:

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 import torch
 
+from mas_async.devices import on_process_device
 from mas_async.training.advantages import compute_advantages
 from mas_async.wire.samples import Sample
 
@@ -173,7 +174,7 @@ class StreamingStep:
         if complete:
             with self._lock:
                 self.ready += complete
-            self._passes.append(self._thread.submit(self._pass))
+            self._passes.append(self._thread.submit(on_process_device(self._pass)))
             self._passes[-1].add_done_callback(_log_failure)
 
     def _check_trainable(self, samples: list[Sample]) -> None:
@@ -237,7 +238,7 @@ class StreamingStep:
         self.given_keys.update(key for key, _ in held)
         try:
             start = time.monotonic()
-            metrics = await asyncio.wrap_future(self._thread.submit(self._finish, [*rest, *held]))
+            metrics = await asyncio.wrap_future(self._thread.submit(on_process_device(self._finish), [*rest, *held]))
             self.busy.append((start, time.monotonic()))
         finally:
             self._thread.shutdown(wait=False)

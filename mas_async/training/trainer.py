@@ -45,7 +45,7 @@ from pathlib import Path
 from mas_async.checkpoint import STATE, checkpoint_due, load_policy_state, policy_checkpoint, save_policy
 from mas_async.config import Config
 from mas_async.deployment import Deployment
-from mas_async.devices import use_device
+from mas_async.devices import to_thread, use_device
 from mas_async.lora import starting_point
 from mas_async.peer_names import trainer_peer
 from mas_async.router.clock import VersionClock
@@ -324,7 +324,7 @@ class Trainer(Peer):
             # Every rank takes the same save decisions (a save is collective: rank 0 writes only after
             # every rank has joined, so each one's look at the folder comes before it exists).
             if msg.checkpoint_first and not (policy_checkpoint(self.run_dir, self.policy, version) / STATE).exists():
-                await asyncio.to_thread(save_policy, self.run_dir, self.policy, version, self.learner)
+                await to_thread(save_policy, self.run_dir, self.policy, version, self.learner)
             t0 = time.monotonic()
             async with self._stepping():  # no send reads the weights while they change
                 if stream is not None:
@@ -337,7 +337,7 @@ class Trainer(Peer):
                     metrics = await stream.finish(held)
                     self.stream = None
                 else:
-                    metrics = await asyncio.to_thread(self.learner.step, batch, version)
+                    metrics = await to_thread(self.learner.step, batch, version)
                     metrics.update({"time/compute_s": time.monotonic() - t0, "time/early_compute_s": 0.0})
                 self.version = version + 1
             train_s = drain_s + time.monotonic() - t0  # from TrainStep to the new weights, less a checkpoint
@@ -356,7 +356,7 @@ class Trainer(Peer):
                     **({"unaccepted_samples": unaccepted} if unaccepted is not None else {}),
                 }
             )
-            per_rank = [metrics] if self.dp is None else await asyncio.to_thread(self.dp.gather, metrics)
+            per_rank = [metrics] if self.dp is None else await to_thread(self.dp.gather, metrics)
             metrics = merge_metrics(per_rank) if self.dp is not None else dict(metrics)
             sync = {"seconds": 0.0, "bytes": 0}
             if self.rank == 0:
@@ -365,7 +365,7 @@ class Trainer(Peer):
             metrics.pop("last_group_at", None)
             if checkpoint_due(self.cfg, self.version) or msg.checkpoint_after:
                 t0 = time.monotonic()
-                await asyncio.to_thread(save_policy, self.run_dir, self.policy, self.version, self.learner)
+                await to_thread(save_policy, self.run_dir, self.policy, self.version, self.learner)
                 metrics["checkpoint_version"] = self.version
                 # (what a SLURM job's launcher sizes its stop before the time limit by: slurm_time_limit.py)
                 metrics["checkpoint_s"] = time.monotonic() - t0

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from mas_async.devices import process_device
 from mas_async.network import local_address_towards
 from mas_async.placement import PlacementError, check_group_gpus
 from mas_async.startup import startup_bound_s
@@ -283,8 +284,10 @@ def _new_process_group(
 
 
 def _cuda_device() -> torch.device:
-    """This process's current CUDA device: where an NCCL rank's communicator and tensors live."""
-    return torch.device("cuda", torch.cuda.current_device())
+    """This process's GPU: where an NCCL rank's communicator and tensors live. The one it was placed on
+    (`devices.process_device`: the join runs in a worker thread, whose current device is cuda:0), else the
+    calling thread's current device (a vLLM worker: its engine made its GPU current there)."""
+    return process_device() or torch.device("cuda", torch.cuda.current_device())
 
 
 def _form(
@@ -308,7 +311,7 @@ def _form(
     deadline is left behind (a daemon; its process is about to end on the error)."""
     formed: dict[str, Any] = {}
     done = threading.Event()
-    device = torch.device("cpu") if backend == "gloo" else _cuda_device()  # (the joining thread's: per thread)
+    device = torch.device("cpu") if backend == "gloo" else _cuda_device()
 
     def form() -> None:
         try:
@@ -415,8 +418,9 @@ class WeightGroupSpec:
     timeout_s: float = 300.0
     """Bound of joining and of every wait of a send or receive (`trainer.weight_sync_timeout_s`)."""
     first_join_timeout_s: float = 300.0
-    """Bound of rank 0's join of the first generation, when the servers may still be starting: the run's
-    startup bound (`mas_async.startup.startup_bound_s`: longer with vLLM servers), or `timeout_s` if longer."""
+    """Bound of every rank's join of the first generation, the trainer's and each server's: the servers may
+    still be starting (a server up early waits for the others' engines), so the run's startup bound
+    (`mas_async.startup.startup_bound_s`: longer with vLLM servers), or `timeout_s` if longer."""
 
     @classmethod
     def of(cls, config: Config, deployment: Deployment, policy: str) -> WeightGroupSpec:
@@ -433,14 +437,14 @@ class WeightGroupSpec:
     def join_args(self, rank: int, generation: int = 0, world_size: int | None = None) -> dict[str, Any]:
         """Keyword arguments of `open_weight_group` (and of a backend's `join_weight_group`) for `rank`, in
         generation `generation` of the group, of `world_size` ranks (a re-formed generation's; default: the
-        first generation's, every replica of the deployment). Rank 0's of the first generation also bound its
-        join by `first_join_timeout_s` (a re-formed generation is ordered once its replicas are up)."""
+        first generation's, every replica of the deployment). Every rank's join of the first generation is
+        bounded by `first_join_timeout_s`, the trainer's and the servers' alike (a re-formed generation is
+        ordered once its replicas are up: `timeout_s`)."""
         args = {
             "policy": self.policy, "backend": self.backend, "host": self.host, "port": self.port, "rank": rank,
             "world_size": world_size or self.world_size, "timeout_s": self.timeout_s, "generation": generation,
+            "join_timeout_s": max(self.timeout_s, self.first_join_timeout_s) if generation == 0 else self.timeout_s,
         }  # fmt: skip
-        if rank == 0 and generation == 0:
-            args["join_timeout_s"] = max(self.timeout_s, self.first_join_timeout_s)
         return args
 
     def open(self, rank: int) -> WeightGroup:

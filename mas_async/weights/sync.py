@@ -71,8 +71,10 @@ def open_receiver(
     timeout_s: float = TIMEOUT_S,
     generation: int = 0,
     map_handle: Callable[[Handle], torch.Tensor] | None = None,
+    join_timeout_s: float | None = None,
 ) -> WeightReceiver | CudaIpcReceiver:
-    """Server `rank`'s side (1..world_size-1) of `policy`'s weight sync (takes `join_args(rank, generation)`)."""
+    """Server `rank`'s side (1..world_size-1) of `policy`'s weight sync (takes `join_args(rank, generation)`).
+    For gloo and nccl, blocks until every rank has joined (at most `join_timeout_s`, default `timeout_s`)."""
     _check(backend, rank, expected_rank=None, generation=generation)
     if backend == "cuda_ipc":
         channel = cuda_ipc.open_ipc_channel(
@@ -81,7 +83,7 @@ def open_receiver(
         return CudaIpcReceiver(channel, rank, timeout_s=timeout_s, map_handle=map_handle or cuda_ipc.open_tensor)
     group = open_weight_group(
         policy=policy, backend=backend, host=host, port=port, rank=rank, world_size=world_size, timeout_s=timeout_s,
-        generation=generation,
+        generation=generation, join_timeout_s=join_timeout_s,
     )  # fmt: skip
     return WeightReceiver(group)
 

@@ -51,11 +51,13 @@ class InferenceBackend(Protocol):
         world_size: int,
         timeout_s: float = 300.0,
         generation: int = 0,
+        join_timeout_s: float | None = None,
     ) -> None:
         """Join generation `generation` of the policy's weight-broadcast group (blocking, in a thread; again
-        with a newer generation when the group is re-formed); `timeout_s` bounds the join and every
-        broadcast of an update (`trainer.weight_sync_timeout_s`). Raises `GroupRetired` when the trainer
-        gives the generation up before every rank joined."""
+        with a newer generation when the group is re-formed); `timeout_s` bounds every broadcast of an update
+        (`trainer.weight_sync_timeout_s`), `join_timeout_s` the join (default `timeout_s`; the first
+        generation's is the run's startup bound, `WeightGroupSpec.join_args`). Raises `GroupRetired` when the
+        trainer gives the generation up before every rank joined."""
         ...
 
     def update_weights(self, version: int) -> None:
@@ -129,6 +131,7 @@ class ThreadedBackend:
         world_size: int,
         timeout_s: float = 300.0,
         generation: int = 0,
+        join_timeout_s: float | None = None,
     ) -> None:
         """Join the policy's weight sync: a torch.distributed group (gloo, nccl), or, with "cuda_ipc", the
         control channel of the trainer's shared buffers on this same GPU (`mas_async.weights.sync`). A
@@ -137,7 +140,7 @@ class ThreadedBackend:
         retire_replaced(self.receiver)
         self.receiver = open_receiver(
             policy=policy, backend=backend, host=host, port=port, rank=rank, world_size=world_size,
-            timeout_s=timeout_s, generation=generation,
+            timeout_s=timeout_s, generation=generation, join_timeout_s=join_timeout_s,
         )  # fmt: skip
 
     def update_weights(self, version: int) -> None:

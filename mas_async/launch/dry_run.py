@@ -26,6 +26,7 @@ from mas_async.config import gpus_wanted
 from mas_async.inference.backends.vllm_args import engine_args
 from mas_async.launch.engines.registry import open_engine
 from mas_async.launch.launcher import check_sandbox, place_specs, process_specs
+from mas_async.launch.loadable import check_loadable
 from mas_async.peer_names import trainer_peer, trainer_rank
 from mas_async.placement import SELF_PLACED, Place, weight_backend_choice
 
@@ -63,6 +64,7 @@ class DryPlan:
 
 def dry_plan(config: Config, training: bool = True, nodes: int = 2, gpus_per_node: int | None = None) -> DryPlan:
     """The run's plan (module docstring), refused with the ConfigError a launch would raise."""
+    check_loadable(config)
     check_sandbox(config)
     engine, where = _engine(config, nodes)
     try:

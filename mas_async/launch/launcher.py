@@ -38,6 +38,7 @@ from mas_async.inference.backends.vllm_args import check_engine_args
 from mas_async.launch.engines.base import Child, Engine, Node, ProcessSpec
 from mas_async.launch.engines.local import LocalEngine
 from mas_async.launch.engines.registry import open_engine
+from mas_async.launch.loadable import check_loadable
 from mas_async.launch.progress import Progress
 from mas_async.launch.restarts import RESTART_THE_RUN, RestartBudget, RunRestarts
 from mas_async.launch.roles import DEFAULT_ROLES
@@ -483,6 +484,7 @@ def launch(
     `roles` is the role map the processes build their actors from (a test passes one that records).
     `again`: see `prepare_run_dir`. SIGUSR1 stops a training run at a checkpoint of its own (`stop_signal`;
     a caller that handles it already passes its `stop`); the status is then STOPPED."""
+    check_loadable(config)
     check_sandbox(config)
     stop = stop or StopOnSignal()
     previous = stop.install()

@@ -136,8 +136,11 @@ class StreamingStep:
         """(start, end) of every compute pass and of the finish, time.monotonic()."""
         self.last_arrival = 0.0
         """When the last samples came in (time.monotonic(); 0 if none did)."""
-        self.completed: list[tuple[float, int]] = []
-        """(when, samples) of each problem as its last episode came in (time.monotonic())."""
+        self.completed: list[tuple[float, list[SampleKey]]] = []
+        """(when, the keys of its samples) of each problem as its last episode came in (time.monotonic()); a
+        withdrawn sample's key stays, and `timing` leaves it out."""
+        self.discarded: list[tuple[float, float]] = []
+        """(start, end) of the passes whose work a withdrawal threw away (`_reset` before the step's redo)."""
         self._lock = threading.Lock()
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"stream-v{version}")
         self._passes: list[Future] = []
@@ -170,7 +173,7 @@ class StreamingStep:
             if len(self.episodes[problem]) >= problem_episodes:
                 done = self.waiting.pop(problem)
                 complete += done
-                self.completed.append((now, len(done)))
+                self.completed.append((now, [key for key, _ in done]))
         if complete:
             with self._lock:
                 self.ready += complete
@@ -364,8 +367,10 @@ class StreamingStep:
             )
 
     def _reset(self) -> None:
-        """Forget every pass: no gradient, no sample computed."""
+        """Forget every pass: no gradient, no sample computed (their time is kept as `discarded`)."""
         self.learner.optimizer.zero_grad(set_to_none=True)
+        self.discarded += self.busy
+        self.busy = []
         self.samples, self.keys, self.advantages, self.diffs, self.entropy = [], [], [], [], []
         self.stats = self.learner._new_stats()
         self.active = self.computed_tokens = 0
@@ -375,10 +380,17 @@ class StreamingStep:
         (`time/early_compute_s`): the share of the step that overlapped the rollout. And what bounds that
         share: the samples whose problem was complete before the last samples came in
         (`time/ready_early_samples`, of `time/given_samples`: no pass could take the others earlier) and
-        how long before them the first problem was (`time/ready_lead_s`)."""
-        total = sum(end - start for start, end in self.busy)
+        how long before them the first problem was (`time/ready_lead_s`). The compute counts every pass, those a
+        withdrawal threw away too (their time was spent); the early compute and the ready samples count only what
+        the step kept: a withdrawn sample, or a pass computed again, is not overlap."""
+        total = sum(end - start for start, end in [*self.discarded, *self.busy])
         early = sum(max(0.0, min(end, self.last_arrival) - start) for start, end in self.busy)
-        ready = [(when, count) for when, count in self.completed if when < self.last_arrival]
+        ready = [
+            (when, sum(key not in self.withdrawn for key in keys))
+            for when, keys in self.completed
+            if when < self.last_arrival
+        ]
+        ready = [(when, count) for when, count in ready if count]
         return {
             "time/compute_s": total,
             "time/early_compute_s": early,

@@ -329,6 +329,14 @@ def test_groups_streamed_by_turn_and_a_withdrawn_attempt_give_the_batch_step_of_
     assert step.redo is computed_first
     kept = [s for episode, _, samples in delivered if episode != lost for s in samples]
     assert step.given == len(step.samples) == len(kept)
+    # The overlap figures count what the step kept: no withdrawn sample is ready early, no thrown-away pass early.
+    timing = step.timing()
+    withdrawn_keys = {key for _, keys in step.completed for key in keys if key.episode_id == lost}
+    assert withdrawn_keys <= step.withdrawn
+    ready = sum(key not in step.withdrawn for when, keys in step.completed if when < step.last_arrival for key in keys)
+    assert timing["time/ready_early_samples"] == ready <= timing["time/given_samples"] == len(kept)
+    if computed_first:  # every pass before the redo was thrown away; the redo came after the last arrival
+        assert timing["time/early_compute_s"] == 0.0 < timing["time/compute_s"]
     batch = learner(model_path, *overrides)
     start = params(batch)
     batch.step(kept, 0)

@@ -252,15 +252,17 @@ class AlgorithmConfig(_Section):
     sampling: Literal["tree", "parallel"] = "tree"
     """tree: K candidates per agent per turn from one request (n=K), each scored on its own env clone (a
     workflow.program's: by `workflow.scorer`), the best committed (AT-GRPO); one episode per problem, so
-    it needs grouping agent_turn. parallel: K independent episodes per problem, one sample per call (pair
-    it with grouping agent or trajectory: agent_turn groups then hold one sample each)."""
+    it needs grouping agent_turn. parallel: K independent episodes per problem, one sample per call: with a
+    workflow of nodes pair it with grouping agent or trajectory (its agent_turn groups are keyed by episode, so
+    they would hold one sample each, and are refused); with a `workflow.program`, agent_turn groups an agent's
+    calls at one turn across the problem's K episodes (docs/gateway.md)."""
     k: int = Field(4, ge=1)
     """Candidates per agent per turn (tree) or episodes per problem (parallel): the group size, so at
     least 2 (with 1 every advantage is 0)."""
     alpha: float = 1.0
     """Weight of the team reward: r = alpha * team_reward + local_reward."""
     grouping: Literal["agent_turn", "agent", "trajectory"] = "agent_turn"
-    """Advantage groups (maths in mas_async/trainer/advantages.py). agent_turn (AT-GRPO, tree sampling):
+    """Advantage groups (maths in mas_async/training/advantages.py). agent_turn (AT-GRPO, tree sampling):
     the K candidates of one agent at one turn of one episode, A = (r - mu_g) / (sigma_g + eps). agent
     (Dr. MAS, parallel sampling only): all of agent k's samples of a problem, A = (r - mu_k) /
     (sigma_k + eps); under tree sampling it would pool candidates from different turns and states, whose

@@ -402,6 +402,11 @@ class TrainerConfig(_Section):
     optimiser memory per rank (`optimizer_state_bytes` in the metrics)."""
     group_timeout_s: float = Field(300.0, gt=0)
     """Bound of joining a policy's group of trainer ranks and of each collective of a step over it."""
+    max_untrained_iterations: int = Field(10, ge=0)
+    """Stop the run (`NothingTrained`, naming the policy and the likely cause) after this many training
+    iterations in a row in which a policy trained nothing: no sample reached it, or none had a non-zero
+    advantage (every reward equal within its groups), or its loss and gradient were exactly 0. Each such
+    iteration is said on the progress line and in the log either way. 0: never stop."""
     bf16_autocast: bool = False
     """float32 policies only: compute in bfloat16 (`torch.autocast`) while the servers keep serving float32;
     parameters, optimiser state and the log-softmax stay fp32. The recomputed log-probs then differ from an
@@ -427,11 +432,6 @@ class TrainerConfig(_Section):
     streaming: bool | None = None
     """Strict mode with one optimiser step (`algorithm.ppo_epochs` and `mini_batches` 1): compute each
     problem's forward and backward as soon as its episodes' groups arrive, while other episodes still run,
-    max_untrained_iterations: int = Field(10, ge=0)
-    """Stop the run (`NothingTrained`, naming the policy and the likely cause) after this many training
-    iterations in a row in which a policy trained nothing: no sample reached it, or none had a non-zero
-    advantage (every reward equal within its groups), or its loss and gradient were exactly 0. Each such
-    iteration is said on the progress line and in the log either way. 0: never stop."""
     and step once the iteration's last group is in; the update equals the batch update (docs/trainer.md,
     training/streaming.py). None (the default): on wherever it applies; true: required (a config where it
     cannot apply is refused); false: the step waits for the whole batch."""

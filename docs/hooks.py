@@ -1,8 +1,9 @@
 """MkDocs hooks of the documentation site (mkdocs.yml `hooks:`): pages made at build time.
 
-1. reference/configuration.md is generated from the typed config models (`mas_async.config_reference`),
-   so the configuration reference cannot drift from the code; reference/envs-and-models.md likewise from
-   the env and model registries (`mas_async.catalog`). Why a generator and not mkdocstrings: the
+1. The pages of reference/ are generated from the code and kept in the checkout (`mas_async.reference_pages`;
+   a test checks each is current): configuration.md from the typed config models (`mas_async.config_reference`),
+   envs-and-models.md from the env and model registries (`mas_async.catalog`), metrics.md from the metrics
+   table (`mas_async.metrics_reference`). Why a generator and not mkdocstrings: the
    reference a user needs is the dotted keys they type (`policies.<policy>.lora.r`), with pydantic's
    defaults, default factories and Field constraints; mkdocstrings renders Python classes and attributes,
    and would need a pydantic extension on top to show even the constraints, never the paths.
@@ -18,24 +19,17 @@ from __future__ import annotations
 import logging
 import posixpath
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
 from mkdocs.structure.files import File, Files, InclusionLevel
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # `mkdocs build` from a checkout that is not installed
-    sys.path.insert(0, str(ROOT))
 
-from mas_async.catalog import catalog_markdown  # noqa: E402
-from mas_async.config_reference import reference_markdown  # noqa: E402
 
 log = logging.getLogger("mkdocs.hooks.mas_async")
 
 REFERENCE = "reference/configuration.md"
-CATALOG = "reference/envs-and-models.md"
-"""The envs (agents, observations, actions) and built-in models, generated from the registries (`mas_async.catalog`)."""
 REPO = "repo"
 """Where files of the repository outside docs/ go in the site."""
 LINK = re.compile(r"(!?\[[^\]]*\]\()([^)\s]+)(\))")
@@ -43,8 +37,6 @@ FENCE = re.compile(r"^[ \t]*(```|~~~)", re.MULTILINE)
 
 
 def on_files(files: Files, config: Any) -> Files:
-    files.append(File.generated(config, REFERENCE, content=reference_markdown()))
-    files.append(File.generated(config, CATALOG, content=catalog_markdown()))
     pending = [(f.src_uri, Path(f.abs_src_path)) for f in files if f.src_uri.endswith(".md") and f.abs_src_path]
     added: set[str] = set()
     while pending:

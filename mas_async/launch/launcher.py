@@ -172,7 +172,10 @@ def prepare_deployment(
         for i, name in enumerate(workers):
             port = config.gateway.port + i if config.gateway.port else ports[name][0]
             gateways[name] = http_url(placement[name].address, port, "/v1")
-    paths = {name: str(resolve_model(spec.model, model_cache_dir())) for name, spec in config.policies.items()}
+    paths = {  # resolved once here (a hub id: its snapshot in the hub's cache); every process loads the folder
+        name: str(resolve_model(spec.model, model_cache_dir(), spec.revision, policy=name))
+        for name, spec in config.policies.items()
+    }
     deployment = Deployment(
         router_endpoint=f"tcp://{placement['router'].address}:{ports['router'][0]}",
         weight_ports={p: ports[trainer_peer(p)][0] for p in policies},

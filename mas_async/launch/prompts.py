@@ -38,7 +38,9 @@ def prompt_lines(config: Config, count: int, split: str) -> list[str]:
     problems = (train if split == "train" else test)[:count]
     nodes = {agent: resolve(spec.node, NODES, "node")(agent) for agent, spec in config.agents.items()}
     tokenizers = {
-        policy: AutoTokenizer.from_pretrained(str(resolve_model(spec.model, model_cache_dir())))
+        policy: AutoTokenizer.from_pretrained(
+            str(resolve_model(spec.model, model_cache_dir(), spec.revision, policy=policy))
+        )
         for policy, spec in config.policies.items()
     }
     lines: list[str] = []

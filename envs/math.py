@@ -19,18 +19,26 @@ when its verdict is right (approve a correct answer, reject a wrong one).
 Correctness is `envs.math_data.equivalent` against the problem's answer (math-verify): numbers,
 fractions, expressions and LaTeX, never string equality. Problems: the shipped splits (32 each, disjoint)
 or `train_path` / `test_path` JSONL (AIME / OlympiadBench style); more than a dataset holds returns all.
+Or a generated dataset, `env.options.dataset` (`DATASETS`): "arithmetic" (`envs/math_arith.py`, expressions
+and word problems a program solves in one line, thousands of them, the test split disjoint by content).
+Their "expression" is what the math tool team's reference policies use (`envs/math_tool.py`: a constant
+answer, and the reference tool, a program that computes the expression, as the ceiling).
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
+from envs.math_arith import arithmetic_problems
 from envs.math_data import equivalent, last_boxed, load_jsonl, load_split
 from mas_async.api import Env, Limits, RunCache, SandboxResult, check_split, run_python, run_sync
 
 SHOWN_CHARS = 1500  # reasoning, code and output shown in an observation, at most
 TOOL_LIMITS = Limits(timeout_s=10.0, cpu_s=5)
+DATASETS: dict[str, Callable[..., list[dict[str, Any]]]] = {"arithmetic": arithmetic_problems}
+"""Generated problem sets a config names as `env.options.dataset` (their options beside it)."""
 
 
 class _MathBase(Env):
@@ -76,10 +84,28 @@ class _MathBase(Env):
 
     @classmethod
     def problems(
-        cls, split: str, count: int, train_path: str | None = None, test_path: str | None = None
+        cls,
+        split: str,
+        count: int,
+        train_path: str | None = None,
+        test_path: str | None = None,
+        dataset: str | None = None,
+        **dataset_options: Any,
     ) -> list[dict[str, Any]]:
-        """Up to `count` problems of `split`: the shipped ones, or those of `train_path` / `test_path`."""
+        """Up to `count` problems of `split`: the shipped ones, those of `train_path` / `test_path`, or
+        those of a generated dataset of `DATASETS` (`dataset`, with its `dataset_options`)."""
         check_split(split, count)
+        if dataset is not None:
+            if dataset not in DATASETS:
+                raise ValueError(
+                    f"{cls.__name__}: env.options.dataset={dataset!r} names no dataset: known are "
+                    f"{', '.join(sorted(DATASETS))} (or leave it out for the shipped problems)"
+                )
+            if train_path is not None or test_path is not None:
+                raise ValueError(f"{cls.__name__}: give env.options.dataset or train_path/test_path, not both")
+            return DATASETS[dataset](split, count, **dataset_options)
+        if dataset_options:
+            raise TypeError(f"{cls.__name__}: options {sorted(dataset_options)} need env.options.dataset")
         path = train_path if split == "train" else test_path
         return (load_split(split) if path is None else load_jsonl(path))[:count]
 

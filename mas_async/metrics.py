@@ -96,7 +96,7 @@ class Keys:
     PROGRESS_PREFIX = "progress_rate/"
     GATEWAY_PREFIX = "gateway/"
     """Per-agent means of an OpenAI API program's calls:
-    gateway/calls|in_process|reused|prefix_mismatch|retokenized/<agent> (docs/gateway.md)."""
+    gateway/calls|in_process|fresh|reused|prefix_mismatch|retokenized/<agent> (docs/gateway.md)."""
     BASELINE_PREFIX = "eval/baseline/"
     GATEWAY_REFUSED_AUTH = "gateway/refused_auth"
     """Requests that the run's external gateways (`gateway.external`) refused in the iteration for a missing or

@@ -36,6 +36,8 @@ STEP = "rows of training iterations (the policy's trainer stepped)"
 GATEWAY_COUNTS = {
     "calls": "every call",
     "in_process": "calls made in the env worker's process (no HTTP)",
+    "fresh": "calls whose history held none of the agent's replies, tokenised afresh: its first call, a new "
+    "conversation, or a client that dropped its replies (the Agents SDK drops an empty one)",
     "reused": "calls whose history's earlier turns reused the recorded token ids",
     "prefix_mismatch": "calls whose history diverged from the recorded one (edited), the prompt tokenised anew",
     "retokenized": "calls whose history the gateway had to tokenise again",

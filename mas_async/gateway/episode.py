@@ -250,10 +250,9 @@ class GatewayEpisode:
             summary[f"gateway/in_process/{agent}"] = session.in_process[agent]
             if agent in scores:  # tree sampling: the mean score of the agent's candidates
                 summary[f"gateway/score/{agent}"] = float(np.mean(scores[agent]))
-            for source in SOURCES:
-                if source != "fresh":
-                    name = "prefix_mismatch" if source == "edited" else source
-                    summary[f"gateway/{name}/{agent}"] = session.sources[(agent, source)]
+            for source in SOURCES:  # (fresh: the history held none of its replies; its first call is one)
+                name = "prefix_mismatch" if source == "edited" else source
+                summary[f"gateway/{name}/{agent}"] = session.sources[(agent, source)]
         return summary
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from mas_async.gateway.loading import Program, ProgramError, load_program, load_scorer
+from mas_async.gateway.sdk_logs import quiet_sdk_errors
 
 if TYPE_CHECKING:
     from mas_async.gateway.episode import GatewayEpisode
@@ -33,6 +34,7 @@ class ProgramWorkflow:
     def __init__(self, program: Program, options: dict[str, Any] | None = None) -> None:
         self.program = program
         self.options = dict(options or {})
+        quiet_sdk_errors()  # (an Agents SDK program's cut replies: one warning, not an error per call)
 
     async def run(self, episode: GatewayEpisode) -> None:
         await episode.play(self.program, self.options)

@@ -47,6 +47,7 @@ def _every_later_call_reused(episode: GatewayEpisode, in_process: bool) -> dict[
         calls = summary[f"gateway/calls/{agent}"]
         assert calls >= 2, summary
         assert summary[f"gateway/reused/{agent}"] == calls - 1 and summary[f"gateway/prefix_mismatch/{agent}"] == 0
+        assert summary[f"gateway/fresh/{agent}"] == 1  # its first call only: no later history was lost
         assert summary[f"gateway/in_process/{agent}"] == (calls if in_process else 0)
     assert [s.info["prompt_source"] for s in episode.samples if s.turn == 0] == ["fresh", "fresh"]
     return summary

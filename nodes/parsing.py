@@ -15,16 +15,22 @@ from mas_async.api import ParseError
 FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)
 PYTHON_TAGS = ("python", "py", "python3", "")
 
-__all__ = ["boxed_answer", "fenced_blocks", "python_block", "strip_thinking"]
+__all__ = ["boxed_answer", "fenced_blocks", "python_block", "strip_thinking", "unfinished_thinking"]
 
 
 def strip_thinking(text: str) -> str:
-    """The text after the last `</think>`; "" when a `<think>` block never closed."""
+    """The text after the last `</think>`, up to a `<think>` opened again after it; "" when a `<think>` block
+    never closed. Letters inside unfinished reasoning (a reply cut at max_tokens) are no answer."""
     if "</think>" in text:
-        return text.rsplit("</think>", 1)[1]
+        return text.rsplit("</think>", 1)[1].split("<think>", 1)[0]
     if "<think>" in text:
         return ""
     return text
+
+
+def unfinished_thinking(text: str) -> bool:
+    """Whether the reply ends inside a `<think>` block (cut at max_tokens while reasoning)."""
+    return text.rfind("<think>") > text.rfind("</think>")
 
 
 def fenced_blocks(text: str) -> list[tuple[str, str]]:

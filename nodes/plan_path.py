@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from envs.plan_path import MOVES
 from mas_async.api import Node, ParseError, Workflow
+from nodes.parsing import strip_thinking, unfinished_thinking
 from nodes.sequential import SequentialWorkflow
 
 if TYPE_CHECKING:
@@ -93,11 +94,13 @@ class ChatMover(Mover):
 
 
 def last_move(text: str, moves: tuple[str, ...], who: str) -> str:
-    """A chat model's move: the last standalone move letter of the reply after any </think> block."""
-    answer = text.rsplit("</think>", 1)[-1]
+    """A chat model's move: the last standalone move letter of the reply after any </think> block. A letter
+    only inside an unfinished <think> block (a reply cut at max_tokens) is no move: a ParseError."""
+    answer = strip_thinking(text)
     found = re.findall(rf"\b([{''.join(moves)}])\b", answer)
     if not found:
-        raise ParseError(f"{who}: no standalone {' or '.join(moves)} in the reply {answer[-40:]!r}")
+        where = "the reply ends inside an unfinished <think> block" if unfinished_thinking(text) else "the reply"
+        raise ParseError(f"{who}: no standalone {' or '.join(moves)} after the thinking; {where}: {text[-40:]!r}")
     return found[-1]
 
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from envs.sudoku import LABELS
 from mas_async.api import Node, ParseError, Workflow
+from nodes.parsing import strip_thinking
 
 if TYPE_CHECKING:
     from envs.sudoku import SudokuEnv
@@ -81,8 +82,9 @@ PLACER_TASK = "The selected cell follows AT=, then its row, column and box. Repl
 
 
 def final_answer(text: str, pattern: str) -> str | None:
-    """The last match of `pattern` standing alone (as a word) in `text` after any <think> block, or None."""
-    found = re.findall(rf"\b{pattern}\b", text.rsplit("</think>", 1)[-1])
+    """The last match of `pattern` standing alone (as a word) in `text` after any <think> block, or None (also
+    when it stands only inside an unfinished <think> block: a reply cut at max_tokens made no choice)."""
+    found = re.findall(rf"\b{pattern}\b", strip_thinking(text))
     return found[-1] if found else None
 
 

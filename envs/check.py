@@ -90,6 +90,7 @@ def check_env(
     report = CheckReport(f"{env_cls.__module__}:{env_cls.__qualname__}")
     checker = _Checker(env_cls, report, action_examples)
     agents = checker.possible_agents()
+    checker.documentation(agents)
     problems = checker.problems(count, options)
     for problem in problems:
         env = checker.reset(problem, agents)
@@ -123,6 +124,28 @@ class _Checker:
     def passed(self, prop: str) -> None:
         if prop not in self.report.checked:
             self.report.checked.append(prop)
+
+    def documentation(self, agents: list[str]) -> None:
+        """Every agent's action and the rewards said (`Env.actions`, `Env.rewards`): what `mas-async envs` shows."""
+        cls = self.env_cls
+        if not cls.actions and not cls.rewards and not cls.info_keys:
+            self.report.skipped.append("documentation (no actions, rewards or info_keys declared)")
+            return
+        missing = [a for a in agents if not cls.actions.get(a)]
+        if missing:
+            raise self.fail("documentation", f"actions must say what each agent's action is; none for {missing}")
+        if not cls.rewards:
+            raise self.fail("documentation", "rewards must say what team_reward() is and when an episode ends")
+        self.passed("documentation")
+
+    def documented_infos(self, env: Env, agents: list[str], when: str) -> None:
+        if not self.env_cls.info_keys:
+            return
+        for agent in agents:
+            unsaid = sorted(set(env.infos[agent]) - set(self.env_cls.info_keys.get(agent, {})))
+            if unsaid:
+                raise self.fail("documentation", f"after {when}, infos[{agent!r}] holds {unsaid}, not in info_keys")
+        self.passed("infos documented")
 
     def possible_agents(self) -> list[str]:
         agents = self.env_cls().possible_agents
@@ -191,6 +214,7 @@ class _Checker:
             if not isinstance(env.infos[agent], dict):
                 raise self.fail("api", f"after {when}, infos[{agent!r}] must be a dict")
             self.observation(env, agent, when)
+        self.documented_infos(env, agents, when)
         reward = env.team_reward()
         if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
             raise self.fail("team_reward", f"after {when}, team_reward() must be a finite number, got {reward!r}")

@@ -65,6 +65,24 @@ SHOWN_CHARS = 3000  # program and tests shown in an observation, at most
 class CodeEnv(Env):
     """A coder and a tester on one programming problem: see the module docstring."""
 
+    actions = {
+        "coder": "a program (str), run in the sandbox on the problem's hidden tests",
+        "tester": 'a list of tests: {"code": "assert ..."} each for a function problem, {"input", "output"} '
+        "each for a stdin problem",
+    }
+    rewards = (
+        "team_reward() is the fraction of the hidden ground-truth tests the current program passes; the episode "
+        "ends when it passes all of them (the tester's local reward: tests the reference passes that fail a "
+        "plausible wrong program, nodes/code.py)"
+    )
+    info_keys = {
+        agent: {
+            "pass_ratio": "the fraction of hidden tests the current program passes",
+            "test_agreement": "the fraction of the tester's tests the reference passes (a diagnostic)",
+        }
+        for agent in ("coder", "tester")
+    }
+
     possible_agents = list(AGENTS)
     runs_code = True
 

@@ -17,6 +17,14 @@ from envs.code import CodeEnv
 class CodeSoloEnv(CodeEnv):
     """One coder, no tester: see the module docstring."""
 
+    actions = {"solo": "a program (str), run in the sandbox on the problem's hidden tests"}
+    info_keys = {
+        "solo": {
+            "pass_ratio": "the fraction of hidden tests the current program passes",
+            "test_agreement": "a diagnostic of the team's tester: no meaning without one",
+        }
+    }
+
     possible_agents = ["solo"]
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:

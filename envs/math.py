@@ -127,6 +127,17 @@ class _MathBase(Env):
 class MathEnv(_MathBase):
     """A reasoner and a tool-user answer in parallel; see the module docstring."""
 
+    actions = {
+        "reasoner": '{"answer": str, "reasoning": str}: its final answer and a short excerpt of its reasoning',
+        "tool_user": '{"code": str}: a program run in the sandbox; its answer is the last \\boxed{} of its output, '
+        "else its last non-empty line",
+    }
+    rewards = (
+        "team_reward() is 1.0 when the team's answer (the reasoner's, or the tool-user's while the reasoner has "
+        "none) is correct, else 0.0; the episode ends when both answers agree"
+    )
+    info_keys = {agent: {"correct": "its own answer is correct"} for agent in ("reasoner", "tool_user")}
+
     possible_agents = ["reasoner", "tool_user"]
     runs_code = True
 
@@ -196,6 +207,20 @@ class MathEnv(_MathBase):
 
 class RoutedMathEnv(_MathBase):
     """A solver answers, a verifier approves (the end) or rejects (back to the solver)."""
+
+    actions = {
+        "solver": '{"answer": str, "reasoning": str}: its answer and a short excerpt of its reasoning',
+        "verifier": '{"verdict": "approve" | "reject", "feedback": str}: approve ends the episode, reject sends '
+        "the feedback back to the solver",
+    }
+    rewards = (
+        "team_reward() is 1.0 when the solver's current answer is correct, else 0.0; the episode ends at an "
+        "approval (the verifier's local reward: 1.0 when its verdict is right, nodes/routed.py)"
+    )
+    info_keys = {
+        agent: {"correct": "the solver's current answer is correct", "verdict": "the verifier's last verdict"}
+        for agent in ("solver", "verifier")
+    }
 
     possible_agents = ["solver", "verifier"]
 

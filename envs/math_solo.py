@@ -21,6 +21,13 @@ class MathSoloEnv(MathEnv):
     """One reasoner, no tool: see the module docstring. Its answer is kept as `reasoner_answer`, so
     `team_reward()` and the reasoner's reward read it as they do for the team."""
 
+    actions = {"solo": '{"answer": str, "reasoning": str}: its answer and a short excerpt of its reasoning'}
+    rewards = (
+        "team_reward() is 1.0 when its answer is correct, else 0.0; the episode ends when it gives an answer "
+        "equivalent to its previous one"
+    )
+    info_keys = {"solo": {"correct": "its answer is correct"}}
+
     possible_agents = ["solo"]
 
     async def astep(self, agent: str, action: Any) -> None:

@@ -132,6 +132,18 @@ def make_problem(seed: int, sizes: list[int], density: float) -> dict[str, Any]:
 class PlanPathEnv(Env):
     """Two agents, one token, one grid: see the module docstring for the rules and observation."""
 
+    actions = {
+        "vertical": 'a move, "U" or "D": the token goes up or down one cell (into a wall or off the grid: it stays, '
+        "blocked); a list of moves is a macro action (`play`)",
+        "horizontal": 'a move, "L" or "R": the token goes left or right one cell (into a wall or off the grid: it '
+        "stays, blocked); a list of moves is a macro action (`play`)",
+    }
+    rewards = "team_reward() is 1.0 once the token is on the goal (the episode ends), else 0.0"
+    info_keys = {
+        agent: {"blocked": "the move hit a wall or the edge", "moves": "a macro action: the moves applied"}
+        for agent in ("vertical", "horizontal")
+    }
+
     possible_agents = ["vertical", "horizontal"]
 
     def __init__(self) -> None:

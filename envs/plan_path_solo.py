@@ -22,6 +22,9 @@ DELTAS = {letter: MOVES[agent][letter] for letter, agent in AXIS.items()}  # "U"
 class PlanPathSoloEnv(PlanPathEnv):
     """One agent, both axes: see the module docstring."""
 
+    actions = {"solo": 'a move, "U", "D", "L" or "R": the token goes one cell that way (blocked: it stays)'}
+    info_keys = {"solo": {"blocked": "the move hit a wall or the edge", "moves": "a macro action: the moves applied"}}
+
     possible_agents = ["solo"]
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:

@@ -208,6 +208,25 @@ def make_problem(
 class SokobanEnv(Env):
     """Two movers, one keeper, boxes to push onto targets: see the module docstring."""
 
+    actions = {
+        "vertical": 'a move, "U" or "D": the keeper walks (or pushes a box) one cell; blocked by a wall or a box '
+        "that cannot move; a list of moves is a macro action (`play`)",
+        "horizontal": 'a move, "L" or "R": the keeper walks (or pushes a box) one cell; blocked by a wall or a box '
+        "that cannot move; a list of moves is a macro action (`play`)",
+    }
+    rewards = (
+        "team_reward() is the fraction of boxes on targets; the episode ends when every box is on one (1.0) or "
+        "a move leaves the level unsolvable (deadlock)"
+    )
+    info_keys = {
+        agent: {
+            "blocked": "the move hit a wall or a box that cannot move",
+            "deadlock": "the move left the level unsolvable (the episode ends)",
+            "moves": "a macro action: the moves applied",
+        }
+        for agent in ("vertical", "horizontal")
+    }
+
     possible_agents = list(AGENTS)
 
     def __init__(self) -> None:

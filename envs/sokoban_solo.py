@@ -56,6 +56,15 @@ def solo_distances(board: Board, start: State) -> dict[State, int]:
 class SokobanSoloEnv(SokobanEnv):
     """One agent, all four directions: see the module docstring."""
 
+    actions = {"solo": 'a move, "U", "D", "L" or "R": the keeper walks (or pushes a box) one cell that way'}
+    info_keys = {
+        "solo": {
+            "blocked": "the move hit a wall or a box that cannot move",
+            "deadlock": "the move left the level unsolvable (the episode ends)",
+            "moves": "a macro action: the moves applied",
+        }
+    }
+
     possible_agents = ["solo"]
 
     def observe(self, agent: str) -> str:

@@ -132,6 +132,16 @@ def make_problem(seed: int, sizes: list[int], holes: int) -> dict[str, Any]:
 class SudokuEnv(Env):
     """A chooser and a placer fill a Sudoku together: see the module docstring."""
 
+    actions = {
+        "chooser": 'a letter, "A", "B", ...: the open cell it names is selected for the placer',
+        "placer": 'a digit, "1".."4" (or "1".."9"): written into the selected cell if it is the solution\'s digit',
+    }
+    rewards = "team_reward() is 1.0 once the grid is full (the episode ends), else 0.0"
+    info_keys = {
+        "chooser": {"invalid": "the letter named no open cell (nothing selected)"},
+        "placer": {"correct": "the digit was the solution's and was written"},
+    }
+
     possible_agents = list(AGENTS)
 
     def __init__(self) -> None:

@@ -34,6 +34,9 @@ DIGITS = "0123456789"  # what the placer's step accepts (0 is never a solution's
 class SudokuSoloEnv(SudokuEnv):
     """One agent names a cell and its digit in one action: see the module docstring."""
 
+    actions = {"solo": 'a letter and a digit, e.g. "B3": the open cell B gets digit 3 if it is the solution\'s'}
+    info_keys = {"solo": {"invalid": "the letter named no open cell", "correct": "the digit was written"}}
+
     possible_agents = ["solo"]
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:

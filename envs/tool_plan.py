@@ -118,6 +118,31 @@ class ToolPlanEnv(Env):
     the tool's sandbox runs, the history and the observations. A subclass gives `task`, `read_actions`,
     `apply` and `answer`."""
 
+    actions = {
+        "tool": '{"code": str}: a Python program, run in the sandbox, that prints an action list after '
+        '"**Actions List**:" (the state does not move; the plan agent is shown the program, its output and the list)',
+        "plan": "a macro action: a list of moves U, D, L, R applied in order, stopping at the goal or the first "
+        "blocked move (Plan-Path, Sokoban); a complete grid, a list of rows of digits, written if it is the "
+        "solution (Sudoku)",
+    }
+    rewards = (
+        "team_reward() is 1.0 once the problem is solved (the episode ends), else 0.0 (Sokoban: the fraction of "
+        "boxes on targets); the workflow's turn limit ends an unsolved episode"
+    )
+    info_keys = {
+        "tool": {
+            "status": "the sandbox's status of the program's run (ok, error, timeout, ...)",
+            "parsed": "an action list was read from its output",
+            "actions": "the action list read, or None",
+            "applied": "tool alone: the moves of that list applied",
+        },
+        "plan": {
+            "solved": "the macro action solved the problem",
+            "blocked": "Plan-Path, Sokoban: it stopped at a blocked move",
+            "moves": "Plan-Path, Sokoban: the moves applied",
+        },
+    }
+
     possible_agents = list(AGENTS)
     runs_code = True
     tool_limits: Limits = TOOL_LIMITS

@@ -36,6 +36,10 @@ class AgentEntry:
     """What `observe(agent)` returns on the first training problem."""
     actions: list[Any]
     """`action_examples(agent)` there: actions the agent may take."""
+    action: str = ""
+    """What its action is (`Env.actions`)."""
+    infos: dict[str, str] | None = None
+    """The keys of its `infos` and their meaning (`Env.info_keys`)."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,8 @@ class EnvEntry:
     summary: str
     runs_code: bool
     agents: list[AgentEntry]
+    rewards: str = ""
+    """What `team_reward()` is and when an episode ends (`Env.rewards`)."""
 
 
 @dataclass(frozen=True)
@@ -60,10 +66,13 @@ def env_entries() -> list[EnvEntry]:
         cls = resolve(name, ENVS, "env")
         env = cls()
         env.reset(seed=0, options={"problem": cls.problems("train", 1)[0]})
-        agents = [AgentEntry(a, env.observe(a), list(env.action_examples(a))) for a in env.possible_agents]
+        agents = [
+            AgentEntry(a, env.observe(a), list(env.action_examples(a)), cls.actions.get(a, ""), cls.info_keys.get(a))
+            for a in env.possible_agents
+        ]
         env.close()
         summary = (cls.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
-        entries.append(EnvEntry(name, path, summary, bool(getattr(cls, "runs_code", False)), agents))
+        entries.append(EnvEntry(name, path, summary, bool(getattr(cls, "runs_code", False)), agents, cls.rewards))
     return entries
 
 
@@ -90,13 +99,23 @@ def env_lines() -> list[str]:
     for entry in env_entries():
         code = "; runs code: a program calls `await env.astep(agent, action)`" if entry.runs_code else ""
         lines += [f"{entry.name}  ({entry.path}{code})", f"  {entry.summary}"]
+        if entry.rewards:
+            lines.append(f"  rewards: {entry.rewards}")
         for agent in entry.agents:
             lines.append(f"  agent {agent.agent}:")
             lines += [f"    | {line}" for line in _shown(agent.observation).splitlines()]
+            if agent.action:
+                lines.append(f"    action: {agent.action}")
             shown = ", ".join(_action(a) for a in agent.actions[:3]) or NO_ACTIONS
             lines.append(f"    actions, e.g.: {shown}")
+            if agent.infos:
+                lines.append(f"    infos: {_infos(agent.infos)}")
         lines.append("")
     return lines
+
+
+def _infos(keys: dict[str, str]) -> str:
+    return "; ".join(f"{key}: {meaning}" for key, meaning in keys.items())
 
 
 def model_lines() -> list[str]:
@@ -123,11 +142,14 @@ def catalog_markdown() -> str:
         out += [f"### `{entry.name}`", "", f"`{entry.path}`: {entry.summary}", ""]
         if entry.runs_code:
             out += ["Runs code in the sandbox: a workflow program steps it with `await env.astep(agent, action)`.", ""]
-        out += ["| agent | observation | example actions |", "| --- | --- | --- |"]
+        if entry.rewards:
+            out += [f"Rewards: {entry.rewards}.", ""]
+        out += ["| agent | observation | action | example actions | infos |", "| --- | --- | --- | --- | --- |"]
         for agent in entry.agents:
             observation = _cell(_shown(agent.observation))
             actions = "<br>".join(_cell(_action(a)) for a in agent.actions[:3]) or NO_ACTIONS
-            out.append(f"| `{agent.agent}` | {observation} | {actions} |")
+            infos = _cell(_infos(agent.infos)) if agent.infos else "-"
+            out.append(f"| `{agent.agent}` | {observation} | {_cell(agent.action) or '-'} | {actions} | {infos} |")
         out.append("")
     out += ["## Models", "", "`policies.<p>.model` takes:", "", "| model | what |", "| --- | --- |"]
     out += [f"| `{entry.spec}` | {entry.summary} |" for entry in model_entries()]

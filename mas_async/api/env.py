@@ -94,6 +94,15 @@ class Env:
     """True for an env that runs model-written programs (`run_python`, `run_tests`): its env workers
     refuse to start where the sandbox cannot isolate them (`require_isolation`), unless the config says
     `sandbox.unsafe_no_isolation: true`."""
+    actions: dict[str, str] = {}
+    """agent -> what its action is: the Python value its node's `parse` returns, and what it does. Shown by
+    `mas-async envs` and docs/reference/envs-and-models.md (an agent that plays after another has no
+    example action at the start: this is what a user reads); `check_env` checks every agent has one."""
+    rewards: str = ""
+    """What `team_reward()` is and when an episode ends (each agent's local reward is its node's)."""
+    info_keys: dict[str, dict[str, str]] = {}
+    """agent -> each key its `infos[agent]` can hold, and what it means; `check_env` checks that every key
+    the env sets is here."""
     terminations: dict[str, bool]
     truncations: dict[str, bool]
     infos: dict[str, dict[str, Any]]

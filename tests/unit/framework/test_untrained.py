@@ -54,3 +54,12 @@ def test_the_progress_line_names_the_policy_that_trained_nothing_and_why(tmp_pat
     out = capsys.readouterr().out
     assert "policy vertical trained nothing: none of its 16 samples had a non-zero advantage" in out
     assert "policy horizontal trained nothing" not in out
+
+
+def test_the_run_directory_line_is_whole_when_output_is_not_a_terminal(tmp_path, capsys):
+    """Scripts read the path from this line: rich must not wrap it at its default 80 columns."""
+    run_dir = tmp_path / ("a-long-folder-name-" * 6) / "plan_path_tiny" / "2026-12-07T05-30-00"
+    run_dir.mkdir(parents=True)
+    Progress(load_config(ROOT / "configs/plan_path_tiny.yaml"), run_dir)
+    lines = capsys.readouterr().out.splitlines()
+    assert f"mas-async run directory: {run_dir}" in lines, lines

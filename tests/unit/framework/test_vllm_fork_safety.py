@@ -68,12 +68,16 @@ class FakeCudaPlatform:
     def is_rocm(self) -> bool:
         return False
 
+    def get_device_total_memory(self, device_id: int = 0) -> int:  # (NVML's, as NvmlCudaPlatform reads it)
+        return 80 << 30
+
 
 @pytest.fixture
 def cuda_build(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCudaBuild]:
     """This process as a CUDA build of torch and vLLM on a machine with one GPU, while the test runs."""
     fake = FakeCudaBuild()
     monkeypatch.setattr(torch._C, "_cuda_getDeviceCount", fake.get_device_count, raising=False)
+    monkeypatch.setattr(torch.cuda, "_raw_device_count_nvml", lambda: 1)  # NVML answers on a GPU machine
     monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: fake.in_bad_fork)
     monkeypatch.setattr(torch.cuda, "_initialized", False)
     monkeypatch.setattr(vllm_platforms, "_current_platform", FakeCudaPlatform())
@@ -93,14 +97,21 @@ def engine_core(monkeypatch: pytest.MonkeyPatch, cuda_build: FakeCudaBuild) -> d
     method `get_mp_context()` chooses, called here) and initialises CUDA first."""
     started: dict[str, Any] = {}
 
+    class Engine:
+        model_config = types.SimpleNamespace(max_model_len=256)
+        errored = False
+
+        def shutdown(self) -> None:
+            started["shut down"] = True
+
     class AsyncLLM:
         @staticmethod
-        def from_engine_args(engine_args: types.SimpleNamespace) -> str:
+        def from_engine_args(engine_args: types.SimpleNamespace) -> Engine:
             method = get_mp_context().get_start_method()
             started["method"] = method
             cuda_build.start_child(method).init()
             started["args"] = engine_args
-            return "engine"
+            return Engine()
 
     # (vLLM's own modules are not imported: ~15 s of CPU here, and nothing of theirs runs before the start.)
     monkeypatch.setitem(
@@ -137,8 +148,8 @@ def test_a_vllm_server_starts_its_engine_on_a_gpu(tmp_path, cuda_build, engine_c
     """`start_engine` (what every engine's server process runs: local, SLURM and Ray start the same
     `mas_async.launch.process`) on a GPU: the engine core comes up, CUDA was never queried in the server, and
     the engine's processes are spawned."""
-    engine = vllm_compat.start_engine(_model(tmp_path), dtype="bfloat16", max_num_seqs=4, seed=0)
-    assert engine == "engine" and engine_core["method"] == "spawn"
+    vllm_compat.start_engine(_model(tmp_path), dtype="bfloat16", max_num_seqs=4, seed=0)
+    assert engine_core["method"] == "spawn"
     assert cuda_build.poisoned_by == [], "the server process queried CUDA before its engine started:\n" + "\n".join(
         cuda_build.poisoned_by
     )
@@ -148,3 +159,31 @@ def test_a_vllm_server_starts_its_engine_on_a_gpu(tmp_path, cuda_build, engine_c
 def test_the_engine_environment_spawns_on_a_gpu_and_leaves_the_cpu_s_as_it_was() -> None:
     assert vllm_compat.engine_environment(False, None)["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
     assert "VLLM_WORKER_MULTIPROC_METHOD" not in vllm_compat.engine_environment(True, "mp")
+
+
+def test_an_inference_server_starts_its_vllm_engine_without_asking_cuda(tiny_model, cuda_build, engine_core) -> None:
+    """The server process's whole start before its engine (the role's seeding, the weight groups' places of a
+    deployment built without them, the backend's receive buffers, the engine start): CUDA is never queried."""
+    from mas_async import placement
+    from mas_async.config import load_config
+    from mas_async.deployment import Deployment
+    from mas_async.inference.server import InferenceServer
+    from mas_async.launch.roles import seed_torch
+    from tests.support.paths import ROOT
+
+    config = load_config(ROOT / "configs/plan_path_tiny.yaml", ["policies.vertical.backend=vllm"])
+    path = str(tiny_model)
+    deployment = Deployment(
+        "tcp://127.0.0.1:1", {"vertical": 1, "horizontal": 2}, {"vertical": path, "horizontal": path}
+    )
+    seed_torch(config)
+    server = InferenceServer(config, deployment, "vertical", 0)
+    try:
+        assert engine_core["method"] == "spawn" and server.backend.max_model_len == 256
+        assert cuda_build.poisoned_by == [], "the server process queried CUDA before its engine started:\n" + (
+            "\n".join(cuda_build.poisoned_by)
+        )
+        assert placement._cuda_available() and not cuda_build.poisoned_by  # (it sees the GPU, through NVML)
+    finally:
+        server.backend.close()
+    assert engine_core["shut down"]

@@ -5,7 +5,10 @@ Layout under RUN_DIR/checkpoints/:
   by an inference server as a model folder; with LoRA the merged model, merged from the float32 master,
   and the adapters as the trainer keeps them in `adapter/`) and `trainer_state.pt` (optimiser, scheduler,
   RNG states, version, the loss scaler of float16 compute, and the trainer's float32 master weights where
-  the folder holds them rounded: a resume continues from exactly the weights and state it left). Each
+  the folder holds them rounded: a resume continues from exactly the weights and state it left). With
+  `trainer.distributed_optimizer` each rank's master shard and its Adam state are a file of their own in the
+  folder, `optimizer-rank<r>-of-<N>.pt` (each rank writes its own beside the folder, rank 0 moves them in:
+  the run directory is on a file system every rank sees); a resume with other ranks re-shards them. Each
   policy has its own folder, so checkpoints of different policies never overwrite each other.
 - `router/v<version>.json`: the router's data position at that version (the next iteration).
 - `best.json`: the version with the best held-out success so far (`eval/team_success_rate`) and that
@@ -77,9 +80,13 @@ def save_policy(run_dir: Path, policy: str, version: int, learner: PolicyLearner
 
     final = policy_checkpoint(run_dir, policy, version)
     optimizer = learner.optimizer_state()
+    if learner.distributed is not None:  # this rank's shard, in a file of its own: rank 0 moves it in
+        final.parent.mkdir(parents=True, exist_ok=True)
+        _atomic_save(optimizer, _shard_file(final, learner.rank, learner.world_size, staged=True))
+        optimizer = {"distributed_world_size": learner.world_size}
     ranks = [_rng_state(learner)]
     if learner.dp is not None:
-        ranks = learner.dp.gather(ranks[0])
+        ranks = learner.dp.gather(ranks[0])  # (also: every rank's shard file is written)
     if learner.rank != 0:
         return final
     tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
@@ -106,10 +113,31 @@ def save_policy(run_dir: Path, policy: str, version: int, learner: PolicyLearner
         state["master"] = master
     if learner.scaler is not None:
         state["grad_scaler"] = learner.scaler.state_dict()
+    if learner.distributed is not None:
+        for rank in range(learner.world_size):
+            os.replace(
+                _shard_file(final, rank, learner.world_size, staged=True),
+                tmp / _shard_file(final, rank, learner.world_size).name,
+            )
     torch.save(state, tmp / STATE)
     shutil.rmtree(final, ignore_errors=True)  # a leftover of a run killed after this rename
     os.rename(tmp, final)
     return final
+
+
+def _shard_file(final: Path, rank: int, world_size: int, staged: bool = False) -> Path:
+    """Where rank `rank` of `world_size` keeps its distributed optimiser shard in the checkpoint folder `final`,
+    or (`staged`) beside it, where it writes it before rank 0 moves it in."""
+    name = f"optimizer-rank{rank:05d}-of-{world_size:05d}.pt"
+    return final.with_name(f".shard-{final.name}-{name}") if staged else final / name
+
+
+def _atomic_save(obj: Any, path: Path) -> None:
+    import torch
+
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
 
 
 def _save_model(model: Any, folder: Path, dtype: Any) -> None:
@@ -142,7 +170,18 @@ def load_policy_state(run_dir: Path, policy: str, version: int, learner: PolicyL
         raise ValueError(f"checkpoint of {policy} at v{version} holds version {state['version']}")
     if "master" in state:
         learner.load_master_weights(state["master"])
-    learner.optimizer.load_state_dict(state["optimizer"])
+    shards = state["optimizer"].get("distributed_world_size") if isinstance(state["optimizer"], dict) else None
+    if (shards is None) != (learner.distributed is None):
+        raise ValueError(
+            f"checkpoint of {policy} at v{version} was saved with trainer.distributed_optimizer="
+            f"{str(shards is not None).lower()}: resume with the same setting"
+        )
+    if learner.distributed is not None:  # any number of ranks: each reads the shards that hold its entries
+        folder = policy_checkpoint(run_dir, policy, version)
+        read = lambda rank: torch.load(_shard_file(folder, rank, shards), weights_only=True, mmap=True)  # noqa: E731
+        learner.distributed.load_shards(read, shards)
+    else:
+        learner.optimizer.load_state_dict(state["optimizer"])
     learner.scheduler.load_state_dict(state["scheduler"])
     if learner.scaler is not None and "grad_scaler" in state:
         learner.scaler.load_state_dict(state["grad_scaler"])

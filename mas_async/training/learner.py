@@ -20,7 +20,10 @@ that was not measured is absent, never 0.0 (a collapsed policy shows as entropy 
 Precision (docs/gpu.md "Precision"): the trained parameters, their gradients and the Adam state are kept
 in `policies.<p>.master_dtype` (float32 by default), the passes compute in the policy's `dtype` under
 autocast (fp16 with loss scaling), and the weight sync sends the parameters cast to the served dtype
-(`ServedCopy`, refreshed after each step). With LoRA the frozen base is held in the served dtype.
+(`ServedCopy`, refreshed after each step). With LoRA the frozen base is held in the served dtype. With
+`trainer.distributed_optimizer` the model and its gradients are held in the policy's dtype and computed in
+without autocast, and the master and its Adam state are the optimiser's, sharded over the policy's ranks
+(`distributed_optimizer.py`: no DDP; the weight sync sends the model's own flat buffer).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import torch
 from mas_async.config import Config
 from mas_async.lora import LoraSetup, adapter_parameters, with_adapters
 from mas_async.training.advantages import compute_advantages
+from mas_async.training.distributed_optimizer import DistributedOptimizer
 from mas_async.training.kept_weights import KeptWeights
 from mas_async.training.logprobs import completion_logprobs
 from mas_async.training.micro_batches import micro_batches, token_budget
@@ -103,7 +107,9 @@ class PolicyLearner:
     count summed over the ranks, and each rank's loss is scaled by N to undo DDP's mean, so N ranks
     make the same update as one rank on the union of their shares. A rank with no sample in a
     mini-batch backpropagates a zero loss, so it joins every collective. `trainer.zero` shards the Adam
-    state over the ranks (`ZeroRedundancyOptimizer`): the same update, less memory per rank.
+    state over the ranks (`ZeroRedundancyOptimizer`): the same update, less memory per rank. With
+    `trainer.distributed_optimizer` there is no DDP: the gradients accumulate locally, unscaled, and the
+    optimiser's step sums them over the ranks (`DistributedOptimizer`, a collective every rank joins).
     """
 
     def __init__(
@@ -129,8 +135,10 @@ class PolicyLearner:
         """What the trained parameters, their gradients and the Adam state are kept in."""
         self.compute_dtype = _compute_dtype(config, policy)
         self.lora = LoraSetup.of(spec.lora, model_path, adapter) if spec.lora is not None else None
-        # With LoRA the base is frozen (its master is the model folder): it is held in the served dtype.
-        held = self.serve_dtype if self.lora is not None else self.master_dtype
+        distributed = config.trainer.distributed_optimizer
+        # With LoRA the base is frozen (its master is the model folder), with the distributed optimiser the
+        # master is the optimiser's, sharded over the ranks: the model is held in the served dtype.
+        held = self.serve_dtype if self.lora is not None or distributed else self.master_dtype
         self.model = self._load_model(model_path, held)
         if config.trainer.activation_checkpointing:  # before DDP wraps the model; non-reentrant works with DDP
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -142,9 +150,10 @@ class PolicyLearner:
         self.model.train()
         self.trained = adapter_parameters(self.model) if self.lora else list(self.model.named_parameters())
         """What the optimiser steps and the weight sync sends: every parameter, or the adapters only."""
-        self.autocast = self.compute_dtype != self.master_dtype
+        self.autocast = self.compute_dtype != (held if distributed else self.master_dtype)
         """Forward passes under torch.autocast in `compute_dtype`: float32 master weights of a bf16 or fp16
-        policy, or a float32 one with `trainer.bf16_autocast`."""
+        policy, or a float32 one with `trainer.bf16_autocast` (with the distributed optimiser the model is in
+        the policy's dtype: no autocast but for the latter)."""
         self.scaler = (
             torch.amp.GradScaler(self.device.type, init_scale=2.0**10, growth_interval=100)
             if self.autocast and self.compute_dtype == torch.float16 else None
@@ -152,7 +161,8 @@ class PolicyLearner:
         """Loss scaling of float16 compute: its gradients would underflow (an overflowing step is skipped)."""
         # One contiguous buffer per dtype: the weight broadcast sends it as it is, with no copy.
         # Flattened after the move to the device, so the buffers live there.
-        self.flat = flatten_parameters(self.trained)
+        # With the distributed optimiser each buffer is padded to N equal shards (`DistributedOptimizer`).
+        self.flat = flatten_parameters(self.trained, multiple=dp.world_size if dp is not None and distributed else 1)
         self.served: ServedCopy | None = None
         """The trained parameters cast to what the servers serve, when that is not the master's dtype."""
         served = self._served_dtypes()
@@ -172,13 +182,22 @@ class PolicyLearner:
         self.rank = dp.rank if dp is not None else 0
         self.ddp: torch.nn.Module = self.model
         """What the loss's forward runs through: the model, or its DistributedDataParallel wrapper."""
-        if dp is not None:
+        if dp is not None and not distributed:
             self.ddp = self._data_parallel()
-        self.sharded = dp is not None and config.trainer.zero
-        """The Adam state is split over the ranks (`trainer.zero`): each counts the changes of its shard."""
-        self.optimizer = make_optimizer(
-            [p for _, p in self.trained], lr=spec.lr, weight_decay=config.trainer.weight_decay, sharded=self.sharded
-        )
+        self.sharded = dp is not None and (config.trainer.zero or distributed)
+        """The Adam state is split over the ranks (`trainer.zero`, `trainer.distributed_optimizer`): each
+        counts the changes of its shard."""
+        self.distributed: DistributedOptimizer | None = None
+        """The distributed optimiser (`trainer.distributed_optimizer`): the master sharded over the ranks."""
+        if distributed:
+            self.optimizer = self.distributed = DistributedOptimizer(
+                self.trained, self.flat, lr=spec.lr, weight_decay=config.trainer.weight_decay,
+                master_dtype=self.master_dtype, rank=self.rank, world_size=self.world_size,
+            )  # fmt: skip
+        else:
+            self.optimizer = make_optimizer(
+                [p for _, p in self.trained], lr=spec.lr, weight_decay=config.trainer.weight_decay, sharded=self.sharded
+            )
         iterations = total_iterations or config.run.iterations
         total_steps = iterations * self.algo.ppo_epochs * self.algo.mini_batches
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(config.trainer, total_steps))
@@ -234,8 +253,9 @@ class PolicyLearner:
 
     def master_weights(self) -> dict[str, torch.Tensor] | None:
         """The trained parameters as kept, for a checkpoint, where its model folder cannot hold them exactly
-        (it is in the served dtype); None where it can, or with LoRA (the adapters are saved as kept)."""
-        if self.lora is not None or self.master_dtype == self.serve_dtype:
+        (it is in the served dtype); None where it can, with LoRA (the adapters are saved as kept), or with the
+        distributed optimiser (each rank saves its master shard: `optimizer_state`)."""
+        if self.lora is not None or self.master_dtype == self.serve_dtype or self.distributed is not None:
             return None
         return {name: p.detach().cpu() for name, p in self.trained}
 
@@ -354,7 +374,10 @@ class PolicyLearner:
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         max_norm = self.cfg.trainer.grad_clip or float("inf")
-        stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        if self.distributed is not None:  # the gradients summed into each rank's shard, clipped over all shards
+            stats["grad_norm"] = float(self.distributed.clip_gradients(max_norm))
+        else:
+            stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
         forget_changes(self.optimizer)
         if self.scaler is not None:
             self.scaler.step(self.optimizer)  # (every rank sees the same all-reduced gradients: all skip or none)
@@ -489,7 +512,10 @@ class PolicyLearner:
         return [round(v) for v in self.dp.sum([float(c) for c in counts], self.device)]
 
     def optimizer_state(self) -> dict[str, Any] | None:
-        """The full optimiser state to checkpoint (collective under `trainer.zero`); None off rank 0."""
+        """The full optimiser state to checkpoint (collective under `trainer.zero`); None off rank 0. With the
+        distributed optimiser, this rank's shard on every rank (`DistributedOptimizer.shard_state`)."""
+        if self.distributed is not None:
+            return self.distributed.shard_state()
         return full_state(self.optimizer, self.rank)
 
     def optimizer_state_bytes(self) -> int:
@@ -497,8 +523,8 @@ class PolicyLearner:
 
     def _sync_gradients(self, last: bool):
         """DDP all-reduces the gradients once per optimiser step: at the backward of the last
-        micro-batch; the earlier ones accumulate locally."""
-        if self.dp is None or last:
+        micro-batch; the earlier ones accumulate locally. (The distributed optimiser reduces them at its step.)"""
+        if self.ddp is self.model or last:
             return contextlib.nullcontext()
         return self.ddp.no_sync()
 
@@ -538,7 +564,7 @@ class PolicyLearner:
         `sync` False: every backward accumulates locally (a streamed step all-reduces once, at its end)."""
         tokens = 0
         runs = self._micro_batches([samples[i] for i in chosen])
-        if not runs and self.dp is not None and sync:
+        if not runs and self.ddp is not self.model and sync:
             self._zero_backward()
         for n_run, run in enumerate(runs):
             idx = [chosen[j] for j in run]
@@ -567,8 +593,10 @@ class PolicyLearner:
             ref=None if ref is None else _pad([ref[i] for i in idx], width, device),
             entropy=_pad(entropies, width, device) if self.algo.entropy_coef > 0 else None,
         )
-        # DDP averages the ranks' gradients; each rank's loss is already over the global normaliser.
-        loss = loss * self.world_size
+        # DDP averages the ranks' gradients (the distributed optimiser sums them); each rank's loss is
+        # already over the global normaliser.
+        if self.ddp is not self.model:
+            loss = loss * self.world_size
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
         n = float(mask.sum())
         stats["loss"] += parts["loss"]

@@ -1,5 +1,6 @@
-"""A policy's optimiser: Adam (sharded over the policy's trainer ranks with `trainer.zero`), its
-learning-rate schedule, and what a checkpoint and the metrics read of its state.
+"""A policy's optimiser: Adam (its state sharded over the policy's trainer ranks with `trainer.zero`; with
+`trainer.distributed_optimizer` the master too: distributed_optimizer.py), its learning-rate schedule, and
+what a checkpoint and the metrics read of its state.
 
 The Adam here counts what each step changed (`CountingAdam`): the trainer's `changed_fraction`, which
 shows a step that moved nothing (an update below half a ulp of the dtype the weights are kept in) as ~0
@@ -35,6 +36,11 @@ class CountingAdam(torch.optim.Adam):
     def step(self, closure: Callable[[], float] | None = None) -> None:  # type: ignore[override]
         if closure is not None:
             raise ValueError("CountingAdam.step takes no closure")
+        self._counted_step()
+
+    def _counted_step(self) -> None:
+        """The step, chunk by chunk, counting the changes (without the hooks torch wraps `step` in: a
+        subclass's own `step` runs them once around it)."""
         groups = self.param_groups
         changed = held = 0
         try:
@@ -104,9 +110,11 @@ def full_state(optimizer: torch.optim.Optimizer, rank: int) -> dict[str, Any] | 
 
 
 def state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """Bytes of optimiser state this rank holds (its shard when sharded)."""
+    """Bytes of optimiser state this rank holds (its shard when sharded): Adam's, and the distributed
+    optimiser's master shard (`DistributedOptimizer.master_bytes`; its model holds the served dtype only)."""
     local = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer's own optimiser
-    return sum(
+    master = local.master_bytes() if hasattr(local, "master_bytes") else 0
+    return master + sum(
         t.numel() * t.element_size() for state in local.state.values() for t in state.values()
         if isinstance(t, torch.Tensor)
     )  # fmt: skip

@@ -343,7 +343,7 @@ class StreamingStep:
             for p in learner.model.parameters():
                 if p.grad is not None:
                     p.grad.div_(normalizer)
-            if learner.dp is not None:
+            if learner.ddp is not learner.model:  # (the distributed optimiser reduces them at its step)
                 learner._zero_backward()  # outside no_sync: the one all-reduce of the accumulated gradients
             learner.optimizer_step(self.stats)  # clip, step, count what changed
         learner.scheduler.step()

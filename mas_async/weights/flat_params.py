@@ -35,9 +35,10 @@ _first_of_buffer: dict[int, weakref.ref] = {}
 """storage address of a flat buffer -> its first parameter (alive: the storage and its headroom are ours)."""
 
 
-def flatten_parameters(named_parameters: Iterable[tuple[str, nn.Parameter]]) -> list[torch.Tensor]:
+def flatten_parameters(named_parameters: Iterable[tuple[str, nn.Parameter]], multiple: int = 1) -> list[torch.Tensor]:
     """Move the parameters into one contiguous buffer per (device, dtype), in the given order, and make
-    each parameter a view of its buffer (values unchanged). Returns the buffers.
+    each parameter a view of its buffer (values unchanged). Returns the buffers, each padded with zeros
+    after its parameters to a multiple of `multiple` entries (the distributed optimiser's N equal shards).
 
     The parameter objects stay the same (an optimiser's state stays valid); tied parameters move once.
     """
@@ -52,9 +53,11 @@ def flatten_parameters(named_parameters: Iterable[tuple[str, nn.Parameter]]) -> 
         groups.setdefault((p.device, p.dtype), []).append(p)
     buffers = []
     for (device, dtype), members in groups.items():
-        flat = _flat_buffer(sum(p.numel() for p in members), dtype, device)
+        numel = sum(p.numel() for p in members)
+        flat = _flat_buffer(-(-numel // multiple) * multiple, dtype, device)
         offset = 0
         with torch.no_grad():
+            flat[numel:].zero_()
             for p in members:
                 view = flat[offset : offset + p.numel()].view(p.shape)
                 view.copy_(p.data)

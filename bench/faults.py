@@ -61,15 +61,19 @@ SETTINGS = [
 class Run:
     """A `mas-async train` run in the background, stopped (and every process it started killed) by pid."""
 
-    def __init__(self, run_dir: Path, load_s: float | None = None, *settings: str) -> None:
-        """`load_s`: every replica's replacement loads that long first (`bench/slow_backend.py`)."""
+    def __init__(
+        self, run_dir: Path, load_s: float | None = None, *settings: str, config: Path | str | None = None
+    ) -> None:
+        """`load_s`: every replica's replacement loads that long first (`bench/slow_backend.py`); `config`: the
+        run's config (default `CONFIG`, with this bench's `SETTINGS`; another one as it is, with `settings`)."""
         self.dir = run_dir
         env = os.environ.copy()
         if load_s is not None:
             settings = (*settings, *(f"policies.{p}.backend={SLOW_HF}" for p in ("vertical", "horizontal")))
             env[REPLACEMENT_ENV] = str(load_s)
-        command = [sys.executable, "-m", "mas_async", "train", str(CONFIG), f"run.output_dir={run_dir}",
-                   "run.iterations=100000", *SETTINGS, *settings]  # fmt: skip
+        base = SETTINGS if config is None else []
+        command = [sys.executable, "-m", "mas_async", "train", str(config or CONFIG), f"run.output_dir={run_dir}",
+                   "run.iterations=100000", *base, *settings]  # fmt: skip
         self.log = (run_dir.parent / f"{run_dir.name}.out").open("w")
         self.proc = subprocess.Popen(
             command, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True

@@ -404,3 +404,19 @@ def test_router_refill_smoke(tmp_path: Path) -> None:
     rows = figures["workers"]
     assert set(rows) == {"4", "64"} and all(row["us_per_episode"] > 0 for row in rows.values())
     assert rows["4"]["ratio_to_fewest"] == 1.0 and rows["64"]["ratio_to_fewest"] > 0
+
+
+def test_soak_smoke(tmp_path: Path) -> None:
+    """Two minutes of the demo under kills (env workers and replicas every 20 s, a trainer and the router once):
+    each role's growth figures, the run directory's by part, and the run's own checks, all passing."""
+    stdout, figures = _run("soak.py", tmp_path, str(ROOT / "configs/plan_path_tiny.yaml"))
+    assert "soak of configs/plan_path_tiny.yaml" in stdout and "checks:" in stdout
+    killed = {kill["name"].split("/")[0] for kill in figures["kills"]}
+    assert {"trainer", "router"} <= killed and killed & {"env_worker", "inference"}, figures["kills"]
+    assert {"router", "env_worker", "inference", "trainer"} <= set(figures["growth"]), figures["growth"]
+    for role, growth in figures["growth"].items():
+        assert growth["processes"] >= 1 and growth["fds_range"][0] > 0, role
+    assert {"checkpoints", "logs", "metrics.jsonl"} <= set(figures["dir_bytes_per_iteration"])
+    checks = figures["checks"]
+    assert checks["every_iteration_once"] and checks["version_mismatch_zero"] and checks["no_episode_uncounted"]
+    assert checks["restarts"]["trainer"] >= 1 and checks["restarts"]["router"] >= 1, checks

@@ -1,0 +1,302 @@
+"""A run that lasts, under faults: does any process's memory, open files or threads grow, and does the run
+directory grow faster than its iterations?
+
+    python bench/soak.py configs/plan_path_tiny.yaml --minutes 60 --kill-every 60
+    python bench/soak.py configs/plan_path_tiny.yaml --minutes 60 --kill-every 60 cluster.leases=true
+    python bench/soak.py configs/plan_path_tiny.yaml --smoke       # 2 minutes, run by the tests
+
+The config trains under the local engine for `--minutes` (its iterations made endless), while the bench
+SIGKILLs a random env worker or inference replica every `--kill-every` seconds, and once each, at random times
+in the middle of the run, a trainer rank and the router (the whole run then restarts from its last
+checkpoint). Every `--sample-s` seconds it records each process's RSS, open file descriptors and threads
+(psutil; by role: router, env_worker, inference, trainer, launcher) and the run directory's size by part
+(checkpoints, logs, metrics.jsonl, tensorboard, the rest).
+
+It prints, after the warm-up (`--warmup-min`, the first 10 minutes by default):
+- each role's growth per hour: RSS in MB/h and %/h, fds and threads per hour, the median and the worst over
+  the role's processes (a replacement's own first `--settle-s` seconds left out: it is still loading);
+- the run directory's growth per iteration, by part (bytes a training iteration adds);
+- the run's own checks: every iteration's row once, every `version_mismatch` 0, and no episode lost without
+  being counted (each training row's episodes + dropped = `rollout.batch_size`).
+`--json FILE` writes the samples, the figures and the checks. Growth is a least-squares slope over a process's
+samples; a process that lived less than `--min-span-s` after the warm-up gives none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.faults import Run  # noqa: E402
+
+SETTINGS = ["eval.every=0", "cluster.max_restarts=1000", "trainer.keep_best=false"]
+"""What every soak run sets: no evaluation (the rows are the training iterations'), restarts enough for an hour."""
+KILLED = ("env_worker", "inference")
+ONCE = ("trainer", "router")
+PARTS = ("checkpoints", "logs", "metrics.jsonl", "tensorboard")
+MB = 1e6
+
+
+@dataclass
+class Series:
+    """One process's samples: (seconds since the soak began, rss bytes, fds, threads)."""
+
+    role: str
+    name: str
+    pid: int
+    samples: list[tuple[float, int, int, int]] = field(default_factory=list)
+
+
+def role_of(name: str) -> str:
+    return name.split("/")[0]
+
+
+def slope_per_hour(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of (seconds, value) points, per hour."""
+    n = len(points)
+    mean_t = sum(t for t, _ in points) / n
+    mean_v = sum(v for _, v in points) / n
+    var = sum((t - mean_t) ** 2 for t, _ in points)
+    return 3600 * sum((t - mean_t) * (v - mean_v) for t, v in points) / var if var > 0 else 0.0
+
+
+def dir_parts(run_dir: Path) -> dict[str, int]:
+    """Bytes of the run directory by part."""
+    sizes = dict.fromkeys((*PARTS, "other"), 0)
+    for folder, _, files in os.walk(run_dir):  # (os.walk skips a folder removed meanwhile: a pruned checkpoint)
+        top = Path(folder).relative_to(run_dir).parts[:1]
+        for file in files:
+            try:
+                size = os.stat(os.path.join(folder, file)).st_size
+            except OSError:
+                continue
+            part = top[0] if top else file
+            sizes[part if part in PARTS else "other"] += size
+    return sizes
+
+
+def sample(run: Run, series: dict[tuple[str, int], Series], t: float) -> None:
+    """Each live process of the run (and the launcher) now."""
+    for name, pid in [("launcher", run.proc.pid), *run.pids().items()]:
+        try:
+            proc = psutil.Process(pid)
+            with proc.oneshot():
+                point = (t, proc.memory_info().rss, proc.num_fds(), proc.num_threads())
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+            continue
+        series.setdefault((name, pid), Series(role_of(name), name, pid)).samples.append(point)
+
+
+def growth(series: list[Series], warmup_s: float, settle_s: float, min_span_s: float) -> dict[str, Any]:
+    """Each role's growth per hour after the warm-up (module docstring)."""
+    out: dict[str, Any] = {}
+    for role in sorted({s.role for s in series}):
+        per: list[dict[str, float]] = []
+        for s in (s for s in series if s.role == role):
+            start = max(warmup_s, s.samples[0][0] + settle_s)
+            kept = [p for p in s.samples if p[0] >= start]
+            if len(kept) < 3 or kept[-1][0] - kept[0][0] < min_span_s:
+                continue
+            rss_mb_h = slope_per_hour([(t, rss / MB) for t, rss, _, _ in kept])
+            per.append({
+                "rss_mb_per_h": rss_mb_h,
+                "rss_pct_per_h": 100 * rss_mb_h / (statistics.mean(rss for _, rss, _, _ in kept) / MB),
+                "fds_per_h": slope_per_hour([(t, fds) for t, _, fds, _ in kept]),
+                "threads_per_h": slope_per_hour([(t, th) for t, _, _, th in kept]),
+                "span_s": kept[-1][0] - kept[0][0],
+                "fds_range": [min(p[2] for p in kept), max(p[2] for p in kept)],
+                "threads_range": [min(p[3] for p in kept), max(p[3] for p in kept)],
+            })  # fmt: skip
+        if per:
+            out[role] = {
+                "processes": len(per),
+                **{f"{k}_median": statistics.median(p[k] for p in per) for k in per[0] if k.endswith("_h")},
+                **{f"{k}_worst": max(p[k] for p in per) for k in per[0] if k.endswith("_h")},
+                "fds_range": [min(p["fds_range"][0] for p in per), max(p["fds_range"][1] for p in per)],
+                "threads_range": [min(p["threads_range"][0] for p in per), max(p["threads_range"][1] for p in per)],
+            }
+    return out
+
+
+def dir_growth(points: list[tuple[float, int, dict[str, int]]], warmup_s: float) -> dict[str, float]:
+    """Bytes a training iteration adds to each part of the run directory, after the warm-up."""
+    kept = [(iterations, parts) for t, iterations, parts in points if t >= warmup_s]
+    if len({i for i, _ in kept}) < 2:
+        return {}
+    return {part: slope_per_hour([(i, p[part]) for i, p in kept]) / 3600 for part in kept[0][1]}
+
+
+def checks(rows: list[dict[str, Any]], batch: int) -> dict[str, Any]:
+    iterations = [r["iteration"] for r in rows]
+    training = [r for r in rows if "rollout/episodes" in r]
+    mismatches = [r["iteration"] for r in rows for k, v in r.items() if k.endswith("/version_mismatch") and v]
+    uncounted = [r["iteration"] for r in training if r["rollout/episodes"] + r["rollout/dropped"] != batch]
+    return {
+        "iterations": len(rows),
+        "every_iteration_once": iterations == list(range(len(rows))),
+        "version_mismatch_zero": not mismatches,
+        "no_episode_uncounted": not uncounted,
+        "restarts": {role: sum(r.get(f"faults/restarts/{role}", 0) for r in rows) for role in (*KILLED, *ONCE)},
+        "bad_rows": {"version_mismatch": mismatches[:10], "uncounted": uncounted[:10]},
+    }
+
+
+def _newest_checkpoint(run_dir: Path) -> int:
+    """The newest version the router has checkpointed (complete for every policy), or -1."""
+    versions = [int(p.stem[1:]) for p in (run_dir / "checkpoints" / "router").glob("v*.json")]
+    return max(versions, default=-1)
+
+
+def _kill(pid: int) -> bool:
+    """SIGKILL `pid`; False when it is gone already (a whole-run restart under way: its pids.json is old)."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    from mas_async.config import load_config
+
+    config = load_config(args.config, [*SETTINGS, *args.overrides])
+    rng = random.Random(args.seed)
+    run = Run(work / "run", None, *SETTINGS, *args.overrides, config=Path(args.config).resolve())
+    duration = 60 * args.minutes
+    # The trainer in the first half, the router in the second: a whole-run restart needs a checkpoint newer than
+    # the one it restarted from before the next (the launcher stops a run whose fault recurs before one).
+    once = {"trainer": rng.uniform(0.2, 0.35) * duration, "router": rng.uniform(0.6, 0.75) * duration}
+    restarted_at: int | None = None
+    """The newest complete checkpoint when the last trainer or router was killed."""
+    series: dict[tuple[str, int], Series] = {}
+    dir_points: list[tuple[float, int, dict[str, int]]] = []
+    kills: list[dict[str, Any]] = []
+    try:
+        run.wait("the first row", lambda: len(run.rows()) >= 1, timeout_s=600)
+        start = time.monotonic()
+        next_kill, next_sample = start + args.kill_every, start
+        while (now := time.monotonic()) - start < duration:
+            if run.proc.poll() is not None:
+                run.log.flush()
+                tail = "\n".join(Path(run.log.name).read_text(errors="replace").splitlines()[-40:])
+                raise RuntimeError(f"the run stopped (status {run.proc.returncode}); its output ends:\n{tail}")
+            if now >= next_sample:
+                sample(run, series, now - start)
+                dir_points.append((now - start, len(run.rows()), dir_parts(run.dir)))
+                next_sample += args.sample_s
+            due = [kind for kind, at in once.items() if now - start >= at]
+            if due and restarted_at is not None and _newest_checkpoint(run.dir) <= restarted_at:
+                due = []  # (not yet: the run has not checkpointed since the last whole-run restart)
+            if now >= next_kill or due:
+                kind = due[0] if due else rng.choice(KILLED)
+                names = sorted(n for n in run.pids() if role_of(n) == kind)
+                name = rng.choice(names) if names else None
+                if name is not None and run.joined(name, pid := run.pids()[name]) and _kill(pid):
+                    kills.append({"at_s": now - start, "name": name, "pid": pid})
+                    if due:
+                        del once[kind]
+                        restarted_at = _newest_checkpoint(run.dir)
+                    else:
+                        next_kill += args.kill_every
+            time.sleep(0.2)
+        rows = run.rows()
+    finally:
+        run.stop()
+    warmup = 60 * args.warmup_min
+    return {
+        "config": _shown(Path(args.config)),
+        "overrides": args.overrides,
+        "minutes": args.minutes,
+        "kill_every_s": args.kill_every,
+        "warmup_min": args.warmup_min,
+        "kills": kills,
+        "growth": growth(list(series.values()), warmup, args.settle_s, args.min_span_s),
+        "dir_bytes_per_iteration": dir_growth(dir_points, warmup),
+        "dir_bytes_at_end": dir_points[-1][2] if dir_points else {},
+        "checks": checks(rows, config.rollout.batch_size),
+        "samples": [{"role": s.role, "name": s.name, "pid": s.pid, "samples": s.samples} for s in series.values()],
+    }
+
+
+def _shown(path: Path) -> str:
+    """A config's path as a user names it: relative to the repository when it is in it (no machine's path)."""
+    resolved = path.resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else path.name
+
+
+def report(result: dict[str, Any]) -> list[str]:
+    lines = [
+        f"soak of {result['config']} {' '.join(result['overrides'])}: {result['minutes']:g} min, a kill every "
+        f"{result['kill_every_s']:g} s ({len(result['kills'])} kills), figures after the first {result['warmup_min']:g} min",
+        "role        procs  RSS MB/h (median, worst)  RSS %/h (median, worst)  fds/h (worst)  threads/h (worst)  fds  threads",
+    ]
+    for role, g in result["growth"].items():
+        lines.append(
+            f"{role:<11} {g['processes']:>5}  {g['rss_mb_per_h_median']:>+8.2f} {g['rss_mb_per_h_worst']:>+8.2f}        "
+            f"{g['rss_pct_per_h_median']:>+7.2f} {g['rss_pct_per_h_worst']:>+7.2f}         {g['fds_per_h_worst']:>+7.1f}"
+            f"        {g['threads_per_h_worst']:>+7.1f}       {g['fds_range'][0]}-{g['fds_range'][1]}  "
+            f"{g['threads_range'][0]}-{g['threads_range'][1]}"
+        )
+    per_iteration = result["dir_bytes_per_iteration"]
+    if per_iteration:
+        lines.append(
+            "run directory, bytes per iteration: " + ", ".join(f"{k} {v:,.0f}" for k, v in per_iteration.items())
+        )
+    c = result["checks"]
+    lines.append(
+        f"checks: {c['iterations']} iterations; every iteration once: {c['every_iteration_once']}; version_mismatch "
+        f"0: {c['version_mismatch_zero']}; no episode uncounted: {c['no_episode_uncounted']}; restarts {c['restarts']}"
+    )
+    return lines
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("config", help="the run's config (e.g. configs/plan_path_tiny.yaml)")
+    p.add_argument("overrides", nargs="*", help="config overrides, key=value (e.g. cluster.leases=true)")
+    p.add_argument("--minutes", type=float, default=60.0)
+    p.add_argument("--kill-every", type=float, default=60.0, help="seconds between kills of an env worker or replica")
+    p.add_argument("--warmup-min", type=float, default=10.0, help="minutes left out of the growth figures")
+    p.add_argument("--sample-s", type=float, default=10.0)
+    p.add_argument("--settle-s", type=float, default=120.0, help="a (replacement) process's own first seconds left out")
+    p.add_argument("--min-span-s", type=float, default=300.0, help="the least a process is sampled after the warm-up")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path)
+    p.add_argument("--smoke", action="store_true", help="2 minutes, a kill every 20 s: the tests' run")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.minutes, args.kill_every, args.warmup_min, args.sample_s = 2.0, 20.0, 0.5, 2.0
+        args.settle_s, args.min_span_s = 10.0, 20.0
+        args.overrides = ["rollout.batch_size=4", "algorithm.k=4", "trainer.checkpoint_every=2", *args.overrides]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="soak-") as work:
+        result = soak(args, Path(work))
+    print("\n".join(report(result)))
+    if args.json:
+        args.json.write_text(json.dumps(result))
+    c = result["checks"]
+    return 0 if c["every_iteration_once"] and c["version_mismatch_zero"] and c["no_episode_uncounted"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -11,7 +11,9 @@ by the token budget derived from the model, log-probs in chunks of the sequence)
 1. step: one training step on `--groups` prompts of `--prompt-tokens` x `--k` completions of
    `--completion-tokens` (default 2 x 8 of 1,024 + 4,096 tokens: 16 samples, the paper's K), random rewards:
    seconds, tokens/s and the peak memory (`torch.cuda.max_memory_allocated`; on the CPU the process's peak
-   resident growth), against the GPU's memory.
+   resident growth), against the GPU's memory; beside it the memory plan's figure of the very same step (the
+   learner and samples on fake tensors, `mas_async.launch.trainer_memory`: what `--dry-run` plans), checked on a
+   GPU to be within 10% of the measured peak (on the CPU the RSS is not its measure: printed only).
 2. precision: `trainer/<p>/changed_fraction` of one step at lr 1e-6, with the float32 master (must be >= 0.9)
    and without it (`master_dtype: bfloat16`, pure bf16: the silent no-op the master exists to prevent).
 3. broadcast: the weights as the trainer sends them (the served bf16 copy) from rank 0 to a receiver in
@@ -123,14 +125,32 @@ def make_samples(args: argparse.Namespace, vocab: int, seed: int = 0) -> list[An
 
 
 def learner_for(path: Path, device: str, *, lr: float, master: str) -> Any:
-    from mas_async.config import load_config
     from mas_async.training.learner import PolicyLearner
+
+    return PolicyLearner(config_for(path, device, lr=lr, master=master), POLICY, str(path))
+
+
+def plan_figure(args: argparse.Namespace, path: Path, vocab: int) -> int:
+    """The memory plan's peak of `check_step`'s step: the same config, model shape and samples, one step of a
+    fresh learner on fake tensors (no GPU, no byte allocated), as `torch.cuda.max_memory_allocated` counts."""
+    from mas_async.launch.trainer_memory import trainer_peak
+
+    config = config_for(path, "cpu", lr=1e-6, master="float32")
+    model_config = json.loads((path / "config.json").read_text())
+    # Two of the step's samples: at the defaults each micro-batch holds one 5,120-token sample (the budget is
+    # 1,872 tokens), so more samples add only their kept log-probs (KBs) and the fake step's minutes.
+    samples = make_samples(args, vocab)[:2]
+    return trainer_peak(config, POLICY, model_config, samples=samples, warm=False).peak
+
+
+def config_for(path: Path, device: str, *, lr: float, master: str) -> Any:
+    from mas_async.config import load_config
 
     overrides = [
         f"policies.{POLICY}.model={path}", f"policies.{POLICY}.dtype=bfloat16", f"policies.{POLICY}.master_dtype={master}",
         f"policies.{POLICY}.device={device}", f"policies.{POLICY}.lr={lr}", "run.iterations=2",
     ]  # fmt: skip
-    return PolicyLearner(load_config(CONFIG, overrides), POLICY, str(path))
+    return load_config(CONFIG, overrides)
 
 
 def peak_rss_bytes() -> int:
@@ -141,6 +161,7 @@ def check_step(args: argparse.Namespace, path: Path, device: str, vocab: int) ->
     """1: one step with the defaults on the real-sized samples."""
     import torch
 
+    planned = plan_figure(args, path, vocab)
     learner = learner_for(path, device, lr=1e-6, master="float32")
     samples = make_samples(args, vocab)
     on_gpu = learner.device.type == "cuda"
@@ -161,17 +182,28 @@ def check_step(args: argparse.Namespace, path: Path, device: str, vocab: int) ->
         "samples": len(samples), "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
         "peak_bytes": peak, "held_before_bytes": before, "device_bytes": total,
         "micro_batches": metrics.get("micro_batches"), "changed_fraction": metrics.get("trainer/changed_fraction"),
+        "plan_peak_bytes": planned,
     }  # fmt: skip
     print(
         f"[step] {len(samples)} samples, {tokens} tokens in {seconds:.1f}s = {tokens / seconds:.0f} tokens/s, "
         f"{metrics.get('micro_batches')} micro-batches; peak {peak / 2**30:.1f} GiB"
         + (f" of the GPU's {total / 2**30:.1f} GiB" if total else " (process peak RSS)")
     )
+    print(
+        f"[plan] the memory plan's figure of this step {planned / 2**30:.2f} GiB beside "
+        + (
+            f"max_memory_allocated {peak / 2**30:.2f} GiB ({planned / peak:.3f})"
+            if on_gpu
+            else "(no GPU: not compared)"
+        )
+    )
     fits = total is None or peak < total
     del learner
+    checks = {"[step] the step ran within the device's memory": fits}
     if on_gpu:
         torch.cuda.empty_cache()
-    return figures, {"[step] the step ran within the device's memory": fits}
+        checks["[plan] the memory plan's figure within 10% of max_memory_allocated"] = abs(planned - peak) <= 0.1 * peak
+    return figures, checks
 
 
 def check_precision(args: argparse.Namespace, path: Path, device: str, vocab: int) -> tuple[dict, dict[str, bool]]:

@@ -1,10 +1,10 @@
 """The `mas-async` command line.
 
-    mas-async train CONFIG [--dry-run [--gpus-per-node N] [--json]] [section.key=value ...]
+    mas-async train CONFIG [--dry-run [--gpus-per-node N] [--json] [--gpu-memory-gib G]] [section.key=value ...]
                                                      run a training job on the config's engine (this machine,
                                                      its network namespaces, a Ray cluster or a SLURM job);
                                                      --dry-run prints where every process would go (on nodes
-                                                     of N GPUs; as JSON)
+                                                     of N GPUs; as JSON) and each GPU process's memory
     mas-async eval CONFIG [checkpoint=RUN_DIR ...]   evaluate policies on the test split (avg@k, pass@k)
     mas-async bench CONFIG [overrides] [--phases N --warmup W --baseline --sweep KEY=V1,V2]
                                                      rollout throughput of the config's deployment
@@ -116,16 +116,23 @@ def main(argv: list[str] | None = None) -> int:
         try:
             config = load_config(args.config, overrides)
             if args.dry_run:
-                from mas_async.launch.dry_run import format_plan_json, plan_json, plan_lines
+                from mas_async.launch.dry_run import MemoryAsk, format_plan_json, plan_json, plan_lines
 
-                plan = {"training": args.command == "train", "nodes": args.nodes, "gpus_per_node": args.gpus_per_node}
+                memory = MemoryAsk(args.gpu_memory_gib, args.prompt_tokens, not args.no_memory_plan)
+                plan = {
+                    "training": args.command == "train", "nodes": args.nodes, "gpus_per_node": args.gpus_per_node,
+                    "memory": memory,
+                }  # fmt: skip
                 if args.json:
                     print(format_plan_json(plan_json(config, **plan)))
                 else:
                     print("\n".join(plan_lines(config, **plan)))
                 return 0
-            if args.gpus_per_node is not None or args.json:
-                parser.error("--gpus-per-node and --json go with --dry-run (a run uses the GPUs its nodes have)")
+            if args.gpus_per_node is not None or args.json or args.gpu_memory_gib is not None or args.no_memory_plan:
+                parser.error(
+                    "--gpus-per-node, --json, --gpu-memory-gib and --no-memory-plan go with --dry-run (a run uses the "
+                    "GPUs its nodes have)"
+                )
             return launch(config, mode=args.command)
         except (ConfigError, RegistryError, GGUFImportError, EngineError) as e:
             print(f"mas-async: {e}", file=sys.stderr)
@@ -200,6 +207,17 @@ def _plan_options(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--json", action="store_true", help="with --dry-run: print the plan as JSON (processes, GPUs, weight backends)"
+    )
+    parser.add_argument(
+        "--gpu-memory-gib", type=float, metavar="G",
+        help="with --dry-run: each GPU's memory for the memory plan (default 80, said in the plan)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--prompt-tokens", type=int, default=1024, metavar="T",
+        help="with --dry-run: prompt tokens of the memory plan's sequences (each then rollout.max_tokens long)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-memory-plan", action="store_true", help="with --dry-run: leave out the GPU processes' memory plan"
     )
 
 

@@ -13,6 +13,13 @@ of N GPUs each (the local engine's one machine, every SLURM or Ray node). Withou
 for this machine's GPUs, and where that has none (a login node), or the engine cannot tell (SLURM, Ray), as
 if each node had every GPU its processes ask for; the plan says which (`assumed`). `--json` prints the plan
 as one JSON object (`plan_json`).
+
+Every process on a GPU gets its memory (`mas_async.launch.memory_plan`): a trainer rank's peak from its own
+training step run at the real model shape on fake tensors, a vLLM server's weights, receive buffers and KV cache
+under the engine arguments it will really get, each against its GPU's memory (`--gpu-memory-gib`, 80 unless
+told) or its share of it; a process that does not fit is the launch's `ConfigError`, here too.
+`--prompt-tokens` sets the planned prompts' length (1,024 unless told; a sequence is that plus
+`rollout.max_tokens`); `--no-memory-plan` leaves the memory out (seconds instead of a minute or two a policy).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from mas_async.inference.backends.vllm_args import engine_args
 from mas_async.launch.engines.registry import open_engine
 from mas_async.launch.launcher import check_sandbox, place_specs, process_specs
 from mas_async.launch.loadable import check_loadable
+from mas_async.launch.memory_plan import DEFAULT_GPU_GIB, GIB, ProcessMemory, check_memory, on_gpu, plan_memory
 from mas_async.peer_names import trainer_peer, trainer_rank
 from mas_async.placement import SELF_PLACED, Place, weight_backend_choice
 
@@ -60,9 +68,29 @@ class DryPlan:
     listens: dict[str, str]
     steps: dict[str, str]
     """process -> what its SLURM step holds (SLURM only)."""
+    memory: dict[str, ProcessMemory]
+    """GPU process -> its memory figure (`memory_plan`); empty where it was not planned."""
+    memory_words: str
+    """What the memory plan assumed, or why there is none, in a sentence ("" without a GPU process)."""
 
 
-def dry_plan(config: Config, training: bool = True, nodes: int = 2, gpus_per_node: int | None = None) -> DryPlan:
+@dataclass(frozen=True)
+class MemoryAsk:
+    """How the dry run plans memory: the GPUs' memory (GiB; None: `DEFAULT_GPU_GIB`, said in the plan), the
+    planned prompts' tokens, and whether to plan it at all."""
+
+    gpu_memory_gib: float | None = None
+    prompt_tokens: int = 1024
+    plan: bool = True
+
+
+def dry_plan(
+    config: Config,
+    training: bool = True,
+    nodes: int = 2,
+    gpus_per_node: int | None = None,
+    memory: MemoryAsk | None = None,
+) -> DryPlan:
     """The run's plan (module docstring), refused with the ConfigError a launch would raise."""
     check_loadable(config)
     check_sandbox(config)
@@ -82,14 +110,50 @@ def dry_plan(config: Config, training: bool = True, nodes: int = 2, gpus_per_nod
         for i in range(config.cluster.env_workers):
             listens[f"env_worker/{i}"] = f"OpenAI gateway ({f'port {port + i}' if port else '1 free port'}, run token)"
     steps = {spec.name: _step(config, spec) for spec in specs} if config.cluster.engine == "slurm" else {}
-    return DryPlan(config, training, where, gpus_per_node, assumed, specs, places, choices, listens, steps)
+    planned, words = _memory(config, places, training, memory or MemoryAsk())
+    return DryPlan(
+        config, training, where, gpus_per_node, assumed, specs, places, choices, listens, steps, planned, words
+    )
 
 
-def plan_lines(config: Config, training: bool = True, nodes: int = 2, gpus_per_node: int | None = None) -> list[str]:
+def _memory(
+    config: Config, places: dict[str, Place], training: bool, ask: MemoryAsk
+) -> tuple[dict[str, ProcessMemory], str]:
+    """The GPU processes' memory and what it assumed, refused where one does not fit (`memory_plan`)."""
+    if not any(on_gpu(place) for place in places.values()):
+        return {}, ""
+    if not ask.plan:
+        return {}, "not planned (--no-memory-plan)"
+    from mas_async.config import ConfigError
+    from mas_async.model_source import ModelSourceError
+
+    gib = ask.gpu_memory_gib if ask.gpu_memory_gib is not None else DEFAULT_GPU_GIB
+    if gib <= 0:
+        raise ConfigError(f"--gpu-memory-gib={gib:g}: a GPU has some memory (80 for an H100)")
+    told = "--gpu-memory-gib" if ask.gpu_memory_gib is not None else "assumed: --gpu-memory-gib G to say"
+    words = (
+        f"GPUs of {gib:g} GiB ({told}); sequences of {ask.prompt_tokens} prompt + {config.rollout.max_tokens} "
+        f"completion tokens (--prompt-tokens); a trainer's figure is its step's peak + 5% + 2 GiB"
+    )
+    try:
+        planned = plan_memory(config, places, int(gib * GIB), ask.prompt_tokens, training=training)
+    except ModelSourceError as e:
+        return {}, f"not planned: {e}"
+    check_memory(planned, f"GPUs of {gib:g} GiB, {told}")
+    return planned, words
+
+
+def plan_lines(
+    config: Config,
+    training: bool = True,
+    nodes: int = 2,
+    gpus_per_node: int | None = None,
+    memory: MemoryAsk | None = None,
+) -> list[str]:
     """The plan as printed: what it assumed of the nodes' GPUs, one line per process (role, node, address,
-    device, the node's GPUs it holds, its GPU, what it listens on), then each policy's model and weight backend
-    with the reason, then the sandbox."""
-    plan = dry_plan(config, training, nodes, gpus_per_node)
+    device, the node's GPUs it holds, its GPU, what it listens on), then each GPU process's memory and each vLLM
+    server's engine arguments, then each policy's model and weight backend with the reason, then the sandbox."""
+    plan = dry_plan(config, training, nodes, gpus_per_node, memory)
     slurm = bool(plan.steps)
     header = ("process", "role", "node", "address", "device", "gpus", "gpu", "listens on")
     rows = [(*header, *(("step holds",) if slurm else ()))]
@@ -113,6 +177,12 @@ def plan_lines(config: Config, training: bool = True, nodes: int = 2, gpus_per_n
             "gpus: the node's GPUs a process holds; a process of device cuda and a vLLM server see only theirs "
             "(CUDA_VISIBLE_DEVICES=gpus), as cuda:0.."
         )
+    if plan.memory_words:
+        lines.append(f"memory: {plan.memory_words}")
+    for memory in plan.memory.values():
+        lines.append(f"  {memory.line()}")
+        if memory.engine_args is not None:
+            lines.append(f"    engine_args: {memory.engine_args}")
     for policy, spec in config.policies.items():
         if policy in plan.choices:
             backend, why = plan.choices[policy]
@@ -124,7 +194,11 @@ def plan_lines(config: Config, training: bool = True, nodes: int = 2, gpus_per_n
 
 
 def plan_json(
-    config: Config, training: bool = True, nodes: int = 2, gpus_per_node: int | None = None
+    config: Config,
+    training: bool = True,
+    nodes: int = 2,
+    gpus_per_node: int | None = None,
+    memory: MemoryAsk | None = None,
 ) -> dict[str, Any]:
     """The plan as one JSON object:
 
@@ -134,10 +208,12 @@ def plan_json(
     "cpu", "cuda:N"; null for a vLLM server on GPUs, which is handed none), gpus (indices of its node's GPUs
     it holds), gpu (the GPU's identity, `mas_async.placement`), cuda_visible_devices (what the launcher
     sets; null for none), share (its GPU memory share, or null), listens (or null), engine_args (a vLLM
-    server's), step (SLURM: what its step holds)}, policies: {name: {model, backend, weight_backend (null
-    without training), reason}}, sandbox.
+    server's, as vLLM will be given them where its memory was planned), memory (a GPU process's: need_gib,
+    room_gib, fits, room, parts_gib, note; where planned), step (SLURM: what its step holds)}, memory (what the
+    plan assumed, or why there is none), policies: {name: {model, backend, weight_backend (null without
+    training), reason}}, sandbox.
     """
-    plan = dry_plan(config, training, nodes, gpus_per_node)
+    plan = dry_plan(config, training, nodes, gpus_per_node, memory)
     processes = []
     for spec in plan.specs:
         place = plan.places[spec.name]
@@ -158,8 +234,12 @@ def plan_json(
             "share": place.share,
             "listens": plan.listens.get(spec.name),
         }
+        planned = plan.memory.get(spec.name)
         if spec.role == "inference" and config.policies[spec.policy].backend == "vllm":
-            row["engine_args"] = engine_args(config, spec.name)
+            given = planned.engine_args if planned is not None else None
+            row["engine_args"] = given if given is not None else engine_args(config, spec.name)
+        if planned is not None:
+            row["memory"] = planned.as_json()
         if plan.steps:
             row["step"] = plan.steps[spec.name]
         processes.append(row)
@@ -174,6 +254,7 @@ def plan_json(
         "gpus_per_node": gpus_per_node,
         "assumed": plan.assumed or None,
         "processes": processes,
+        "memory": plan.memory_words or None,
         "policies": policies,
         "sandbox": _sandbox_line(config),
     }

@@ -35,6 +35,8 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mas_async.disk_full import as_disk_full
+
 if TYPE_CHECKING:
     from mas_async.config import Config
     from mas_async.training.learner import PolicyLearner
@@ -91,37 +93,47 @@ def save_policy(run_dir: Path, policy: str, version: int, learner: PolicyLearner
         return final
     tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    if learner.lora is None:
-        _save_model(learner.model, tmp, learner.serve_dtype)
-    else:  # the merged model (a complete model folder), and the adapters a resumed run starts from
-        merged = merged_from_master(learner.lora, learner.trained, learner.serve_dtype)
-        _save_model(merged, tmp, learner.serve_dtype)
-        learner.model.save_pretrained(tmp / ADAPTER_DIR, safe_serialization=True)
-    for name in TOKENIZER_FILES:  # so the checkpoint is a complete model folder (vLLM loads it as one)
-        source = Path(learner.model_path) / name
-        if source.exists():
-            shutil.copy2(source, tmp / name)
-    state = {
-        "version": version,
-        "optimizer": optimizer,
-        "scheduler": learner.scheduler.state_dict(),
-        **ranks[0],
-        "rank_rng": ranks[1:],  # ranks 1.. of a data-parallel trainer, in rank order
-    }
-    master = learner.master_weights()
-    if master is not None:  # the folder holds them rounded to the served dtype
-        state["master"] = master
-    if learner.scaler is not None:
-        state["grad_scaler"] = learner.scaler.state_dict()
-    if learner.distributed is not None:
-        for rank in range(learner.world_size):
-            os.replace(
-                _shard_file(final, rank, learner.world_size, staged=True),
-                tmp / _shard_file(final, rank, learner.world_size).name,
-            )
-    torch.save(state, tmp / STATE)
-    shutil.rmtree(final, ignore_errors=True)  # a leftover of a run killed after this rename
-    os.rename(tmp, final)
+    try:
+        if learner.lora is None:
+            _save_model(learner.model, tmp, learner.serve_dtype)
+        else:  # the merged model (a complete model folder), and the adapters a resumed run starts from
+            merged = merged_from_master(learner.lora, learner.trained, learner.serve_dtype)
+            _save_model(merged, tmp, learner.serve_dtype)
+            learner.model.save_pretrained(tmp / ADAPTER_DIR, safe_serialization=True)
+        for name in TOKENIZER_FILES:  # so the checkpoint is a complete model folder (vLLM loads it as one)
+            source = Path(learner.model_path) / name
+            if source.exists():
+                shutil.copy2(source, tmp / name)
+        state = {
+            "version": version,
+            "optimizer": optimizer,
+            "scheduler": learner.scheduler.state_dict(),
+            **ranks[0],
+            "rank_rng": ranks[1:],  # ranks 1.. of a data-parallel trainer, in rank order
+        }
+        master = learner.master_weights()
+        if master is not None:  # the folder holds them rounded to the served dtype
+            state["master"] = master
+        if learner.scaler is not None:
+            state["grad_scaler"] = learner.scaler.state_dict()
+        if learner.distributed is not None:
+            for rank in range(learner.world_size):
+                os.replace(
+                    _shard_file(final, rank, learner.world_size, staged=True),
+                    tmp / _shard_file(final, rank, learner.world_size).name,
+                )
+        torch.save(state, tmp / STATE)
+        shutil.rmtree(final, ignore_errors=True)  # a leftover of a run killed after this rename
+        os.rename(tmp, final)
+    except BaseException as error:  # (a full disk, a signal): no half-written folder or shard is left taking space
+        full = as_disk_full(error, tmp)  # (before the removal frees the space again)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if learner.distributed is not None:
+            for rank in range(learner.world_size):
+                _shard_file(final, rank, learner.world_size, staged=True).unlink(missing_ok=True)
+        if full is not None and full is not error:
+            raise full from error
+        raise
     return final
 
 
@@ -136,8 +148,15 @@ def _atomic_save(obj: Any, path: Path) -> None:
     import torch
 
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    except BaseException as error:
+        full = as_disk_full(error, tmp)
+        tmp.unlink(missing_ok=True)
+        if full is not None and full is not error:
+            raise full from error
+        raise
 
 
 def _save_model(model: Any, folder: Path, dtype: Any) -> None:

@@ -75,6 +75,6 @@ class UntrainedWatch:
         for policy, why in untrained.items():
             if self.limit and self.streak[policy] >= self.limit:
                 raise NothingTrained(
-                    f"NothingTrained: policy {policy!r} trained nothing for {self.streak[policy]} iterations in a row "
+                    f"policy {policy!r} trained nothing for {self.streak[policy]} iterations in a row "
                     f"(to iteration {iteration}): {why}. Set trainer.max_untrained_iterations=0 to go on regardless"
                 )

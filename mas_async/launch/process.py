@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(e, SystemExit):
             raise
         if isinstance(e, RunFailed):  # (the cause is in its message; the router's own stack says nothing)
-            log.error("%s failed: %s", name, e)
+            log.error("%s failed: %s: %s", name, type(e).__name__, e)
             return RUN_FAILED_STATUS
         log.exception("%s failed: %s", name, e)
         return 1

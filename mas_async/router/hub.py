@@ -46,6 +46,7 @@ router writes RUN_DIR/metrics.jsonl.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import itertools
 import json
@@ -62,6 +63,7 @@ from mas_async.api.registry import ENVS, resolve
 from mas_async.checkpoint import checkpoint_due, load_best, prune_checkpoints, save_best, save_router
 from mas_async.config import Config
 from mas_async.deployment import Deployment
+from mas_async.disk_full import DiskFull, named_if_full
 from mas_async.held_out import run_problems
 from mas_async.metrics import Keys, MetricsWriter, keep_rows_before
 from mas_async.peer_names import trainer_peer, trainer_rank
@@ -466,6 +468,8 @@ class Router(Actor):
             frames = encode(msg)  # once for all the policy's replicas (a thousand at a large run)
             self.fan_out(list(self.table.of_policy("inference", msg.policy, alive=True)), frames)
         elif isinstance(msg, Trained):
+            if msg.error.startswith(f"{DiskFull.__name__}: "):  # (a restart would fill the disk again)
+                raise DiskFull(f"trainer of policy {msg.policy!r}: {msg.error.removeprefix('DiskFull: ')}")
             if msg.error:
                 raise RuntimeError(f"trainer of policy {msg.policy!r} failed: {msg.error}")
             self.clock.trained(msg.policy, msg.version, msg.metrics, trainer_rank(identity.decode()))
@@ -975,13 +979,16 @@ class Router(Actor):
             trained = await self.step(iteration, checkpoint_first=new_best is not None, checkpoint_after=stop)
             step_s = time.monotonic() - t1
             if new_best is not None:  # the trainers saved the evaluated weights (version v) first
-                save_router(self.run_dir, book.version, {"iteration": iteration})
+                with self._writing(f"the router's checkpoint of v{book.version}", "checkpoints/router"):
+                    save_router(self.run_dir, book.version, {"iteration": iteration})
             if checkpoint_due(self.cfg, self.clock.version) or stop:
-                save_router(self.run_dir, self.clock.version, {"iteration": iteration + 1})
+                with self._writing(f"the router's checkpoint of v{self.clock.version}", "checkpoints/router"):
+                    save_router(self.run_dir, self.clock.version, {"iteration": iteration + 1})
             if stop:
                 self.stopped_at = self.clock.version
         if new_best is not None:  # after a final evaluation, v is the final checkpoint itself
-            save_best(self.run_dir, book.version, new_best)
+            with self._writing("the best checkpoint's record", "checkpoints"):
+                save_best(self.run_dir, book.version, new_best)
             self.best = {"version": book.version, "score": new_best}
         if self.deployment.training:
             prune_checkpoints(self.run_dir, self.policies, self.cfg.trainer.keep_checkpoints)
@@ -1006,11 +1013,16 @@ class Router(Actor):
         for policy in trained:
             row[Keys.policy(policy, "untrained_iterations")] = self.untrained.streak[policy]
         del self.books[iteration]
-        self.metrics.write(row)
+        with self._writing(f"the metrics row of iteration {iteration}", "metrics.jsonl"):
+            self.metrics.write(row)
         for policy, why in untrained.items():
             log.warning("iteration %d: policy %s trained nothing: %s", iteration, policy, why)
         self.untrained.check(iteration, untrained)  # a named stop after trainer.max_untrained_iterations in a row
         return row
+
+    def _writing(self, what: str, relative: str) -> contextlib.AbstractContextManager[None]:
+        """A write of `what` into the run directory (at `relative`): a full disk stops the run with `DiskFull`."""
+        return named_if_full(what, self.run_dir / relative, self.run_dir)
 
     def _new_best(self, book: EpisodeBook) -> float | None:
         """The eval success of this iteration's weights if it beats the best so far (and is kept)."""

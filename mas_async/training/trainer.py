@@ -46,6 +46,7 @@ from mas_async.checkpoint import STATE, checkpoint_due, load_policy_state, polic
 from mas_async.config import Config
 from mas_async.deployment import Deployment
 from mas_async.devices import to_thread, use_device
+from mas_async.disk_full import named_if_full
 from mas_async.lora import starting_point
 from mas_async.peer_names import trainer_peer
 from mas_async.router.clock import VersionClock
@@ -182,6 +183,12 @@ class Trainer(Peer):
         places = [(name, self.deployment.nodes[name]) for name in (trainer, *servers) if name in self.deployment.nodes]
         where = [f"{n} on {p.get('gpu') or p.get('device') or 'its own GPU'} of node {p['node']}" for n, p in places]
         return ": " + ", ".join(where) if where else ""
+
+    async def _save(self, version: int) -> None:
+        """Checkpoint the policy at `version`; a full disk stops the run with `DiskFull`, naming the folder."""
+        folder = policy_checkpoint(self.run_dir, self.policy, version)
+        with named_if_full(f"the checkpoint of {self.policy} v{version}", folder, self.run_dir):
+            await to_thread(save_policy, self.run_dir, self.policy, version, self.learner)
 
     async def _publish(self) -> dict[str, float]:
         """Send the current version to the policy's replicas (once per generation of the weight group)."""
@@ -324,7 +331,7 @@ class Trainer(Peer):
             # Every rank takes the same save decisions (a save is collective: rank 0 writes only after
             # every rank has joined, so each one's look at the folder comes before it exists).
             if msg.checkpoint_first and not (policy_checkpoint(self.run_dir, self.policy, version) / STATE).exists():
-                await to_thread(save_policy, self.run_dir, self.policy, version, self.learner)
+                await self._save(version)
             t0 = time.monotonic()
             async with self._stepping():  # no send reads the weights while they change
                 if stream is not None:
@@ -365,7 +372,7 @@ class Trainer(Peer):
             metrics.pop("last_group_at", None)
             if checkpoint_due(self.cfg, self.version) or msg.checkpoint_after:
                 t0 = time.monotonic()
-                await to_thread(save_policy, self.run_dir, self.policy, self.version, self.learner)
+                await self._save(self.version)
                 metrics["checkpoint_version"] = self.version
                 # (what a SLURM job's launcher sizes its stop before the time limit by: slurm_time_limit.py)
                 metrics["checkpoint_s"] = time.monotonic() - t0

@@ -20,7 +20,7 @@ def test_a_run_whose_rewards_are_constant_says_it_trains_nothing_then_stops_with
     )  # fmt: skip
     assert rc != 0, out
     assert "policy vertical trained nothing: none of its" in out and "had a non-zero advantage" in out, out
-    assert "trained nothing for 2 iterations in a row" in out and "NothingTrained" in out, out
+    assert "trained nothing for 2 iterations in a row" in out and "NothingTrained: policy" in out, out
     assert "restarting the run" not in out, out
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [0, 1]

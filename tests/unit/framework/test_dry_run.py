@@ -201,4 +201,4 @@ def test_without_gpus_per_node_on_a_machine_with_gpus_the_plan_is_for_its_gpus(
 def test_gpus_per_node_and_json_go_with_the_dry_run(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["train", "configs/plan_path_tiny.yaml", "--gpus-per-node", "8"])
-    assert "--gpus-per-node and --json go with --dry-run" in capsys.readouterr().err
+    assert "--gpus-per-node, --json, --gpu-memory-gib and --no-memory-plan go with --dry-run" in capsys.readouterr().err

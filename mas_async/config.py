@@ -429,9 +429,11 @@ class TrainerConfig(_Section):
     """Bound of joining a policy's group of trainer ranks and of each collective of a step over it."""
     max_untrained_iterations: int = Field(10, ge=0)
     """Stop the run (`NothingTrained`, naming the policy and the likely cause) after this many training
-    iterations in a row in which a policy trained nothing: no sample reached it, or none had a non-zero
-    advantage (every reward equal within its groups), or its loss and gradient were exactly 0. Each such
-    iteration is said on the progress line and in the log either way. 0: never stop."""
+    iterations in a row in which a policy trained nothing (no sample reached it, or none had a non-zero
+    advantage: every reward equal within its groups, or its loss and gradient were exactly 0) and had trained
+    nothing before in the run. A policy that trained and then trains nothing (converged: its candidates
+    agree) is not stopped. Each such iteration is said on the progress line and in the log either way. 0:
+    never stop."""
     bf16_autocast: bool = False
     """float32 policies only: compute in bfloat16 (`torch.autocast`) while the servers keep serving float32;
     parameters, optimiser state and the log-softmax stay fp32. The recomputed log-probs then differ from an

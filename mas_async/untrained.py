@@ -53,11 +53,17 @@ def untrained_policies(row: Mapping[str, Any], policies: list[str]) -> dict[str,
 
 
 class UntrainedWatch:
-    """The training iterations in a row in which each policy trained nothing; `NothingTrained` at `limit` (0: never)."""
+    """The training iterations in a row in which each policy trained nothing; `NothingTrained` at `limit` (0: never)
+    for a policy that has trained nothing yet in the run. One that trained before and now trains nothing has
+    converged (its K candidates agree: the demo's movers do after a few hundred iterations) or lost its signal:
+    said on the progress line at every such iteration, never stopped. A resumed run (`fresh` false) has trained."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, fresh: bool = True) -> None:
         self.limit = limit
+        self.fresh = fresh
         self.streak: dict[str, int] = {}
+        self.trained: set[str] = set()
+        """Policies that trained something in this run (or all of them, in a resumed run)."""
 
     def observe(self, trained: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
         """Count an iteration's steps (policy -> its merged metrics); returns policy -> why it trained nothing."""
@@ -67,13 +73,15 @@ class UntrainedWatch:
             self.streak[policy] = self.streak.get(policy, 0) + 1 if why is not None else 0
             if why is not None:
                 untrained[policy] = why
+            else:
+                self.trained.add(policy)
         return untrained
 
     def check(self, iteration: int, untrained: Mapping[str, str]) -> None:
         """`NothingTrained` when a policy of `untrained` (`observe`'s answer for iteration `iteration`) has now
-        trained nothing for `limit` iterations in a row."""
+        trained nothing for `limit` iterations in a row, and nothing before them in this run."""
         for policy, why in untrained.items():
-            if self.limit and self.streak[policy] >= self.limit:
+            if self.limit and self.fresh and policy not in self.trained and self.streak[policy] >= self.limit:
                 raise NothingTrained(
                     f"policy {policy!r} trained nothing for {self.streak[policy]} iterations in a row "
                     f"(to iteration {iteration}): {why}. Set trainer.max_untrained_iterations=0 to go on regardless"

@@ -263,7 +263,7 @@ class Router(Actor):
         self.poisoned_problems: set[str] = set()
         """Problems whose episode was dropped as poisoned: not dispatched again in this run."""
         self.faults = FaultLog()
-        self.untrained = UntrainedWatch(config.trainer.max_untrained_iterations)
+        self.untrained = UntrainedWatch(config.trainer.max_untrained_iterations, fresh=self.start == 0)
         """Training iterations in a row in which each policy trained nothing (a named stop at the limit)."""
         self.faults.carry(replaced)  # faults seen in the iterations run again are still counted, once
         restart = run_restart_from_env()

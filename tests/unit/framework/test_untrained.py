@@ -25,15 +25,30 @@ def test_a_step_without_a_non_zero_advantage_or_without_samples_or_gradient_trai
 
 
 def test_the_watch_counts_iterations_in_a_row_and_stops_at_its_limit():
-    watch = UntrainedWatch(limit=3)
-    for iteration, (a, b) in enumerate([(FLAT, TRAINED), (FLAT, FLAT), (TRAINED, FLAT)]):
+    watch = UntrainedWatch(limit=4)
+    for iteration, (a, b) in enumerate([(FLAT, FLAT), (FLAT, FLAT), (TRAINED, FLAT)]):
         untrained = watch.observe({"a": a, "b": b})
         watch.check(iteration, untrained)
-    assert watch.streak == {"a": 0, "b": 2}
+    assert watch.streak == {"a": 0, "b": 3}
     untrained = watch.observe({"a": TRAINED, "b": FLAT})
     assert list(untrained) == ["b"]
-    with pytest.raises(NothingTrained, match=r"policy 'b' trained nothing for 3 iterations in a row .*non-zero"):
+    with pytest.raises(NothingTrained, match=r"policy 'b' trained nothing for 4 iterations in a row .*non-zero"):
         watch.check(3, untrained)
+
+
+def test_a_policy_that_trained_and_then_trains_nothing_has_converged_and_is_not_stopped():
+    """The demo's movers agree on every candidate after a few hundred iterations: every advantage 0, every
+    iteration said, and the run goes on; a resumed run has trained before its first iteration."""
+    watch = UntrainedWatch(limit=2)
+    watch.check(0, watch.observe({"a": TRAINED}))
+    for iteration in range(1, 30):
+        untrained = watch.observe({"a": FLAT})
+        assert list(untrained) == ["a"]
+        watch.check(iteration, untrained)
+    assert watch.streak == {"a": 29}
+    resumed = UntrainedWatch(limit=2, fresh=False)
+    for iteration in range(5):
+        resumed.check(iteration, resumed.observe({"a": FLAT}))
 
 
 def test_a_limit_of_0_never_stops():

@@ -228,8 +228,8 @@ METRICS: tuple[Metric, ...] = (
         "policy/<policy>/untrained_iterations",
         "count",
         "Training iterations in a row in which the policy "
-        "trained nothing (no sample, no non-zero advantage, or a zero loss and gradient); the run stops at "
-        "`trainer.max_untrained_iterations`.",
+        "trained nothing (no sample, no non-zero advantage, or a zero loss and gradient); a policy that has "
+        "trained nothing at all in the run stops it at `trainer.max_untrained_iterations`.",
         STEP,
     ),  # fmt: skip
     Metric("policy/<policy>/tokens", "tokens", "Completion tokens of the step's samples.", STEP),

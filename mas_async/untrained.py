@@ -15,6 +15,11 @@ from typing import Any
 
 from mas_async.runtime.run_failed import RunFailed
 
+CONVERGED_ENTROPY = 0.1
+"""Below this mean next-token entropy (nats) a step whose samples all had zero advantage is read as converged."""
+SAID_EVERY = 10
+"""The progress line says a policy trained nothing at the first iteration of a run of them and every tenth."""
+
 
 class NothingTrained(RunFailed):
     """A policy trained nothing for `trainer.max_untrained_iterations` training iterations in a row."""
@@ -27,6 +32,12 @@ def why_untrained(metrics: Mapping[str, Any]) -> str | None:
     if samples == 0:
         return "no sample reached its trainer (every episode dropped, or its agents never acted)"
     active = metrics.get("active_samples")
+    entropy = metrics.get("entropy")
+    if active == 0 and isinstance(entropy, (int, float)) and entropy < CONVERGED_ENTROPY:
+        return (
+            f"none of its {samples} samples had a non-zero advantage: its candidates agree (entropy {entropy:.3f} "
+            "nats), it has converged on these problems"
+        )
     if active == 0:
         reward = metrics.get("reward_mean")
         mean = f" (mean reward {reward:.3g})" if isinstance(reward, (int, float)) else ""
@@ -50,6 +61,13 @@ def untrained_policies(row: Mapping[str, Any], policies: list[str]) -> dict[str,
         if "samples" in metrics and (why := why_untrained(metrics)) is not None:
             out[policy] = why
     return out
+
+
+def due_to_say(row: Mapping[str, Any], policy: str) -> bool:
+    """Whether the progress line says again that `policy` trained nothing: the first iteration of a run of them
+    and every `SAID_EVERY`-th (`policy/<p>/untrained_iterations`; always where the row has no count)."""
+    streak = row.get(f"policy/{policy}/untrained_iterations")
+    return not isinstance(streak, int) or streak <= 1 or streak % SAID_EVERY == 0
 
 
 class UntrainedWatch:

@@ -22,7 +22,7 @@ from rich.table import Table
 from mas_async.config import Config
 from mas_async.launch.comparison import baselines_line, comparison_lines
 from mas_async.metrics import Keys, read_metrics
-from mas_async.untrained import untrained_policies
+from mas_async.untrained import due_to_say, untrained_policies
 
 ETA_WINDOW = 10
 """Rows (iterations) over which the time per iteration of the ETA is averaged."""
@@ -102,7 +102,10 @@ class Progress:
             if self.live is None:
                 print(self._line(row, rows[: index + 1]), flush=True)
                 for policy, why in untrained_policies(row, list(self.cfg.policies)).items():
-                    print(f"  policy {policy} trained nothing: {why}", flush=True)
+                    if due_to_say(row, policy):
+                        streak = row.get(f"policy/{policy}/untrained_iterations")
+                        times = f" ({streak} iterations in a row)" if isinstance(streak, int) and streak > 1 else ""
+                        print(f"  policy {policy} trained nothing{times}: {why}", flush=True)
                 if Keys.baselines(row):
                     print(f"  baselines, held-out team success: {baselines_line(row)}", flush=True)
         if self.live is not None:

@@ -9,7 +9,7 @@ import pytest
 
 from mas_async.config import load_config
 from mas_async.launch.progress import Progress
-from mas_async.untrained import NothingTrained, UntrainedWatch, untrained_policies, why_untrained
+from mas_async.untrained import NothingTrained, UntrainedWatch, due_to_say, untrained_policies, why_untrained
 from tests.support.paths import ROOT
 
 TRAINED = {"samples": 16, "active_samples": 12, "loss": 0.03, "grad_norm": 0.4, "reward_mean": 0.2}
@@ -22,6 +22,12 @@ def test_a_step_without_a_non_zero_advantage_or_without_samples_or_gradient_trai
     assert "no sample reached" in why_untrained({"samples": 0})
     assert "exactly 0" in why_untrained({**TRAINED, "loss": 0.0, "grad_norm": 0.0})
     assert why_untrained({**TRAINED, "loss": 0.0}) is None  # a zero loss with a gradient trains (PPO's first pass)
+    assert "converged" in why_untrained({**FLAT, "entropy": 0.01}) and "converged" not in why_untrained(FLAT)
+
+
+def test_the_progress_line_says_a_run_of_untrained_iterations_at_its_start_and_every_tenth():
+    said = [n for n in range(1, 31) if due_to_say({"policy/a/untrained_iterations": n}, "a")]
+    assert said == [1, 10, 20, 30] and due_to_say({}, "a")
 
 
 def test_the_watch_counts_iterations_in_a_row_and_stops_at_its_limit():

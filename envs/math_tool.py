@@ -71,6 +71,15 @@ class MathToolSoloEnv(MathEnv):
     """One agent writes the program, reads its output and answers; see the module docstring."""
 
     possible_agents = ["solo"]
+    actions = {
+        "solo": 'as expects(): {"code": str}, a program run in the sandbox (its answer: the last line it '
+        'printed), then {"answer": str, "reasoning": str}, its final answer; and again'
+    }
+    rewards = (
+        "team_reward() is 1.0 when its answer (the final one, or its program's while it has none) is correct, "
+        "else 0.0; the episode ends when the final answer and the program's agree"
+    )
+    info_keys = {"solo": {"correct": "its current answer is correct", "step": "the step played: code or answer"}}
 
     def expects(self) -> str:
         """The kind of action due now: "code" at the start of each round, "answer" after a program."""

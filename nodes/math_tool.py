@@ -1,9 +1,10 @@
 """Nodes and workflows of the math tool team (`envs/math_tool.py`), prompted for small chat models.
 
 - `ToolWriter` (agent "tool_user"): shown the problem (and, on a later turn, the reasoner's answer), it
-  writes a Python program that prints the answer. The prompt ends with the opening of the reply,
-  "```python" and a newline, which the model continues (a 135M chat model asked for a fenced program
-  without a worked example rarely writes the fence); the program is the completion up to the closing
+  writes one line of Python that prints the answer. The prompt ends with the opening of the reply,
+  "```python", a newline and "print(", which the model continues (SmolLM2-135M asked for a fenced program
+  without that opening writes functions and loops that rarely run; with it, it copies a bare expression
+  into the print in about half its samples); the program is "print(" and the completion up to the closing
   fence (or its end), and must parse. Local reward: 1.0 when what it printed is right.
 - `AnswerReader` (agent "reasoner"): shown the problem, the program and what it printed, it gives the
   final answer as \\boxed{}; the reply is opened with "\\boxed{" and the answer is what the model writes
@@ -31,14 +32,17 @@ if TYPE_CHECKING:
     from envs.math_tool import MathToolSoloEnv
     from mas_async.api import EpisodeContext as Episode
 
-PROGRAM_START = "```python\n"
-"""The start of a program reply, given in the prompt."""
+PROGRAM_START = "```python\nprint("
+"""The start of a program reply, given in the prompt: a one-line program that prints the answer."""
+PROGRAM_OPENING = "print("
+"""The part of `PROGRAM_START` that belongs to the program."""
 ANSWER_START = "\\boxed{"
 """The start of an answer reply, given in the prompt."""
 
 TOOL_USER_RULES = (
     "You are the tool user in a team of two that solves a math problem. Write a short Python program that "
-    "computes the answer and prints it. Your partner runs it, reads what it prints and gives the final answer."
+    "computes the answer and prints it. Your partner runs it, reads what it prints and gives the final answer. "
+    "Reply with one line of Python that prints the answer."
 )
 REASONER_RULES = (
     "You are the reasoner in a team of two that solves a math problem. Your partner wrote a Python program "
@@ -47,14 +51,14 @@ REASONER_RULES = (
 DIRECT_RULES = "You solve a math problem. Give the final answer as \\boxed{ANSWER}."
 SOLO_RULES = (
     "You solve a math problem alone. First write a short Python program that computes the answer and prints "
-    "it; you will see what it prints. Then give the final answer as \\boxed{ANSWER}."
+    "it, one line of Python; you will see what it prints. Then give the final answer as \\boxed{ANSWER}."
 )
 
 
 def read_program(text: str, who: str) -> str:
-    """The program of a reply that continues `PROGRAM_START`: the text before the closing fence (all of
-    it when the fence never closes), which must be non-empty Python; ParseError (naming `who`) otherwise."""
-    code = text.split("```", 1)[0]
+    """The program of a reply that continues `PROGRAM_START`: "print(" and the text before the closing fence
+    (all of it when the fence never closes), which must parse as Python; ParseError (naming `who`) otherwise."""
+    code = PROGRAM_OPENING + text.split("```", 1)[0]
     if not code.strip():
         raise ParseError(f"{who}: an empty program")
     try:

@@ -55,9 +55,9 @@ def episode(env: Any, agents: tuple[str, ...], generate: ScriptedGenerate, k: in
 
 
 def test_programs_and_answers_are_read_from_the_continued_reply() -> None:
-    assert read_program("print(964 * 59)\n```\nIt prints the product.", "t") == "print(964 * 59)\n"
-    assert read_program("x = 3\nprint(x)", "t") == "x = 3\nprint(x)"  # the fence never closed: all of it
-    for bad in ("```", "  \n```", "print(964 *\n```"):
+    assert read_program("964 * 59)\n```\nIt prints the product.", "t") == "print(964 * 59)\n"
+    assert read_program("3)\nprint(4)", "t") == "print(3)\nprint(4)"  # the fence never closed: all of it
+    for bad in ("```", "  \n```", "964 *\n```", "964 * 59\n```"):
         with pytest.raises(ParseError):
             read_program(bad, "t")
     assert read_answer("56876}. Done.", "r")["answer"] == "56876"
@@ -72,7 +72,7 @@ def test_team_episode_runs_the_program_then_the_reasoner_answers() -> None:
     env.reset(options={"problem": PROBLEM})
     generate = ScriptedGenerate(
         {
-            "tool_user": [["print(964 * 59)\n```", "print(964 + 59)\n```"]],
+            "tool_user": [["964 * 59)\n```", "964 + 59)\n```"]],
             "reasoner": [["56876} is the answer", "no brace"]],
         }
     )
@@ -95,7 +95,7 @@ def test_solo_agent_writes_then_answers_then_writes_again() -> None:
     env = MathToolSoloEnv()
     env.reset(options={"problem": PROBLEM})
     # A wrong program, an answer that differs from its output, a program that agrees with it: the end.
-    generate = ScriptedGenerate({"solo": [["print(964 + 59)\n```"], ["56876}"], ["print(964 * 59)\n```"]]})
+    generate = ScriptedGenerate({"solo": [["964 + 59)\n```"], ["56876}"], ["964 * 59)\n```"]]})
     run = episode(env, ("solo",), generate, k=1)
     asyncio.run(MathToolSoloWorkflow({"solo": SoloToolAgent()}, max_turns=4).run(run))
     assert generate.calls == [("solo", 1)] * 3

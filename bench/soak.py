@@ -39,11 +39,9 @@ from typing import Any
 
 import psutil
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from bench.faults import Run
 
-from bench.faults import Run  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 SETTINGS = ["eval.every=0", "cluster.max_restarts=1000", "trainer.keep_best=false"]
 """What every soak run sets: no evaluation (the rows are the training iterations'), restarts enough for an hour."""

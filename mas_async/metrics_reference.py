@@ -344,6 +344,24 @@ METRICS: tuple[Metric, ...] = (
         STEP + " with bounded staleness",
     ),  # fmt: skip
     Metric(
+        "policy/<policy>/ranks",
+        "count",
+        "The policy's trainer ranks that reported the step.",
+        STEP + " with several trainer ranks",
+    ),  # fmt: skip
+    Metric(
+        "policy/<policy>/rank_samples_min",
+        "count",
+        "The fewest samples one rank trained on.",
+        STEP + " with several trainer ranks",
+    ),  # fmt: skip
+    Metric(
+        "policy/<policy>/rank_samples_max",
+        "count",
+        "The most samples one rank trained on.",
+        STEP + " with several trainer ranks",
+    ),  # fmt: skip
+    Metric(
         "policy/<policy>/optimizer_state_bytes_max",
         "bytes",
         "The most optimiser state of any rank.",

@@ -44,6 +44,11 @@ class ModelSourceError(ConfigError):
     """A model spec that names no model this machine has or can fetch (a ConfigError: the run does not start)."""
 
 
+def model_cache_dir() -> Path:
+    """Where built-in and imported models are written once (MAS_ASYNC_CACHE, else ~/.cache/mas-async), and read."""
+    return Path(os.environ.get("MAS_ASYNC_CACHE", Path.home() / ".cache" / "mas-async")) / "models"
+
+
 def is_hub_id(spec: str) -> bool:
     """Whether `spec` names a Hugging Face model ("Org/Name") rather than a local folder that exists."""
     return bool(_HUB_ID.match(spec)) and not Path(spec).expanduser().exists()
@@ -166,8 +171,6 @@ def model_config(spec: str, cache_dir: Path | None = None) -> dict:
             shutil.rmtree(tmp, ignore_errors=True)
     if spec.startswith(GGUF_PREFIX):
         if cache_dir is None:
-            from mas_async.launch.launcher import model_cache_dir
-
             cache_dir = model_cache_dir()
         folder = Path(cache_dir) / folder_name(gguf_file(spec))
         if not (folder / "model.safetensors").is_file():

@@ -81,3 +81,13 @@ def fork_template(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.environ.pop(TEMPLATE_ENV, None)
         proc.kill()
         proc.wait(timeout=30)
+
+
+@pytest.fixture(autouse=True)
+def _forget_the_process_gpu():
+    """A test that places "this process" on a faked GPU (`devices.use_device`) must not leave later tests
+    running their worker threads on it: the placement is process-wide."""
+    from mas_async import devices
+
+    yield
+    devices._placed = None

@@ -43,6 +43,7 @@ from mas_async.launch.progress import Progress
 from mas_async.launch.restarts import RESTART_THE_RUN, RestartBudget, RunRestarts
 from mas_async.launch.roles import DEFAULT_ROLES
 from mas_async.launch.stop_signal import STOPPED, StopOnSignal
+from mas_async.model_source import model_cache_dir
 from mas_async.peer_names import trainer_peer
 from mas_async.placement import Place, describe, place_processes, replica_names, weight_backends
 from mas_async.router.faults import RUN_RESTART_ENV, replaced_alone
@@ -54,10 +55,6 @@ from mas_async.runtime.run_failed import RUN_FAILED_STATUS
 CLEAN_EXIT_GRACE_S = 10.0
 KILLED_WAIT_S = 5.0
 """How long a process killed on the router's word may take to be seen dead."""
-
-
-def model_cache_dir() -> Path:
-    return Path(os.environ.get("MAS_ASYNC_CACHE", Path.home() / ".cache" / "mas-async")) / "models"
 
 
 def prepare_run_dir(config: Config, again: bool = False) -> Path:

@@ -2,8 +2,9 @@
 policies every movers' or solo game has (uniform random, a constant answer).
 
 A reference policy is `(env, agent, rng) -> action` (`mas_async.api.ReferencePolicy`): the action `agent`
-plays in `env`'s current state, of the kind its node's `parse` returns. The run plays each one once through
-its own workflow and nodes' rewards on the held-out problems (`eval/baseline/<name>/...`), so a policy that
+plays in `env`'s current state, of the kind its node's `parse` returns. The run plays each one through its
+own workflow and nodes' rewards on the held-out problems (`eval/baseline/<name>/...`, its expectation: exact
+where its `rng` choices can be enumerated, mas_async/rollout/baseline.py), so a policy that
 learned nothing shows up as one of these lines (docs/evaluation.md). Each env names its own set in
 `reference_policies()`, beside the rules they play by: `envs/plan_path.py`, `plan_path_solo.py`,
 `sokoban.py`, `sokoban_solo.py`, `sudoku.py`, `sudoku_solo.py`, `tool_plan.py`. This module imports no env,

@@ -370,13 +370,19 @@ class EvalConfig(_Section):
     baselines: bool = True
     """Play the env's reference policies (`Env.reference_policies`: random, constant answers, its own
     heuristic) on the same test problems through the same workflow, once per run: beside the first
-    evaluation of a training run (not again when it resumes) and in `mas-async eval`. Logged as
-    eval/baseline/<name>/team_success_rate, .../reward/<agent>, .../progress_rate/<agent>."""
+    evaluation of a training run (not again when it resumes) and in `mas-async eval`. Each one's figures
+    are its expectation on each problem: exact where its random choices can be enumerated, else drawn
+    (`baseline_standard_error`). Logged as eval/baseline/<name>/team_success_rate, .../reward/<agent>,
+    .../progress_rate/<agent>."""
     baseline_draws: int = Field(1, ge=1, le=1000)
-    """Episodes of each reference policy per test problem, each with a seed of its own: the logged success
-    is the mean over them all, so a random policy's figure estimates its expectation on these problems
-    rather than one draw (whose standard error is that of a single sample per problem). Policies that use
-    no randomness repeat the same episode."""
+    """Baseline episodes of each reference policy per test problem, each with a seed of its own (the logged
+    success is the mean over them all). Each already reports its policy's expectation on the problem, so
+    more than 1 only spreads the draws of a policy that cannot be enumerated over more episodes."""
+    baseline_standard_error: float = Field(0.005, gt=0.0, le=0.5)
+    """The largest standard error of a drawn baseline's held-out success rate (one whose random choices are
+    too many to enumerate, `mas_async.rollout.baseline`): each of its baseline episodes plays enough draws
+    for it, whatever each problem's success probability. Every draw is an episode: an env that runs a
+    program each turn (the tool + plan teams) pays a sandbox run per turn and draw, so its configs raise it."""
     checkpoint: str | None = None
     """`mas-async eval`: a run directory whose last complete checkpoint supplies every policy's weights."""
     pick: Literal["latest", "best"] = "latest"

@@ -141,7 +141,8 @@ METRICS: tuple[Metric, ...] = (
         "eval/baseline/<name>/team_success_rate",
         "share",
         "The env's reference policy <name> (random, a "
-        "constant answer, a rule, the optimum) on the same held-out problems.",
+        "constant answer, a rule, the optimum) on the same held-out problems: its expectation, exact where "
+        "its choices can be enumerated, else drawn to a standard error of `eval.baseline_standard_error`.",
         "the row of the run's first evaluation (`eval.baselines`)",
     ),  # fmt: skip
     Metric(

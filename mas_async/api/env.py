@@ -18,8 +18,9 @@ Three additions serve training:
 Two optional additions put a trained policy's figures in context:
 
 - `reference_policies()` names fixed policies (uniform random, constant answers, the env's own
-  heuristic or solver) that the run plays once through its workflow on the held-out problems, beside
-  the first evaluation (`eval/baseline/<name>/...`): a policy must beat them to have learned anything.
+  heuristic or solver) that the run plays through its workflow on the held-out problems, beside the
+  first evaluation (`eval/baseline/<name>/...`, each figure the policy's expectation: exact where its
+  choices can be enumerated, else drawn): a policy must beat them to have learned anything.
 - `move_quality(agent, action, after)` judges one move (e.g. "it shortened the distance to the
   goal"); an episode's share of good committed moves is logged as `progress_rate/<agent>`.
 """
@@ -160,8 +161,10 @@ class Env:
     def reference_policies(cls) -> dict[str, ReferencePolicy]:
         """Fixed policies to measure a trained one against, by name: each is called as
         `policy(env, agent, rng)` whenever `agent` acts, and returns the action it plays (what the agent's
-        node would parse from a reply). The run plays each one through its own workflow and nodes' rewards
-        on the held-out problems (logged as `eval/baseline/<name>/...`). Name them after what they do:
+        node would parse from a reply); `rng` is its only randomness, and when it draws only by `choice`,
+        `randrange`, `randint`, `shuffle` or `sample` its expectation can be computed exactly. The run plays
+        each one through its own workflow and nodes' rewards on the held-out problems (logged as
+        `eval/baseline/<name>/...`, docs/evaluation.md). Name them after what they do:
         "random" (uniform over the legal actions), "always_<action>" (a constant answer), the env's own
         heuristic, "optimal" (the best possible, a ceiling). The default has none."""
         return {}

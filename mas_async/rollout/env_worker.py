@@ -10,7 +10,8 @@ the router accepts the episode), then an EpisodeDone with the episode's summary;
 turn (`Config.streams_turns`) each group goes to the router as it is recorded instead. An exception in an
 episode (a bug in a node, an env or a workflow) fails that episode only: it is reported in
 EpisodeDone.error and counted as dropped, and the worker lives on. A "baseline/<name>" episode is played
-by the env's reference policy <name> (`BaselineEpisode`): no request, no groups, only its EpisodeDone. With a `workflow.program` (agents
+by the env's reference policy <name> (`BaselineEpisode`, its expectation on the problem: `ExpectedBaselines`):
+no request, no groups, only its EpisodeDone. With a `workflow.program` (agents
 written against the OpenAI API) the worker also serves the OpenAI-compatible gateway
 (`mas_async.gateway`) on its own event loop, and each episode is a `GatewayEpisode` whose program calls it.
 """
@@ -18,6 +19,7 @@ written against the OpenAI API) the worker also serves the OpenAI-compatible gat
 from __future__ import annotations
 
 import asyncio
+import copy
 import itertools
 import json
 import logging
@@ -36,7 +38,13 @@ from mas_async.api.registry import ENVS, NODES, WORKFLOWS, resolve
 from mas_async.config import Config
 from mas_async.deployment import Deployment
 from mas_async.peer_names import trainer_peer
-from mas_async.rollout.baseline import BaselineEpisode, baseline_name
+from mas_async.rollout.baseline import (
+    BaselineEpisode,
+    ExpectedBaselines,
+    baseline_name,
+    draws_per_episode,
+    exact_paths,
+)
 from mas_async.rollout.direct_link import DirectLink
 from mas_async.rollout.episode import Episode, candidates_per_turn, greedy_decoding
 from mas_async.rollout.leases import ROUTER, LeaseClient
@@ -126,6 +134,8 @@ class EnvWorker(Peer):
         if self.env_cls.runs_code:
             sandbox.require_isolation()  # no silent fallback: a sentence saying what to install
         self.policy_of = config.policy_of()
+        self.baselines = ExpectedBaselines(draws_per_episode(config), exact_paths(config, self.env_cls))
+        """Reference policies' expected summaries (exact ones kept by problem)."""
         self.tokenizers = {p: load_tokenizer(deployment.model_paths[p]) for p in config.policies}
         self.stop_ids = {p: stop_token_ids(tok) for p, tok in self.tokenizers.items()}
         self.gateway: Gateway | None = None
@@ -343,20 +353,24 @@ class EnvWorker(Peer):
         if self.cfg.streams():  # and before those of episodes that came after it: it finishes earlier
             episode_ordinal.set(self.arrival(msg.iteration))
         try:
-            env = self.env_cls()
-            env.reset(seed=msg.seed, options={"problem": msg.problem})
-            episode = self._episode(msg, env)
-            if isinstance(episode, Episode) and msg.mode == "train" and self.cfg.streams_turns():
-                episode.on_group = lambda samples: self._stream_group(msg, samples, counts)
-            await self.workflow.run(episode)
-            summary = episode.finish()
-            by_policy = defaultdict(list)
-            for sample in episode.samples[episode.streamed if isinstance(episode, Episode) else 0 :]:
-                by_policy[sample.policy].append(sample)
-            for policy, samples in by_policy.items():
-                groups = self._groups_message(msg, policy, samples)
-                await self._send_groups(groups, msg.trainer_ranks.get(policy, 0))
-                counts[policy] = counts.get(policy, 0) + len(samples)
+            name = baseline_name(msg.mode)
+            if name is not None and self.gateway is None:
+                summary = await self._baseline(msg, name)  # nothing generated, nothing recorded
+            else:
+                env = self.env_cls()
+                env.reset(seed=msg.seed, options={"problem": msg.problem})
+                episode = self._episode(msg, env)
+                if isinstance(episode, Episode) and msg.mode == "train" and self.cfg.streams_turns():
+                    episode.on_group = lambda samples: self._stream_group(msg, samples, counts)
+                await self.workflow.run(episode)
+                summary = episode.finish()
+                by_policy = defaultdict(list)
+                for sample in episode.samples[episode.streamed if isinstance(episode, Episode) else 0 :]:
+                    by_policy[sample.policy].append(sample)
+                for policy, samples in by_policy.items():
+                    groups = self._groups_message(msg, policy, samples)
+                    await self._send_groups(groups, msg.trainer_ranks.get(policy, 0))
+                    counts[policy] = counts.get(policy, 0) + len(samples)
         except Exception as e:  # a failed episode is reported and counted, never a dead worker
             trace = traceback.format_exc()
             # The traceback's last frames go with the error: the router shows the first episode's when every
@@ -368,6 +382,33 @@ class EnvWorker(Peer):
                 env.close()
         leased = self.leases.take_counts() if self.leases is not None else {}
         self.send(EpisodeDone(msg.episode_id, msg.iteration, msg.mode, msg.attempt, error, summary, counts, leased))
+
+    async def _baseline(self, msg: RunEpisode, name: str) -> dict:
+        """Reference policy `name`'s expected summary on the episode's problem (`ExpectedBaselines`): every
+        play a `BaselineEpisode` on a fresh env, seeded as the episode is."""
+        policies = self.env_cls.reference_policies()
+
+        async def play(rng: random.Random) -> dict:
+            env = self.env_cls()
+            try:
+                env.reset(seed=msg.seed, options={"problem": copy.deepcopy(msg.problem)})
+                episode = BaselineEpisode(
+                    name=name,
+                    policies=policies,
+                    rng=rng,
+                    episode_id=msg.episode_id,
+                    problem_id=msg.problem_id,
+                    env=env,
+                    policy_of=self.policy_of,
+                    alpha=self.cfg.algorithm.alpha,
+                    seed=msg.seed,
+                )
+                await self.workflow.run(episode)
+                return episode.finish()
+            finally:
+                env.close()
+
+        return await self.baselines.summary(name, msg.problem, msg.seed, play)
 
     @staticmethod
     def _groups_message(msg: RunEpisode, policy: str, samples: list[Sample]) -> Groups:
@@ -384,9 +425,8 @@ class EnvWorker(Peer):
             counts[policy] = counts.get(policy, 0) + len(mine)
 
     def _episode(self, msg: RunEpisode, env) -> Episode | GatewayEpisode:
-        """The episode context of `msg`: the model plays ("train", "eval"), or a reference policy of the
-        env ("baseline/<name>", seeded by the episode so that a rerun plays the same moves); a workflow
-        program plays a `GatewayEpisode` (the config refuses baselines for it)."""
+        """The episode context of `msg`, whose model plays ("train", "eval"; a baseline is `_baseline`'s): a
+        workflow program plays a `GatewayEpisode` (the config refuses baselines for it)."""
         if self.gateway is not None:
             from mas_async.gateway.episode import GatewayEpisode
 
@@ -400,19 +440,6 @@ class EnvWorker(Peer):
                 alpha=self.cfg.algorithm.alpha,
                 mode=msg.mode,
                 client_timeout_s=self.cfg.rollout.request_timeout_s + 30.0,
-            )
-        name = baseline_name(msg.mode)
-        if name is not None:
-            return BaselineEpisode(
-                name=name,
-                policies=self.env_cls.reference_policies(),
-                rng=random.Random(f"{msg.seed}/{name}"),
-                episode_id=msg.episode_id,
-                problem_id=msg.problem_id,
-                env=env,
-                policy_of=self.policy_of,
-                alpha=self.cfg.algorithm.alpha,
-                seed=msg.seed,
             )
         return Episode(
             episode_id=msg.episode_id,

@@ -25,6 +25,18 @@ What it checks:
   "/" or spaces); each one, played for every agent in turn, only plays actions that `step` accepts, and
   `move_quality` judges each of its moves with a bool or None.
 
+What it reports (`CheckReport.held_out`, `HeldOutStates`): of the states reachable from the test
+problems, how many are also reachable from the train problems. The splits are disjoint by content, but
+a small grid's states are not: a held-out problem whose start is a training episode's fourth state asks
+nothing new. A state is what every agent observes (the tuple of `observe(agent)`); the states reachable
+from a problem are those `action_examples` reach in at most `depth` actions, any agent acting next,
+`limit` at most per problem (bounded enumeration: `bounded` says a bound was hit). An env that runs
+programs is judged on its start states only (a step would be a sandbox run). check_env reports it for
+its own few problems; for a run's problems (its `env.train_size` training problems and its held-out
+ones, `mas_async.held_out`):
+
+    python -m envs.check configs/plan_path_smollm2_grid.yaml        # [overrides...]
+
 What an env may add for it (both optional; an env without them is still checked, minus what they enable):
 - `action_examples(agent) -> list`: actions `agent` may play in the current state, [] when it cannot act
   now (e.g. a placer before a cell is chosen). check_env steps the env with them (chosen by a seeded
@@ -57,16 +69,51 @@ class EnvCheckError(Exception):
 
 
 @dataclass
+class HeldOutStates:
+    """How many of the states reachable from held-out problems are reachable from training problems too
+    (see the module docstring)."""
+
+    states: int
+    """Distinct states reachable from the held-out problems."""
+    seen: int
+    """Of those, the states also reachable from some training problem."""
+    starts: int
+    """Distinct start states of the held-out problems."""
+    starts_seen: int
+    """Of those, the start states reachable from some training problem."""
+    train: int
+    test: int
+    depth: int
+    bounded: bool
+    """Whether some problem had more than `limit` states within `depth` actions (its count is a floor)."""
+
+    @property
+    def share(self) -> float:
+        return self.seen / self.states if self.states else 0.0
+
+    def __str__(self) -> str:
+        bound = ", bounded" if self.bounded else ""
+        return (
+            f"held-out states reachable from training problems: {self.seen} of {self.states} ({self.share:.0%}), "
+            f"start states {self.starts_seen} of {self.starts} ({self.test} held-out and {self.train} training "
+            f"problems, {self.depth} actions deep{bound})"
+        )
+
+
+@dataclass
 class CheckReport:
-    """What `check_env` verified for one env, and what it could not (with the reason)."""
+    """What `check_env` verified for one env, and what it could not (with the reason), and how many held-out
+    states training problems reach."""
 
     env: str
     checked: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    held_out: HeldOutStates | None = None
 
     def __str__(self) -> str:
         skipped = "; ".join(self.skipped) or "none"
-        return f"{self.env}: checked {len(self.checked)} properties, skipped {skipped}"
+        held_out = f"; {self.held_out}" if self.held_out is not None else ""
+        return f"{self.env}: checked {len(self.checked)} properties, skipped {skipped}{held_out}"
 
 
 def observation_charset(env: Env | type[Env]) -> str:
@@ -104,8 +151,87 @@ def check_env(
     if checker.examples is None:
         report.skipped.append("stepping (no action_examples)")
     checker.reference_policies(problems, agents, steps, seed)
+    if checker.examples is not None:
+        train, test = checker.splits["train"], checker.splits["test"]
+        report.held_out = held_out_states(env_cls, train, test, action_examples=checker.examples, depth=steps)
+        report.checked.append("held-out states")
     report.checked.append("close")
     return report
+
+
+def state(env: Env, agents: list[str]) -> tuple[str, ...]:
+    """What every agent observes: the state as the agents know it."""
+    return tuple(str(env.observe(agent)) for agent in agents)
+
+
+def reachable_states(
+    env_cls: type[Env],
+    problem: dict[str, Any],
+    examples: Callable[[Env, str], list[Any]],
+    depth: int,
+    limit: int,
+) -> tuple[tuple[str, ...], set[tuple[str, ...]], bool]:
+    """`problem`'s start state, the states `examples` reach from it in at most `depth` actions (any agent
+    acting next; breadth first), and whether `limit` states stopped the search first."""
+    env = env_cls()
+    env.reset(seed=problem.get("seed"), options={"problem": copy.deepcopy(problem)})
+    agents = list(env.possible_agents)
+    start = state(env, agents)
+    seen, frontier = {start}, [env]
+    for _ in range(depth):
+        following = []
+        for current in frontier:
+            if current.done:
+                continue
+            for agent in agents:
+                for action in examples(current, agent):
+                    after = current.clone()
+                    after.step(agent, copy.deepcopy(action))
+                    key = state(after, agents)
+                    if key in seen:
+                        continue
+                    if len(seen) >= limit:
+                        env.close()
+                        return start, seen, True
+                    seen.add(key)
+                    following.append(after)
+        frontier = following
+        if not frontier:
+            break
+    env.close()
+    return start, seen, False
+
+
+def held_out_states(
+    env_cls: type[Env],
+    train: list[dict[str, Any]],
+    test: list[dict[str, Any]],
+    *,
+    action_examples: Callable[[Env, str], list[Any]] | None = None,
+    depth: int = 8,
+    limit: int = 256,
+) -> HeldOutStates:
+    """How many states reachable from the `test` problems are reachable from the `train` problems (see the
+    module docstring); an env that runs programs is judged on its start states only (depth 0)."""
+    examples = action_examples or getattr(env_cls, "action_examples", None)
+    if examples is None:
+        raise EnvCheckError(f"held-out states of {env_cls.__name__}: it has no action_examples to step with")
+    depth = 0 if env_cls.runs_code else depth
+    bounded, trained = False, set()
+    for problem in train:
+        _, states, hit = reachable_states(env_cls, problem, examples, depth, limit)
+        trained |= states
+        bounded |= hit
+    starts, held = set(), set()
+    for problem in test:
+        start, states, hit = reachable_states(env_cls, problem, examples, depth, limit)
+        starts.add(start)
+        held |= states
+        bounded |= hit
+    return HeldOutStates(
+        states=len(held), seen=len(held & trained), starts=len(starts), starts_seen=len(starts & trained),
+        train=len(train), test=len(test), depth=depth, bounded=bounded,
+    )  # fmt: skip
 
 
 class _Checker:
@@ -117,6 +243,7 @@ class _Checker:
         if examples is None and callable(getattr(env_cls, "action_examples", None)):
             examples = env_cls.action_examples
         self.examples = examples
+        self.splits: dict[str, list[dict[str, Any]]] = {}
 
     def fail(self, prop: str, detail: str) -> EnvCheckError:
         return EnvCheckError(f"check_env({self.report.env}): {prop}: {detail}")
@@ -192,6 +319,7 @@ class _Checker:
         else:
             raise self.fail("split disjointness", "problems('no-such-split', 1) must raise ValueError")
         self.passed("split disjointness")
+        self.splits = splits
         return splits["train"][:1] + splits["test"][:1]
 
     def reset(self, problem: dict[str, Any], agents: list[str]) -> Env:
@@ -324,3 +452,35 @@ class _Checker:
             self.same(env, clone, agents, "determinism", f"{when} gave different states on the env and its clone")
             self.same(env, twin, agents, "determinism", f"{when} gave different states on two equal envs")
         self.passed("stepping")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m envs.check CONFIG [overrides]`: check_env on the config's env and options, and the
+    held-out states of the run's own problems that its training problems reach."""
+    import sys
+
+    from mas_async.api.registry import ENVS, resolve
+    from mas_async.config import ConfigError, load_config
+    from mas_async.held_out import run_problems
+
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0].startswith("-"):
+        print("usage: python -m envs.check CONFIG [key=value ...]", file=sys.stderr)
+        return 2
+    try:
+        config = load_config(args[0], args[1:])
+    except ConfigError as e:
+        print(f"envs.check: {e}", file=sys.stderr)
+        return 2
+    env_cls = resolve(config.env.name, ENVS, "env")
+    options = config.env.options
+    print(check_env(env_cls, **options))
+    train, test = run_problems(env_cls, config.env.train_size, config.env.test_size, options)
+    turns = config.workflow.options.get("max_turns", 8)
+    depth = turns * len(env_cls.possible_agents)
+    print(f"the run's problems: {held_out_states(env_cls, train, test[: config.eval.size], depth=depth)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

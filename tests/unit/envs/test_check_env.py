@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from envs import ENVS
-from envs.check import EnvCheckError, check_env
+from envs.check import EnvCheckError, check_env, held_out_states
 from envs.sokoban import SokobanEnv
 from envs.sudoku import SudokuEnv
 from mas_async.api import resolve
@@ -164,3 +164,50 @@ def test_an_undocumented_info_key_or_action_is_caught_by_name() -> None:
         check_env(UnsaidInfo)
     with pytest.raises(EnvCheckError, match=r"documentation: actions .* none for \['placer'\]"):
         check_env(UnsaidAction)
+
+
+# -- held-out states that training problems reach ------------------------------------------------------
+
+
+def _problem(seed: int, start: list, goal: list) -> dict[str, Any]:
+    return {"seed": seed, "rows": 3, "cols": 3, "walls": [], "start": start, "goal": goal}
+
+
+def test_held_out_states_that_training_reaches_are_counted() -> None:
+    from envs.plan_path import PlanPathEnv
+
+    train = [_problem(0, [0, 0], [2, 2])]
+    # The same grid and goal from another start: every state of it is one training reaches. Another goal:
+    # none is (G is elsewhere in every observation).
+    same_goal, other_goal = _problem(1, [0, 1], [2, 2]), _problem(2, [0, 1], [2, 0])
+    found = held_out_states(PlanPathEnv, train, [same_goal, other_goal], depth=8)
+    assert (found.states, found.seen, found.starts, found.starts_seen) == (18, 9, 2, 1)
+    assert found.share == 0.5 and not found.bounded
+    assert "9 of 18 (50%), start states 1 of 2" in str(found)
+    # One action deep: training reaches A at 0,0, 1,0 and 0,1 (the held-out start); the held-out start
+    # reaches 0,1, 1,1, 0,0 and 0,2, two of them (0,1 and 0,0) reached by training too.
+    shallow = held_out_states(PlanPathEnv, train, [same_goal], depth=1)
+    assert (shallow.states, shallow.seen, shallow.starts_seen) == (4, 2, 1)
+    assert held_out_states(PlanPathEnv, train, [same_goal], depth=8, limit=3).bounded
+
+
+def test_check_env_reports_them_and_an_env_that_runs_programs_by_its_starts() -> None:
+    from envs.plan_path import PlanPathEnv
+    from envs.tool_plan import PlanPathToolPlanEnv
+
+    report = check_env(PlanPathEnv, count=4)
+    assert report.held_out is not None and report.held_out.test == report.held_out.train == 4
+    assert "held-out states" in report.checked and "held-out states reachable from training problems" in str(report)
+    problems = PlanPathToolPlanEnv.problems("train", 2, sizes=[4])
+    assert held_out_states(PlanPathToolPlanEnv, problems, problems).depth == 0  # a step would run the sandbox
+
+
+def test_the_command_reports_a_runs_problems(capsys) -> None:
+    from envs.check import main
+    from tests.support.paths import ROOT
+
+    assert main([str(ROOT / "configs/plan_path_smollm2_grid.yaml"), "env.train_size=64"]) == 0
+    out = capsys.readouterr().out
+    assert "the run's problems: held-out states reachable from training problems" in out
+    assert "(64 held-out and 64 training problems, 8 actions deep)" in out
+    assert main(["--help"]) == 2

@@ -91,9 +91,14 @@ def main(argv: list[str] | None = None) -> int:
     plot = sub.add_parser("plot", help="write PNG plots of a run's metrics.jsonl (into RUN_DIR/plots/)")
     plot.add_argument("run_dir", help="a run directory of `mas-async train`")
     plot.add_argument("--out", help="write the PNGs here instead of RUN_DIR/plots/")
-    results = sub.add_parser("results", help="write a run's evaluation rows and resolved config into a folder")
+    results = sub.add_parser(
+        "results",
+        help="write a run's evaluation rows, per-iteration metrics, config and commit into a folder, no machine path",
+    )
     results.add_argument("run_dir", help="a run directory of `mas-async train`")
-    results.add_argument("out", help="the folder to write eval.jsonl and config.yaml into, e.g. results/NAME")
+    results.add_argument(
+        "out", help="the folder to write eval.jsonl, metrics.csv, config.yaml and commit.txt into, e.g. results/NAME"
+    )
     models = sub.add_parser("models", help="prepare model folders in the cache")
     models_sub = models.add_subparsers(dest="models_command", required=True)
     importer = models_sub.add_parser("import", help="write a model's cached folder once and print its path")

@@ -35,6 +35,7 @@ from mas_async.deployment import Deployment, http_url
 from mas_async.gateway.access import mint_token
 from mas_async.gpu_plan import GPU_SHARE_ENV, plan_gpus
 from mas_async.inference.backends.vllm_args import check_engine_args
+from mas_async.launch.code_version import record_commit
 from mas_async.launch.engines.base import Child, Engine, Node, ProcessSpec
 from mas_async.launch.engines.local import LocalEngine
 from mas_async.launch.engines.registry import open_engine
@@ -58,8 +59,9 @@ KILLED_WAIT_S = 5.0
 
 
 def prepare_run_dir(config: Config, again: bool = False) -> Path:
-    """The run directory with the resolved config; `again`: it may hold an earlier start of this run that
-    reached no checkpoint (a requeued SLURM job), whose rows the router redoes from iteration 0."""
+    """The run directory with the resolved config and the code's commit (`code_version`); `again`: it may
+    hold an earlier start of this run that reached no checkpoint (a requeued SLURM job), whose rows the
+    router redoes from iteration 0."""
     if config.run.output_dir is None:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         config.run.output_dir = f"runs/{config.run.name}/{stamp}"
@@ -68,6 +70,7 @@ def prepare_run_dir(config: Config, again: bool = False) -> Path:
         raise ConfigError(f"run directory {run_dir} already holds a run; choose another run.output_dir")
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     dump_config(config, run_dir / "config.yaml")
+    record_commit(run_dir)
     return run_dir
 
 
@@ -83,6 +86,7 @@ def prepare_resume(config: Config) -> tuple[Config, Path, int]:
     if version >= saved.run.iterations:
         raise ConfigError(f"resume={run_dir}: the run already finished all {saved.run.iterations} iterations")
     print(f"mas-async: resuming {run_dir} from its checkpoint of version {version}")
+    record_commit(run_dir, resumed_at=version)
     return saved, run_dir, version
 
 

@@ -236,6 +236,10 @@ class AgentConfig(_Section):
     `workflow.name`; left out with `workflow.program`, whose agents are OpenAI API clients (docs/gateway.md)."""
     policy: str
     """Name of the policy (a key of `policies`) that serves this agent."""
+    max_tokens: int | None = Field(None, ge=1)
+    """Most tokens of each of this agent's replies, at most `rollout.max_tokens` (which stays the servers' and the
+    memory plan's bound). None: the node's own `Node.max_tokens`, else `rollout.max_tokens`. A role whose replies
+    are short (an answer after a given opening) then decodes no further than it needs."""
 
 
 class WorkflowConfig(_Section):
@@ -804,6 +808,18 @@ class Config(_Section):
             raise ValueError(f"policies {unused} serve no agent")
         self._workflow_is_one_kind()
         self._agents_are_the_envs()
+        for agent, spec in self.agents.items():
+            if spec.max_tokens is not None and spec.max_tokens > self.rollout.max_tokens:
+                raise ValueError(
+                    f"agents.{agent}.max_tokens={spec.max_tokens} is above rollout.max_tokens={self.rollout.max_tokens}, "
+                    "the most any reply may take (the inference servers refuse more); raise rollout.max_tokens or "
+                    f"lower agents.{agent}.max_tokens"
+                )
+            if spec.max_tokens is not None and self.workflow.program is not None:
+                raise ValueError(
+                    f"agents.{agent}.max_tokens bounds a node's replies, but workflow.program's agents are OpenAI "
+                    "clients that give max_tokens per call (at most rollout.max_tokens); drop it"
+                )
         self._trainer_ranks_can_be_placed()
         for name, spec in self.policies.items():
             if spec.lora is not None and spec.backend == "mock":

@@ -8,7 +8,8 @@
   fence (or its end), and must parse. Local reward: 1.0 when what it printed is right.
 - `AnswerReader` (agent "reasoner"): shown the problem, the program and what it printed, it gives the
   final answer as \\boxed{}; the reply is opened with "\\boxed{" and the answer is what the model writes
-  before the closing brace. Local reward: 1.0 when its answer is right.
+  before the closing brace. Local reward: 1.0 when its answer is right. (Rules that said "\\boxed{ANSWER}"
+  had SmolLM2-135M write the word ANSWER in every greedy reply of a pilot, 0 of 16 right.)
 - `SoloToolAgent` (agent "solo"): one agent in both steps, with one system prompt: it writes the
   program, then reads its output and answers (the same openings of the reply); `MathToolSoloWorkflow`
   asks for the step the env expects.
@@ -38,6 +39,11 @@ PROGRAM_OPENING = "print("
 """The part of `PROGRAM_START` that belongs to the program."""
 ANSWER_START = "\\boxed{"
 """The start of an answer reply, given in the prompt."""
+PROGRAM_TOKENS = 28
+"""Most tokens of a program reply: in SmolLM2's tokens (one a digit), the longest reference program of 2,000
+arithmetic training problems, with its closing parenthesis and fence, takes 27."""
+ANSWER_TOKENS = 16
+"""Most tokens of an answer reply: the longest answer of the same problems, with its closing brace, takes 15."""
 
 TOOL_USER_RULES = (
     "You are the tool user in a team of two that solves a math problem. Write a short Python program that "
@@ -46,12 +52,12 @@ TOOL_USER_RULES = (
 )
 REASONER_RULES = (
     "You are the reasoner in a team of two that solves a math problem. Your partner wrote a Python program "
-    "for it, and you see what the program printed. Give the final answer as \\boxed{ANSWER}."
+    "for it, and you see what the program printed. Write the final answer, a number, inside \\boxed{}."
 )
-DIRECT_RULES = "You solve a math problem. Give the final answer as \\boxed{ANSWER}."
+DIRECT_RULES = "You solve a math problem. Write the final answer, a number, inside \\boxed{}."
 SOLO_RULES = (
     "You solve a math problem alone. First write a short Python program that computes the answer and prints "
-    "it, one line of Python; you will see what it prints. Then give the final answer as \\boxed{ANSWER}."
+    "it, one line of Python; you will see what it prints. Then write the final answer, a number, inside \\boxed{}."
 )
 
 
@@ -94,6 +100,8 @@ def chat(rules: str, obs: Any, start: str) -> list[dict[str, str]]:
 class ToolWriter(Node):
     """Writes the program (see the module docstring)."""
 
+    max_tokens = PROGRAM_TOKENS
+
     def __init__(self, agent: str = "tool_user") -> None:
         super().__init__(agent)
 
@@ -109,6 +117,8 @@ class ToolWriter(Node):
 
 class AnswerReader(Node):
     """Reads the program's output and answers (see the module docstring)."""
+
+    max_tokens = ANSWER_TOKENS
 
     def __init__(self, agent: str = "reasoner") -> None:
         super().__init__(agent)
@@ -129,7 +139,9 @@ class SoloToolAgent(Node):
     def __init__(self, agent: str = "solo") -> None:
         super().__init__(agent)
         self.writer = _SoloStep(agent, PROGRAM_START, lambda text: {"code": read_program(text, agent)})
+        self.writer.max_tokens = PROGRAM_TOKENS
         self.reader = _SoloStep(agent, ANSWER_START, lambda text: read_answer(text, agent))
+        self.reader.max_tokens = ANSWER_TOKENS
 
     def prompt(self, obs: Any) -> list[dict[str, str]]:
         """The first step's prompt (the workflow asks `writer` or `reader` as the env expects)."""
@@ -158,6 +170,8 @@ class _SoloStep(Node):
 class DirectAnswerer(Node):
     """The reasoner alone, without a program: answers the problem directly in \boxed{} (the no-tool baseline
     on `envs.math_solo:MathSoloEnv`, `configs/math_direct_smollm2.yaml`). Local reward: 1.0 when right."""
+
+    max_tokens = ANSWER_TOKENS
 
     def __init__(self, agent: str = "solo") -> None:
         super().__init__(agent)

@@ -40,6 +40,9 @@ class Node:
     """
 
     invalid_penalty: float = -1.0
+    max_tokens: int | None = None
+    """Most tokens of each reply of this role (None: the run's `rollout.max_tokens`, its upper bound; the
+    config's `agents.<agent>.max_tokens` overrides it)."""
 
     def __init__(self, agent: str) -> None:
         self.agent = agent

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mas_async.api.registry import ENVS, NODES, resolve
+from mas_async.api.registry import ENVS, resolve
 from mas_async.config import ConfigError
 from mas_async.held_out import run_problems
 from mas_async.rollout.chat_prompt import chat_prompt_ids, chat_prompt_text
+from mas_async.rollout.nodes import build_nodes
 
 if TYPE_CHECKING:
     from mas_async.config import Config
@@ -36,7 +37,7 @@ def prompt_lines(config: Config, count: int, split: str) -> list[str]:
     env_cls = resolve(config.env.name, ENVS, "env")
     train, test = run_problems(env_cls, config.env.train_size, config.env.test_size, config.env.options)
     problems = (train if split == "train" else test)[:count]
-    nodes = {agent: resolve(spec.node, NODES, "node")(agent) for agent, spec in config.agents.items()}
+    nodes = build_nodes(config)
     tokenizers = {
         policy: AutoTokenizer.from_pretrained(
             str(resolve_model(spec.model, model_cache_dir(), spec.revision, policy=policy))

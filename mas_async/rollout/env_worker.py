@@ -34,7 +34,7 @@ import numpy as np
 
 from mas_async import sandbox
 from mas_async.api.priority import episode_iteration, episode_ordinal
-from mas_async.api.registry import ENVS, NODES, WORKFLOWS, resolve
+from mas_async.api.registry import ENVS, WORKFLOWS, resolve
 from mas_async.config import Config
 from mas_async.deployment import Deployment
 from mas_async.peer_names import trainer_peer
@@ -48,6 +48,7 @@ from mas_async.rollout.baseline import (
 from mas_async.rollout.direct_link import DirectLink
 from mas_async.rollout.episode import Episode, candidates_per_turn, greedy_decoding
 from mas_async.rollout.leases import ROUTER, LeaseClient
+from mas_async.rollout.nodes import build_nodes
 from mas_async.runtime.actor import Peer
 from mas_async.wire.codec import CodecError
 from mas_async.wire.messages import (
@@ -161,7 +162,7 @@ class EnvWorker(Peer):
             )
         else:
             workflow_cls = resolve(config.workflow.name, WORKFLOWS, "workflow")
-            nodes = {agent: resolve(spec.node, NODES, "node")(agent) for agent, spec in config.agents.items()}
+            nodes = build_nodes(config)
             self.workflow = workflow_cls(nodes, **config.workflow.options)
         # Request ids start at random: a restarted worker's requests never take the ids of its
         # predecessor's, whose late results the router still forwards to this identity (they are dropped).

@@ -158,7 +158,10 @@ class Episode:
         greedy = self.greedy if greedy is None else greedy
         obs = self.env.observe(node.agent)
         prompt_ids = chat_prompt_ids(self.tokenizers[policy], node.prompt(obs), self.template_kwargs.get(policy, {}))
-        completions = await self.generate(policy, prompt_ids, n, greedy)
+        if node.max_tokens is None:
+            completions = await self.generate(policy, prompt_ids, n, greedy)
+        else:
+            completions = await self.generate(policy, prompt_ids, n, greedy, max_tokens=node.max_tokens)
         if len(completions) != n:
             raise RuntimeError(f"generate for policy {policy!r} returned {len(completions)} completions, asked {n}")
         self._turns_played.add(self.turn)

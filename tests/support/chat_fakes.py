@@ -15,10 +15,14 @@ from mas_async.wire.samples import Completion
 
 
 class CharTokenizer:
-    """Every character is a token (its code point); no special tokens."""
+    """Every character is a token (its code point); no special tokens. A reply that continues a given start
+    (`continue_final_message`) follows it directly; otherwise the prompt ends with "<a>"."""
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool, tokenize: bool) -> list[int]:
-        return [ord(ch) for m in messages for ch in f"<{m['role']}>{m['content']}"] + [ord(ch) for ch in "<a>"]
+    def apply_chat_template(
+        self, messages: list[dict], tokenize: bool, add_generation_prompt: bool = False, **options: Any
+    ) -> list[int]:
+        ids = [ord(ch) for m in messages for ch in f"<{m['role']}>{m['content']}"]
+        return ids + [ord(ch) for ch in "<a>"] if add_generation_prompt else ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return "".join(chr(i) for i in ids)
@@ -30,9 +34,14 @@ class ScriptedGenerate:
     def __init__(self, scripts: dict[str, list[list[str]]]) -> None:
         self.scripts = {policy: list(calls) for policy, calls in scripts.items()}
         self.calls: list[tuple[str, int]] = []
+        self.max_tokens: list[int | None] = []
+        """Each call's max_tokens (None: the run's)."""
 
-    async def __call__(self, policy: str, prompt_ids: np.ndarray, n: int, greedy: bool) -> list[Completion]:
+    async def __call__(
+        self, policy: str, prompt_ids: np.ndarray, n: int, greedy: bool, max_tokens: int | None = None
+    ) -> list[Completion]:
         self.calls.append((policy, n))
+        self.max_tokens.append(max_tokens)
         texts = self.scripts[policy].pop(0)
         assert len(texts) == n, f"{policy}: scripted {len(texts)} texts, asked for {n}"
         return [

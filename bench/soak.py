@@ -17,7 +17,8 @@ It prints, after the warm-up (`--warmup-min`, the first 10 minutes by default):
   the role's processes (a replacement's own first `--settle-s` seconds left out: it is still loading);
 - the run directory's growth per iteration, by part (bytes a training iteration adds);
 - the run's own checks: every iteration's row once, every `version_mismatch` 0, and no episode lost without
-  being counted (each training row's episodes + dropped = `rollout.batch_size`).
+  being counted (each training row's episodes + dropped = `rollout.batch_size`); and its end: asked to stop
+  at its next checkpoint (as a SLURM job's signal asks, stop_request.py), the run exits by itself, status 0.
 `--json FILE` writes the samples, the figures and the checks. Growth is a least-squares slope over a process's
 samples; a process that lived less than `--min-span-s` after the warm-up gives none.
 """
@@ -213,6 +214,7 @@ def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     else:
                         next_kill += args.kill_every
             time.sleep(0.2)
+        finished = finish(run, args.finish_timeout_s)
         rows = run.rows()
     finally:
         run.stop()
@@ -227,9 +229,23 @@ def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "growth": growth(list(series.values()), warmup, args.settle_s, args.min_span_s),
         "dir_bytes_per_iteration": dir_growth(dir_points, warmup),
         "dir_bytes_at_end": dir_points[-1][2] if dir_points else {},
-        "checks": checks(rows, config.rollout.batch_size),
+        "checks": {**checks(rows, config.rollout.batch_size), **finished},
         "samples": [{"role": s.role, "name": s.name, "pid": s.pid, "samples": s.samples} for s in series.values()],
     }
+
+
+def finish(run: Run, timeout_s: float) -> dict[str, Any]:
+    """End the run as a user (or SLURM) does: ask it to stop at its next checkpoint (stop_request.py) and wait,
+    at most `timeout_s`, for the launcher to exit by itself. Returns whether it did, with status 0, and how long
+    it took."""
+    from mas_async.router.stop_request import request_stop
+
+    t0 = time.monotonic()
+    request_stop(run.dir, "the soak's time is up")
+    while run.proc.poll() is None and time.monotonic() - t0 < timeout_s:
+        time.sleep(0.5)
+    status = run.proc.poll()
+    return {"finished_by_itself": status == 0, "exit_status": status, "finish_s": round(time.monotonic() - t0, 1)}
 
 
 def _shown(path: Path) -> str:
@@ -259,7 +275,9 @@ def report(result: dict[str, Any]) -> list[str]:
     c = result["checks"]
     lines.append(
         f"checks: {c['iterations']} iterations; every iteration once: {c['every_iteration_once']}; version_mismatch "
-        f"0: {c['version_mismatch_zero']}; no episode uncounted: {c['no_episode_uncounted']}; restarts {c['restarts']}"
+        f"0: {c['version_mismatch_zero']}; no episode uncounted: {c['no_episode_uncounted']}; restarts {c['restarts']}; "
+        f"finished by itself (asked to stop at a checkpoint): {c['finished_by_itself']} "
+        f"(status {c['exit_status']}, {c['finish_s']:g} s)"
     )
     return lines
 
@@ -275,9 +293,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--settle-s", type=float, default=120.0, help="a (replacement) process's own first seconds left out")
     p.add_argument("--min-span-s", type=float, default=300.0, help="the least a process is sampled after the warm-up")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--finish-timeout-s", type=float, default=600.0, help="the most the run may take to stop at its checkpoint"
+    )
     p.add_argument("--json", type=Path)
     p.add_argument("--smoke", action="store_true", help="2 minutes, a kill every 20 s: the tests' run")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)  # (overrides may follow the options, as the docstring's commands do)
     if args.smoke:
         args.minutes, args.kill_every, args.warmup_min, args.sample_s = 2.0, 20.0, 0.5, 2.0
         args.settle_s, args.min_span_s = 10.0, 20.0
@@ -293,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(result))
     c = result["checks"]
-    return 0 if c["every_iteration_once"] and c["version_mismatch_zero"] and c["no_episode_uncounted"] else 1
+    ok = c["every_iteration_once"] and c["version_mismatch_zero"] and c["no_episode_uncounted"]
+    return 0 if ok and c["finished_by_itself"] else 1
 
 
 if __name__ == "__main__":

@@ -408,7 +408,8 @@ def test_router_refill_smoke(tmp_path: Path) -> None:
 
 def test_soak_smoke(tmp_path: Path) -> None:
     """Two minutes of the demo under kills (env workers and replicas every 20 s, a trainer and the router once):
-    each role's growth figures, the run directory's by part, and the run's own checks, all passing."""
+    each role's growth figures, the run directory's by part, and the run's own checks, all passing; then the run,
+    asked to stop at a checkpoint, ends by itself."""
     stdout, figures = _run("soak.py", tmp_path, str(ROOT / "configs/plan_path_tiny.yaml"))
     assert "soak of configs/plan_path_tiny.yaml" in stdout and "checks:" in stdout
     killed = {kill["name"].split("/")[0] for kill in figures["kills"]}
@@ -420,3 +421,5 @@ def test_soak_smoke(tmp_path: Path) -> None:
     checks = figures["checks"]
     assert checks["every_iteration_once"] and checks["version_mismatch_zero"] and checks["no_episode_uncounted"]
     assert checks["restarts"]["trainer"] >= 1 and checks["restarts"]["router"] >= 1, checks
+    # Its end: asked to stop at a checkpoint, the launcher exits by itself, with status 0.
+    assert checks["finished_by_itself"] and checks["exit_status"] == 0, checks

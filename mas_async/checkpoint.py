@@ -256,15 +256,16 @@ def save_best(run_dir: Path, version: int, score: float) -> None:
     os.replace(tmp, folder / "best.json")
 
 
-def prune_checkpoints(run_dir: Path, policies: list[str], keep: int) -> list[int]:
-    """Delete every complete checkpoint but the newest `keep` and the best; returns the deleted
-    versions. `keep` 0 keeps everything. The router file goes first, so a version being deleted is
-    never taken for complete."""
+def prune_checkpoints(run_dir: Path, policies: list[str], keep: int, starting: set[int] | None = None) -> list[int]:
+    """Delete every complete checkpoint but the newest `keep`, the best and the `starting` versions (those the
+    run's processes load when they start: a replica's replacement loads the run's start checkpoint until
+    the next whole-run restart); returns the deleted versions. `keep` 0 keeps everything. The router file
+    goes first, so a version being deleted is never taken for complete."""
     if keep <= 0:
         return []
     versions = complete_versions(run_dir, policies)
     best = load_best(run_dir)
-    protected = set(versions[-keep:]) | ({best["version"]} if best else set())
+    protected = set(versions[-keep:]) | ({best["version"]} if best else set()) | (starting or set())
     deleted = [v for v in versions if v not in protected]
     for version in deleted:
         (run_dir / "checkpoints" / "router" / f"v{version:06d}.json").unlink(missing_ok=True)

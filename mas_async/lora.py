@@ -64,6 +64,11 @@ def starting_point(deployment: Deployment, policy: str, spec: LoraConfig | None)
     the policy's starting weights (its model, or the checkpoint a resumed run starts from). With LoRA the
     model loaded is the base; a resumed run's adapters come from the checkpoint's ADAPTER_DIR."""
     weights = deployment.weights_path(policy)
+    if policy in deployment.weights_paths and not Path(weights).is_dir():
+        raise FileNotFoundError(
+            f"policy {policy}: the weights this process starts from, {weights}, are gone (a checkpoint deleted "
+            "while the run's deployment still starts from it?)"
+        )
     if spec is None:
         return weights, None
     base = deployment.model_paths[policy]

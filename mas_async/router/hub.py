@@ -991,7 +991,7 @@ class Router(Actor):
                 save_best(self.run_dir, book.version, new_best)
             self.best = {"version": book.version, "score": new_best}
         if self.deployment.training:
-            prune_checkpoints(self.run_dir, self.policies, self.cfg.trainer.keep_checkpoints)
+            prune_checkpoints(self.run_dir, self.policies, self.cfg.trainer.keep_checkpoints, self._starting_versions())
         await book.all_done.wait()  # the baselines, if any (each one bounded by rollout.episode_timeout_s)
         now = time.monotonic()
         row = iteration_row(
@@ -1023,6 +1023,11 @@ class Router(Actor):
     def _writing(self, what: str, relative: str) -> contextlib.AbstractContextManager[None]:
         """A write of `what` into the run directory (at `relative`): a full disk stops the run with `DiskFull`."""
         return named_if_full(what, self.run_dir / relative, self.run_dir)
+
+    def _starting_versions(self) -> set[int]:
+        """The checkpoint this deployment's processes start from, when they do (a resumed or restarted run): a
+        replica's replacement loads it, so it is kept until the next whole-run restart starts from a newer one."""
+        return {self.deployment.start_version} if self.deployment.weights_paths else set()
 
     def _new_best(self, book: EpisodeBook) -> float | None:
         """The eval success of this iteration's weights if it beats the best so far (and is kept)."""

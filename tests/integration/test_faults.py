@@ -267,6 +267,29 @@ def test_the_router_killed_mid_iteration_restarts_the_run_from_its_checkpoint(tm
     _run_restarted_after(tmp_path, "router", "inference/vertical/0", r"weights v3 loaded in", delay_s=0.05)
 
 
+def test_a_replica_replaced_after_a_restart_and_a_prune_loads_the_checkpoint_it_was_given(tmp_path):
+    # A whole-run restart starts every process from its checkpoint (deployment.json); the run trains on and
+    # prunes to its newest checkpoint. A replica killed then is started again from the restart's checkpoint,
+    # which must still be there (the soak's replacements failed 400 times in a row when it was pruned).
+    run_dir, iterations, batch = tmp_path / "run", 8, 4
+    args = [f"run.iterations={iterations}", f"rollout.batch_size={batch}", "algorithm.k=4", "eval.every=4",
+            "eval.size=4", "trainer.checkpoint_every=2", "trainer.keep_checkpoints=1", "trainer.keep_best=false"]  # fmt: skip
+    proc = start_train(CONFIG, run_dir, *args)
+    try:
+        child_pids(run_dir)
+        kill_when(run_dir, "trainer/vertical", "trainer/vertical", r"iteration 3: stepping from v3")
+        kill_when(run_dir, "inference/vertical/0", "trainer/vertical", r"iteration 7: stepping from v7")
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        cleanup(proc, run_dir)
+    assert proc.returncode == 0, out[-3000:]
+    restarted = re.search(r"restarting the run from its checkpoint of version (\d+)", out)
+    assert restarted is not None and int(restarted[1]) in (2, 4), out[-3000:]
+    rows = _rows(run_dir)
+    _check_every_iteration_once(rows, iterations, batch)
+    assert sum(r[Keys.restarts("inference")] for r in rows) == 1, out[-3000:]  # one replacement, which started
+
+
 def test_a_replica_lost_while_it_loads_and_a_slower_replacement_leave_the_run_stepping(tmp_path):
     """inference/vertical/0 takes 3 s to load at its first start and is SIGKILLed meanwhile, before its Hello:
     the launcher tells the router, which takes it out of the first generation of vertical's weight group

@@ -52,6 +52,31 @@ def test_pruning_keeps_the_newest_and_the_best(tmp_path):
     assert prune_checkpoints(tmp_path, POLICIES, keep=0) == []  # 0 keeps everything
 
 
+def test_pruning_keeps_the_checkpoint_the_runs_processes_start_from(tmp_path):
+    # A run restarted from v20 and trained on: a replica killed now starts again from v20 (deployment.json),
+    # so v20 stays until the next whole-run restart (the soak's replicas failed to start, 400 times, without it).
+    for version in (10, 20, 30, 40, 50):
+        _checkpoint(tmp_path, version)
+    assert prune_checkpoints(tmp_path, POLICIES, keep=1, starting={20}) == [10, 30, 40]
+    assert complete_versions(tmp_path, POLICIES) == [20, 50] and policy_checkpoint(tmp_path, "b", 20).exists()
+    assert prune_checkpoints(tmp_path, POLICIES, keep=1) == [20]  # (started from a newer one: it goes)
+
+
+def test_a_process_whose_starting_checkpoint_is_gone_says_so(tmp_path):
+    import pytest
+
+    from mas_async.deployment import Deployment
+    from mas_async.lora import starting_point
+
+    gone = policy_checkpoint(tmp_path, "a", 20)
+    deployment = Deployment(router_endpoint="tcp://127.0.0.1:1", weight_ports={}, model_paths={"a": str(tmp_path)})
+    deployment.weights_paths = {"a": str(gone)}
+    with pytest.raises(FileNotFoundError, match=r"policy a: the weights this process starts from, .*v000020, are gone"):
+        starting_point(deployment, "a", None)
+    _checkpoint(tmp_path, 20)
+    assert starting_point(deployment, "a", None) == (str(gone), None)
+
+
 def test_best_file_is_replaced_atomically(tmp_path):
     save_best(tmp_path, 5, 0.5)
     save_best(tmp_path, 15, 0.75)

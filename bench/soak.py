@@ -297,6 +297,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--finish-timeout-s", type=float, default=600.0, help="the most the run may take to stop at its checkpoint"
     )
     p.add_argument("--json", type=Path)
+    p.add_argument("--keep", type=Path, help="a new folder for the run (kept; default a temporary one, removed)")
     p.add_argument("--smoke", action="store_true", help="2 minutes, a kill every 20 s: the tests' run")
     args = p.parse_intermixed_args(argv)  # (overrides may follow the options, as the docstring's commands do)
     if args.smoke:
@@ -308,8 +309,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="soak-") as work:
-        result = soak(args, Path(work))
+    if args.keep is not None:  # the run's directory (logs, metrics, checkpoints) kept for a look afterwards
+        args.keep.mkdir(parents=True, exist_ok=False)
+        result = soak(args, args.keep)
+    else:
+        with tempfile.TemporaryDirectory(prefix="soak-") as work:
+            result = soak(args, Path(work))
     print("\n".join(report(result)))
     if args.json:
         args.json.write_text(json.dumps(result))

@@ -54,6 +54,7 @@ from bench.support import BENCH_DIR, RolloutRouter, bench_dir, run_rollout
 from mas_async.config import Config, load_config
 from mas_async.inference.backends.base import ThreadedBackend
 from mas_async.inference.server import InferenceServer
+from mas_async.machine_paths import without_machine_paths
 from mas_async.rollout.env_worker import EnvWorker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -322,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     ours = figures(framework)
     result = report(args, ours, figures(lockstep), barrier_line(framework, ours))
     if args.json:
-        args.json.write_text(json.dumps(result, indent=1, default=str))
+        args.json.write_text(json.dumps(without_machine_paths(result), indent=1, default=str))
     return 0
 
 

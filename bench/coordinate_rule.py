@@ -30,6 +30,7 @@ from mas_async.api import ReferencePolicy
 from mas_async.api.registry import ENVS, NODES, WORKFLOWS, resolve
 from mas_async.config import Config, load_config
 from mas_async.held_out import run_problems
+from mas_async.machine_paths import without_machine_paths
 from mas_async.rollout.baseline import BaselineEpisode, ExpectedBaselines, PlayOnce, draws_per_episode, exact_paths
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,7 +131,7 @@ def main() -> None:
             "policies": figures,
             "trained": seeds,
         }
-        Path(args.json).write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+        Path(args.json).write_text(json.dumps(without_machine_paths(out), indent=1, sort_keys=True) + "\n")
 
 
 if __name__ == "__main__":

@@ -62,6 +62,7 @@ from typing import Any
 from bench.machine_cpu import CpuTimeline
 from mas_async.config import Config, load_config
 from mas_async.inference.backends.mock import MockSpeed
+from mas_async.machine_paths import without_machine_paths
 from mas_async.throughput.command import measure
 from mas_async.throughput.run import load_record
 
@@ -343,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = report(args, result)
     if args.json:
         payload = {"bench": "gateway", "date": datetime.now().isoformat(timespec="seconds"), "args": vars(args)}
-        args.json.write_text(json.dumps({**payload, **result, **summary}, indent=1, default=str))
+        args.json.write_text(json.dumps(without_machine_paths({**payload, **result, **summary}), indent=1, default=str))
     return 0
 
 

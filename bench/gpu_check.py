@@ -658,8 +658,10 @@ def main(argv: list[str] | None = None) -> int:
                 checks["the demo run ran to its end"] = False
     report.update(checks=checks, errors=errors, seconds=time.perf_counter() - started)
     report["passed"] = bool(checks) and all(checks.values())
+    from mas_async.machine_paths import without_machine_paths
+
     out_file.parent.mkdir(parents=True, exist_ok=True)
-    out_file.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    out_file.write_text(json.dumps(without_machine_paths(report), indent=2, default=str) + "\n")
     for name, ok in checks.items():
         print(f"  [{'ok' if ok else 'FAIL'}] {name}")
     print(f"{'passed' if report['passed'] else 'FAILED'} in {report['seconds']:.0f}s; results: {out_file}")

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from mas_async.deployment import free_ports
+from mas_async.machine_paths import without_machine_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -367,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
             checks.update(passed)
     result["checks"] = checks
     path_json = args.json or out_dir / "gpu_step_check.json"
-    path_json.write_text(json.dumps(result, indent=1, default=str))
+    path_json.write_text(json.dumps(without_machine_paths(result), indent=1, default=str))
     for check, ok in checks.items():
         print(f"{'PASS' if ok else 'FAIL'}  {check}")
     print(f"wrote {path_json}")

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from mas_async.config import Config, load_config
+from mas_async.machine_paths import without_machine_paths
 from mas_async.throughput.command import measure
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -200,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             plain, _ = run(plain_config, args.warmup, args.timeout, with_baseline=False)
     result = report(args, framework, standalone, plain)
     if args.json:
-        args.json.write_text(json.dumps(result, indent=1, default=str))
+        args.json.write_text(json.dumps(without_machine_paths(result), indent=1, default=str))
     return 0
 
 

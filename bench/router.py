@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 import zmq
 
+from mas_async.machine_paths import without_machine_paths
 from mas_async.runtime.curve import secure_client
 from mas_async.wire.codec import pack, unpack
 from mas_async.wire.messages import (
@@ -481,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
             "curve_ratio": curve_ratio,
             "curve_cpu_ratio": curve_cpu_ratio,
         }
-        args.json.write_text(json.dumps(result, indent=1, default=str))
+        args.json.write_text(json.dumps(without_machine_paths(result), indent=1, default=str))
     return 0
 
 

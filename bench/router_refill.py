@@ -26,6 +26,7 @@ from typing import Any
 
 from mas_async.config import load_config
 from mas_async.deployment import Deployment
+from mas_async.machine_paths import without_machine_paths
 from mas_async.router.hub import Router
 from mas_async.wire.messages import PROTOCOL_VERSION, EpisodeDone, Hello, RunEpisode, decode
 
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     figures = {"bench": "router_refill", "date": datetime.now().isoformat(timespec="seconds"), "args": vars(args),
                "workers": rows}  # fmt: skip
     if args.json:
-        args.json.write_text(json.dumps(figures, indent=1, default=str))
+        args.json.write_text(json.dumps(without_machine_paths(figures), indent=1, default=str))
     return figures
 
 

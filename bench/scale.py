@@ -112,6 +112,7 @@ import mas_async
 from bench.scale_deployment import core_calibration, cycle_s, service_s
 from bench.scale_report import plot, report
 from bench.scale_sweep import measure_point
+from mas_async.machine_paths import without_machine_paths
 
 PRESET = object()
 """The default of an option whose value depends on the run (`RUNS`): the run's, unless the option is given."""
@@ -249,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             "points": points,
             **summary,
         }
-        args.json.write_text(json.dumps(result, indent=1, default=str))
+        args.json.write_text(json.dumps(without_machine_paths(result), indent=1, default=str))
     return 0
 
 

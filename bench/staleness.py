@@ -76,6 +76,7 @@ from mas_async.config import Config, load_config
 from mas_async.launch.engines.local import LocalEngine
 from mas_async.launch.launcher import prepare_deployment, prepare_run_dir, start_children, stop_children
 from mas_async.launch.roles import ROLES as TRAINING_ROLES
+from mas_async.machine_paths import without_machine_paths
 from mas_async.router.hub import Router
 from mas_async.throughput.run import wait_for_router
 
@@ -630,7 +631,7 @@ def main(argv: list[str] | None = None) -> int:
                for found in episodes)  # fmt: skip
     result = report(args, runs, same)
     if args.json:
-        args.json.write_text(json.dumps(result, indent=1, default=str))
+        args.json.write_text(json.dumps(without_machine_paths(result), indent=1, default=str))
     return 0
 
 

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mas_async.machine_paths import without_machine_paths
 from mas_async.training.logprobs import completion_logprobs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         f"trainer log-prob passes: {args.model}, {args.samples} samples ({tokens} tokens), K={args.group}, "
         f"micro-batches of {args.micro}, {args.repeats} repeats (median, range)"
     )
-    result: dict[str, Any] = {"bench": "trainer_logprobs", "args": vars(args) | {"json": str(args.json)}, "ways": {}}
+    result: dict[str, Any] = {"bench": "trainer_logprobs", "args": vars(args), "ways": {}}
     for way in WAYS:
         ratios = [b / s for b, s in zip(seconds["baseline"], seconds[way], strict=True)]  # paired by round
         result["ways"][way] = {"seconds": seconds[way], "speedup": ratios, "max_abs_diff": diffs.get(way, 0.0)}
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     result["learner_steps"] = learner_steps(str(path), prompts, completions, args)
     if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
+        args.json.write_text(json.dumps(without_machine_paths(result), indent=1))
     return 0
 
 

@@ -205,6 +205,7 @@ def main() -> None:
         raise SystemExit(f"--samples must be a multiple of {2 * GROUP} (whole groups of {GROUP} for each of 2 ranks)")
 
     from mas_async.launch.launcher import model_cache_dir
+    from mas_async.machine_paths import without_machine_paths
     from mas_async.model_source import resolve_model
 
     model = str(resolve_model(args.model, model_cache_dir()))
@@ -234,7 +235,7 @@ def main() -> None:
         print(f"| {name} | {sync['bytes']:.0f} | {sync['fraction']:.3f} | "
               f"{statistics.median(seconds) * 1e3:.2f} ms ({min(seconds) * 1e3:.2f}-{max(seconds) * 1e3:.2f}) |")  # fmt: skip
     if args.json:
-        args.json.write_text(json.dumps(figures, indent=2))
+        args.json.write_text(json.dumps(without_machine_paths(figures), indent=2))
 
 
 def print_steps(runs: dict[str, list[dict[str, float]]], figures: dict[str, Any]) -> None:

@@ -45,6 +45,7 @@ import zmq
 from torch import nn
 
 from mas_async.inference.backends.base import ThreadedBackend
+from mas_async.machine_paths import without_machine_paths
 from mas_async.weights.flat_params import ParameterAdopter, check_named_tensors, flatten_parameters
 from mas_async.weights.group import dtype_name, open_weight_group
 from mas_async.weights.receiver import WeightReceiver
@@ -318,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
             "sizes": results,
             "worst_ratio": worst,
         }
-        args.json.write_text(json.dumps(result, indent=1, default=str))
+        args.json.write_text(json.dumps(without_machine_paths(result), indent=1, default=str))
     return 0
 
 

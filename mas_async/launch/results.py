@@ -12,8 +12,9 @@ A figure quoted in README.md or docs/ is read from such a folder:
 - OUT/commit.txt: the code's commit as the run recorded it when it started (`code_version`).
 
 Nothing of the machine the run came from goes in: the run directory (`run.output_dir`, `resume`) becomes
-null and any other absolute path (a local model folder, a cgroup) keeps only its last part, after
-`MACHINE_PATH` (`without_machine_paths`).
+null, any other absolute path inside the repository becomes relative to it, and one outside it (a local
+model folder, a cgroup) keeps only its last part, after `MACHINE_PATH` (`without_machine_paths`: the
+function the benches write their figures through, mas_async/machine_paths.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from mas_async import machine_paths
 from mas_async.launch.code_version import COMMIT_FILE
 
 EVAL_PREFIX = "eval/"
@@ -48,7 +50,6 @@ RUN_DIR_KEYS = (("run", "output_dir"), ("resume",))
 """Config keys that name the run's directory on its machine: null in the export."""
 MACHINE_PATH = "<machine path>/"
 """What an absolute path's directories become in the export."""
-ABSOLUTE = re.compile(r"^(/|~|[A-Za-z]:[\\/])")
 NO_COMMIT = "unknown: the run directory recorded no commit\n"
 
 
@@ -57,15 +58,9 @@ class ResultsError(ValueError):
 
 
 def without_machine_paths(value: Any) -> Any:
-    """`value` (a config or a row, any nesting of dicts and lists) with every string that is an absolute
-    path replaced by MACHINE_PATH and the path's last part."""
-    if isinstance(value, dict):
-        return {key: without_machine_paths(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [without_machine_paths(item) for item in value]
-    if isinstance(value, str) and ABSOLUTE.match(value):
-        return MACHINE_PATH + re.split(r"[\\/]", value.rstrip("/\\"))[-1]
-    return value
+    """`value` (a config or a row, any nesting of dicts and lists) with every absolute path relative to the
+    repository when inside it, else MACHINE_PATH and the path's last part (`machine_paths.without_machine_paths`)."""
+    return machine_paths.without_machine_paths(value, outside=MACHINE_PATH)
 
 
 def _rows(run_dir: Path) -> list[dict]:

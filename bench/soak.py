@@ -41,8 +41,7 @@ from typing import Any
 import psutil
 
 from bench.faults import Run
-
-ROOT = Path(__file__).resolve().parents[1]
+from mas_async.machine_paths import shown_path
 
 SETTINGS = ["eval.every=0", "cluster.max_restarts=1000", "trainer.keep_best=false"]
 """What every soak run sets: no evaluation (the rows are the training iterations'), restarts enough for an hour."""
@@ -220,7 +219,7 @@ def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         run.stop()
     warmup = 60 * args.warmup_min
     return {
-        "config": _shown(Path(args.config)),
+        "config": shown_path(args.config),
         "overrides": args.overrides,
         "minutes": args.minutes,
         "kill_every_s": args.kill_every,
@@ -246,12 +245,6 @@ def finish(run: Run, timeout_s: float) -> dict[str, Any]:
         time.sleep(0.5)
     status = run.proc.poll()
     return {"finished_by_itself": status == 0, "exit_status": status, "finish_s": round(time.monotonic() - t0, 1)}
-
-
-def _shown(path: Path) -> str:
-    """A config's path as a user names it: relative to the repository when it is in it (no machine's path)."""
-    resolved = path.resolve()
-    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else path.name
 
 
 def report(result: dict[str, Any]) -> list[str]:

@@ -13,6 +13,9 @@
                                                      fewest nodes of G GPUs that hold its steps)
     mas-async prompts CONFIG [--n N] [--split train|test] [overrides]
                                                      the first N problems' prompts as the models read them
+    mas-async episodes CONFIG [--weights DIR] [--n N] [--split test|train] [--json FILE] [overrides]
+                                                     play the first N held-out problems in this process and print
+                                                     each move (text, action, reward, what the env showed next)
     mas-async plot RUN_DIR [--out DIR]               PNG plots of a run's metrics (into RUN_DIR/plots/)
     mas-async results RUN_DIR OUT                    a run's evaluation rows and config as artefacts (OUT/eval.jsonl)
     mas-async models import SPEC                     write a model's cached folder once and print its path
@@ -27,6 +30,7 @@ the key and the file, exit status 2) and hands over to the launcher or the plott
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -88,6 +92,21 @@ def main(argv: list[str] | None = None) -> int:
     prompts.add_argument("overrides", nargs="*", help="dotted overrides, e.g. env.options.sizes=[5]")
     prompts.add_argument("--n", type=int, default=4, help="problems to show (default 4), each agent's prompt")
     prompts.add_argument("--split", choices=["train", "test"], default="train", help="which problems (default train)")
+    episodes = sub.add_parser(
+        "episodes", help="play held-out problems in this process and print what each agent wrote, did and got"
+    )
+    episodes.add_argument("config", help="YAML run config (the env, workflow, agents and policies to play)")
+    episodes.add_argument(
+        "overrides", nargs="*", help="dotted overrides, checkpoint=RUN_DIR, eval.weights.<policy>=FOLDER, ..."
+    )
+    episodes.add_argument(
+        "--weights", metavar="DIR",
+        help="a run directory (its latest complete checkpoint; eval.pick=best: its best) or a policy's checkpoint "
+        "folder RUN_DIR/checkpoints/<policy>/vNNNNNN (that version of every policy); default: the config's models",
+    )  # fmt: skip
+    episodes.add_argument("--n", type=int, default=4, help="problems to play (default 4)")
+    episodes.add_argument("--split", choices=["test", "train"], default="test", help="which problems (default test)")
+    episodes.add_argument("--json", metavar="FILE", help="also write the episodes as JSON to FILE")
     plot = sub.add_parser("plot", help="write PNG plots of a run's metrics.jsonl (into RUN_DIR/plots/)")
     plot.add_argument("run_dir", help="a run directory of `mas-async train`")
     plot.add_argument("--out", help="write the PNGs here instead of RUN_DIR/plots/")
@@ -179,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"mas-async: {e}", file=sys.stderr)
             return 2
         return 0
+    if args.command == "episodes":
+        return _episodes(args)
     if args.command == "results":
         from mas_async.launch.results import ResultsError, export
 
@@ -224,6 +245,26 @@ def _plan_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-memory-plan", action="store_true", help="with --dry-run: leave out the GPU processes' memory plan"
     )
+
+
+def _episodes(args: argparse.Namespace) -> int:
+    from mas_async.held_out import HeldOutError
+    from mas_async.launch.episodes import episode_lines, play_episodes
+    from mas_async.launch.local_policies import take_weights
+    from mas_async.sandbox import SandboxUnavailable
+
+    overrides = [f"eval.{o}" if o.startswith("checkpoint=") else o for o in args.overrides]
+    try:
+        config = load_config(args.config, overrides)
+        take_weights(config, args.weights)
+        record = play_episodes(config, args.n, args.split)
+    except (ConfigError, RegistryError, GGUFImportError, HeldOutError, SandboxUnavailable) as e:
+        print(f"mas-async: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(episode_lines(record)))
+    if args.json:
+        Path(args.json).write_text(json.dumps(record, indent=1, ensure_ascii=True) + "\n")
+    return 0
 
 
 def _slurm(args: argparse.Namespace) -> int:

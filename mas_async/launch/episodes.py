@@ -32,12 +32,12 @@ from mas_async.api.registry import ENVS, WORKFLOWS, resolve
 from mas_async.config import ConfigError
 from mas_async.held_out import run_problems
 from mas_async.launch.local_policies import LocalPolicies
+from mas_async.machine_paths import ROOT, shown_path
 
 if TYPE_CHECKING:
     from mas_async.api.workflow import Candidate
     from mas_async.config import Config
 
-ROOT = Path(__file__).resolve().parents[2]
 _THIS_MACHINE = "|".join(re.escape(f"{folder}/") for folder in {ROOT, Path.home(), Path(tempfile.gettempdir())})
 MACHINE_PATH = re.compile(
     r"(?<![\w.\-/~])(?:/(?:tmp|root|home|work|private|Users|var|mnt|scratch|data)/|~/|[A-Za-z]:\\|"
@@ -169,21 +169,15 @@ def _plain(value: Any) -> Any:
 
 def without_machine_paths(value: Any) -> Any:
     """`value` (strings in any nesting of dicts and lists) with every machine path in its strings written as
-    a reader names it: relative to the repository when inside it, else "<machine path>/" and its last part."""
+    a reader names it (`mas_async.machine_paths.shown_path`): relative to the repository when inside it, else
+    "<machine path>/" and its last part."""
     if isinstance(value, dict):
         return {without_machine_paths(k): without_machine_paths(v) for k, v in value.items()}
     if isinstance(value, list):
         return [without_machine_paths(item) for item in value]
     if isinstance(value, str):
-        return MACHINE_PATH.sub(lambda match: _shown(match.group(0)), value)
+        return MACHINE_PATH.sub(lambda match: shown_path(match.group(0), outside="<machine path>/"), value)
     return value
-
-
-def _shown(path: str) -> str:
-    resolved = Path(path).expanduser()
-    if resolved.is_relative_to(ROOT) and resolved != ROOT:
-        return resolved.relative_to(ROOT).as_posix()
-    return "<machine path>/" + (re.split(r"[\\/]", path.rstrip("/\\"))[-1] or "")
 
 
 def episode_lines(record: dict[str, Any]) -> list[str]:

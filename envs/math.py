@@ -31,7 +31,7 @@ import hashlib
 from collections.abc import Callable
 from typing import Any
 
-from envs.math_arith import arithmetic_problems
+from envs.math_arith import arithmetic_problems, integer_answer
 from envs.math_data import equivalent, last_boxed, load_jsonl, load_split
 from mas_async.api import Env, Limits, RunCache, SandboxResult, check_split, run_python, run_sync
 
@@ -68,8 +68,12 @@ class _MathBase(Env):
         raise NotImplementedError
 
     def correct(self, answer: str | None) -> bool:
-        """Whether `answer` is equivalent to the problem's answer."""
-        return equivalent(self._problem()["answer"], answer)
+        """Whether `answer` is equivalent to the problem's answer (for a problem whose `answer_form` is
+        "integer", as the arithmetic ones: that integer written out, `envs.math_arith.integer_answer`)."""
+        problem = self._problem()
+        if problem.get("answer_form") == "integer":
+            return integer_answer(problem["answer"], answer)
+        return equivalent(problem["answer"], answer)
 
     def step(self, agent: str, action: Any) -> None:
         """Synchronous `astep` (PettingZoo); inside an event loop, await `astep` instead."""

@@ -9,9 +9,11 @@ problems on every call) for `envs.math.MathEnv.problems(..., dataset="arithmetic
   way, e.g. "A shop packs 412 boxes of 36 cups each and has 1057 loose cups. How many cups does it have?");
   a story whose result would be negative is drawn again.
 
-A problem is {"id", "problem", "answer", "expression", "kind"}: `expression` is the Python expression that
-computes the answer (what the reference tool prints), `kind` "expression" or "word". The answer is the
-exact integer, written in decimal; the envs check answers with `envs.math_data.equivalent`.
+A problem is {"id", "problem", "answer", "expression", "kind", "answer_form"}: `expression` is the Python
+expression that computes the answer (what the reference tool prints), `kind` "expression" or "word". The
+answer is the exact integer, written in decimal, and `answer_form` "integer": the envs take only an integer
+written out as one (`integer_answer`), so an answer that repeats the problem's expression ("176 - 9179",
+which `envs.math_data.equivalent` would evaluate and accept) is wrong: the arithmetic is the task.
 
 **Train and test are disjoint by content, by construction**: a drawn expression belongs to the test split
 when a hash of its text falls in one tenth of the range (`TEST_BUCKETS` of `BUCKETS`), else to train, and
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,7 +140,20 @@ def make_problem(expression: str, text: str, kind: str) -> dict[str, Any]:
         "answer": str(value(expression)),
         "expression": expression,
         "kind": kind,
+        "answer_form": "integer",
     }
+
+
+INTEGER = re.compile(r"-?(\d{1,3}(,\d{3})+|\d+)")
+"""An integer written out: digits, with or without thousands' commas, and a leading minus."""
+
+
+def integer_answer(gold: str, answer: str | None) -> bool:
+    """Whether `answer` is the integer `gold` written out (spaces around it ignored): no expression, no
+    unit, no other form."""
+    if answer is None or INTEGER.fullmatch(answer.strip()) is None:
+        return False
+    return int(answer.strip().replace(",", "")) == int(gold)
 
 
 def operand(rng: random.Random) -> int:

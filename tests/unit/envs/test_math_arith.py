@@ -11,8 +11,9 @@ import re
 import pytest
 
 from envs.math import MathEnv
-from envs.math_arith import arithmetic_problems, split_of, value
+from envs.math_arith import arithmetic_problems, integer_answer, split_of, value
 from envs.math_data import equivalent
+from envs.math_tool import MathToolEnv
 from mas_async.api import problem_content
 
 OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
@@ -109,3 +110,20 @@ def test_the_env_names_it_and_refuses_mistakes() -> None:
         arithmetic_problems("train", 3, word_share=2)
     with pytest.raises(ValueError, match="unknown split"):
         arithmetic_problems("dev", 3)
+
+
+def test_an_answer_is_the_integer_written_out_not_the_problems_expression() -> None:
+    # SmolLM2-135M's untrained reasoner answered "176 - 9179" (the problem's expression) and was credited:
+    # math-verify evaluates it. The arithmetic is the task, so only the integer counts.
+    problem = next(p for p in arithmetic_problems("test", 50) if "-" in p["expression"] and p["kind"] == "expression")
+    env = MathToolEnv()
+    env.reset(options={"problem": problem})
+    answer = problem["answer"]
+    assert problem["answer_form"] == "integer"
+    assert env.correct(answer) and env.correct(f" {answer} ") and not env.correct(problem["expression"])
+    assert not env.correct(f"{answer}.0") and not env.correct(f"{answer} apples") and not env.correct(None)
+    assert integer_answer("27107", "27,107") and not integer_answer("1234", "1,23,4") and integer_answer("-34", "-34")
+    # (a problem of another dataset keeps math-verify's equivalence)
+    other = MathToolEnv()
+    other.reset(options={"problem": {"problem": "What is 1/2?", "answer": "\\frac{1}{2}"}})
+    assert other.correct("0.5")

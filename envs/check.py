@@ -33,9 +33,9 @@ from a problem are those `action_examples` reach in at most `depth` actions, any
 `limit` at most per problem (bounded enumeration: `bounded` says a bound was hit). An env that runs
 programs is judged on its start states only (a step would be a sandbox run). check_env reports it for
 its own few problems; for a run's problems (its `env.train_size` training problems and its held-out
-ones, `mas_async.held_out`):
+ones, `mas_async.held_out`), the framework's command:
 
-    python -m envs.check configs/plan_path_smollm2_grid.yaml        # [overrides...]
+    python -m mas_async.launch.env_check configs/plan_path_smollm2_grid.yaml        # [overrides...]
 
 What an env may add for it (both optional; an env without them is still checked, minus what they enable):
 - `action_examples(agent) -> list`: actions `agent` may play in the current state, [] when it cannot act
@@ -452,35 +452,3 @@ class _Checker:
             self.same(env, clone, agents, "determinism", f"{when} gave different states on the env and its clone")
             self.same(env, twin, agents, "determinism", f"{when} gave different states on two equal envs")
         self.passed("stepping")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m envs.check CONFIG [overrides]`: check_env on the config's env and options, and the
-    held-out states of the run's own problems that its training problems reach."""
-    import sys
-
-    from mas_async.api.registry import ENVS, resolve
-    from mas_async.config import ConfigError, load_config
-    from mas_async.held_out import run_problems
-
-    args = sys.argv[1:] if argv is None else argv
-    if not args or args[0].startswith("-"):
-        print("usage: python -m envs.check CONFIG [key=value ...]", file=sys.stderr)
-        return 2
-    try:
-        config = load_config(args[0], args[1:])
-    except ConfigError as e:
-        print(f"envs.check: {e}", file=sys.stderr)
-        return 2
-    env_cls = resolve(config.env.name, ENVS, "env")
-    options = config.env.options
-    print(check_env(env_cls, **options))
-    train, test = run_problems(env_cls, config.env.train_size, config.env.test_size, options)
-    turns = config.workflow.options.get("max_turns", 8)
-    depth = turns * len(env_cls.possible_agents)
-    print(f"the run's problems: {held_out_states(env_cls, train, test[: config.eval.size], depth=depth)}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

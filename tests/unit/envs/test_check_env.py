@@ -203,7 +203,7 @@ def test_check_env_reports_them_and_an_env_that_runs_programs_by_its_starts() ->
 
 
 def test_the_command_reports_a_runs_problems(capsys) -> None:
-    from envs.check import main
+    from mas_async.launch.env_check import main
     from tests.support.paths import ROOT
 
     assert main([str(ROOT / "configs/plan_path_smollm2_grid.yaml"), "env.train_size=64"]) == 0

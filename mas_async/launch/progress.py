@@ -7,11 +7,16 @@ of a run, `summary()` prints the last held-out evaluation against the baselines 
 The ETA is the remaining training iterations times the mean time per iteration over the last
 `ETA_WINDOW` rows (so it follows a run that speeds up or slows down, and averages over evaluations);
 after the first iteration, that iteration's own phase times (its elapsed time includes the start-up).
+
+The file is followed from where the last poll stopped (launch/metrics_tail.py), and only what the display
+and the summary read is kept: the last row, the last `ETA_WINDOW` + 1 timed rows, the last evaluation and
+the first row with baselines. A run of any length costs the launcher the same memory and time per poll.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +26,8 @@ from rich.table import Table
 
 from mas_async.config import Config
 from mas_async.launch.comparison import baselines_line, comparison_lines
-from mas_async.metrics import Keys, read_metrics
+from mas_async.launch.metrics_tail import MetricsTail
+from mas_async.metrics import Keys
 from mas_async.untrained import due_to_say, untrained_policies
 
 ETA_WINDOW = 10
@@ -44,10 +50,15 @@ def duration(seconds: float | None) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
+def _timed(row: dict[str, Any]) -> bool:
+    """Does the row say which iteration it ends and when (the rows the ETA is computed from)?"""
+    return isinstance(row.get(Keys.ELAPSED_S), (int, float)) and "iteration" in row
+
+
 def eta_seconds(rows: list[dict[str, Any]], iterations: int) -> float | None:
     """Seconds until the last of `iterations` training iterations is done, from the rows' iteration
-    and time/elapsed_s; None before the first row."""
-    timed = [r for r in rows if isinstance(r.get(Keys.ELAPSED_S), (int, float)) and "iteration" in r]
+    and time/elapsed_s; None before the first row. Only the last `ETA_WINDOW` + 1 timed rows count."""
+    timed = [r for r in rows if _timed(r)]
     if not timed:
         return None
     last = timed[-1]
@@ -68,8 +79,16 @@ def eta_seconds(rows: list[dict[str, Any]], iterations: int) -> float | None:
 class Progress:
     def __init__(self, config: Config, run_dir: Path) -> None:
         self.cfg = config
-        self.path = run_dir / "metrics.jsonl"
-        self.rows: list[dict[str, Any]] = []
+        self.tail = MetricsTail(run_dir / "metrics.jsonl")
+        self.read = 0
+        """Rows read from the current file (a rewritten file starts again at 0)."""
+        self.latest: dict[str, Any] = {}
+        """The last row read."""
+        self.recent: deque[dict[str, Any]] = deque(maxlen=ETA_WINDOW + 1)
+        """The last timed rows: all that `eta_seconds` reads."""
+        self.baseline_row: dict[str, Any] | None = None
+        """The first row with the baselines, and the last evaluation: all that `comparison_lines` reads."""
+        self.last_eval_row: dict[str, Any] | None = None
         self.last_eval: float | None = None
         self.last_progress: dict[str, float] = {}
         """agent -> held-out share of moves judged good at the last evaluation."""
@@ -85,22 +104,19 @@ class Progress:
             self.live.start()
 
     def update(self) -> None:
-        rows = read_metrics(self.path)
-        first_new = len(self.rows)
-        self.rows = rows
-        for index in range(first_new, len(rows)):
-            row = rows[index]
-            if Keys.EVAL_SUCCESS in row:
-                self.last_eval = row[Keys.EVAL_SUCCESS]
-                self.last_progress = {
-                    agent: row[f"eval/{Keys.progress_rate(agent)}"]
-                    for agent in self.cfg.agents
-                    if f"eval/{Keys.progress_rate(agent)}" in row
-                }
-            if Keys.baselines(row):
-                self.baselines = Keys.baselines(row)
-            if self.live is None:
-                print(self._line(row, rows[: index + 1]), flush=True)
+        """Take the rows written since the last poll (plain output: print a line for each). After a whole-run
+        restart rewrote the file, what was read of the old one is forgotten and the new one read from its
+        start; its rows that were shown already (as many as the old file had) are not printed again."""
+        rewritten, rows = self.tail.read()
+        shown = 0
+        if rewritten:
+            shown, self.read = self.read, 0
+            self._forget()
+        for row in rows:
+            index, self.read = self.read, self.read + 1
+            self._take(row)
+            if self.live is None and index >= shown:
+                print(self._line(row, list(self.recent)), flush=True)
                 for policy, why in untrained_policies(row, list(self.cfg.policies)).items():
                     if due_to_say(row, policy):
                         streak = row.get(f"policy/{policy}/untrained_iterations")
@@ -110,6 +126,30 @@ class Progress:
                     print(f"  baselines, held-out team success: {baselines_line(row)}", flush=True)
         if self.live is not None:
             self.live.update(self._table())
+
+    def _take(self, row: dict[str, Any]) -> None:
+        """Keep of `row` what the display and the summary read."""
+        self.latest = row
+        if _timed(row):
+            self.recent.append(row)
+        if Keys.EVAL_SUCCESS in row:
+            self.last_eval_row = row
+            self.last_eval = row[Keys.EVAL_SUCCESS]
+            self.last_progress = {
+                agent: row[f"eval/{Keys.progress_rate(agent)}"]
+                for agent in self.cfg.agents
+                if f"eval/{Keys.progress_rate(agent)}" in row
+            }
+        if Keys.baselines(row):
+            self.baselines = Keys.baselines(row)
+            if self.baseline_row is None:
+                self.baseline_row = row
+
+    def _forget(self) -> None:
+        """Drop what was read of a file that a whole-run restart has since rewritten."""
+        self.latest, self.baseline_row, self.last_eval_row = {}, None, None
+        self.recent.clear()
+        self.last_eval, self.last_progress, self.baselines = None, {}, {}
 
     def note(self, text: str) -> None:
         """A line about the run itself (e.g. a lost process started again), above the live table or
@@ -142,10 +182,10 @@ class Progress:
 
     def _table(self) -> Table:
         table = Table(title="mas-async training", show_header=False, expand=False)
-        row = self.rows[-1] if self.rows else {}
+        row = self.latest
         elapsed = time.monotonic() - self.started
         table.add_row(Keys.ITERATION, f"{row.get('iteration', '-')} / {self.cfg.run.iterations}")
-        eta = eta_seconds(self.rows, self.cfg.run.iterations)
+        eta = eta_seconds(list(self.recent), self.cfg.run.iterations)
         table.add_row("elapsed / ETA", f"{duration(elapsed)} / {duration(eta)}")
         table.add_row("train success (best-of-K)", _fmt(row.get(Keys.TRAIN_SUCCESS), ".2f"))
         table.add_row("eval success (held out)", _fmt(self.last_eval, ".2f") + self._best_baseline())
@@ -166,7 +206,8 @@ class Progress:
 
     def summary(self) -> None:
         """The last held-out evaluation against the env's reference policies (when the run has both)."""
-        lines = comparison_lines(self.rows, list(self.cfg.agents))
+        kept = [row for row in (self.baseline_row, self.last_eval_row) if row is not None]
+        lines = comparison_lines(kept, list(self.cfg.agents))
         if lines:
             self.console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
 

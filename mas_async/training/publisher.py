@@ -60,8 +60,9 @@ class WeightPublisher:
         self._sent: tuple[int, dict[str, float]] | None = None
         """(version, its send's figures) of the version every member of the generation joined holds."""
         self._catch_up: WeightSender | None = None
-        """The sender of the last catch-up, kept until the next order retires its generation: retired at
-        once, it could stop a replacement still reading the send's last bytes."""
+        """The sender of the last catch-up, kept until the new generation has formed: retired at once, it could
+        stop a replacement still reading the send's last bytes; a replacement joins the new generation only once
+        it has loaded the version, so then its generation is let go of (its sockets and gloo threads)."""
 
     @property
     def ordered(self) -> int:
@@ -158,6 +159,9 @@ class WeightPublisher:
             self.sender = await asyncio.to_thread(
                 lambda: open_sender(**args, bucket_bytes=self.bucket_bytes, store=self.store)
             )
+        if self._catch_up is not None:  # every replacement has left it (see `_catch_up`)
+            self._catch_up.group.retire()
+            self._catch_up = None
         self.generation = order.generation
         if order.generation:
             log.info("weight group of %s re-formed (generation %d, replicas %s)", self.spec.policy, order.generation,

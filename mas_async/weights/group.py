@@ -137,6 +137,7 @@ class WeightGroup:
         pg = self.pg
         if pg is None or self._retired.is_set():
             raise self._abandoned(what)
+        work = None
         try:
             work = pg.broadcast([tensor], opts)
             del pg  # only `_let_go`'s thread may hold the communicator last (its destructor may block)
@@ -154,6 +155,11 @@ class WeightGroup:
                 f"rank {self.rank} of policy {self.policy!r}'s weight group ({self.backend}): {what} did not complete "
                 f"within {self.timeout_s:g} s, waiting for {waited_for}: {e}"
             ) from e
+        finally:
+            # An error keeps this frame's locals alive in its traceback, for as long as anyone holds the error (a
+            # log record, a caller's report): the communicator, and a work, which holds its generation's gloo
+            # context (its sockets and thread) even once the communicator is let go of.
+            pg = work = None  # noqa: F841 (cleared, not used)
 
     def _wait(self, work: dist.Work, what: str) -> None:
         """Wait for `work` to complete, at most `timeout_s`, checking every POLL_S whether the group was
@@ -164,17 +170,20 @@ class WeightGroup:
         current stream after the broadcast) or raises the operation's own error."""
         start = time.monotonic()
         deadline, next_look, pause = start + self.timeout_s, start + POLL_S, 1e-4
-        while not work.is_completed():
-            now = time.monotonic()
-            if now >= next_look:  # a store round trip for ranks > 0: not at every spin
-                if self.retired():
-                    raise self._abandoned(what)
-                next_look = now + POLL_S
-            if now >= deadline:
-                raise RuntimeError(f"the {self.backend} work was not complete after {self.timeout_s:g} s")
-            time.sleep(pause)
-            pause = min(2 * pause, SPIN_MAX_S)
-        work.wait()  # complete: a success even if the group was retired just now (the peers count it done)
+        try:
+            while not work.is_completed():
+                now = time.monotonic()
+                if now >= next_look:  # a store round trip for ranks > 0: not at every spin
+                    if self.retired():
+                        raise self._abandoned(what)
+                    next_look = now + POLL_S
+                if now >= deadline:
+                    raise RuntimeError(f"the {self.backend} work was not complete after {self.timeout_s:g} s")
+                time.sleep(pause)
+                pause = min(2 * pause, SPIN_MAX_S)
+            work.wait()  # complete: a success even if the group was retired just now (the peers count it done)
+        finally:
+            del work  # not kept by an error's traceback (see `broadcast`)
 
     def _abandoned(self, what: str) -> GroupRetired:
         return GroupRetired(

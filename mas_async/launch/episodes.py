@@ -28,10 +28,9 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mas_async.api.registry import ENVS, WORKFLOWS, resolve
-from mas_async.config import ConfigError
-from mas_async.held_out import run_problems
+from mas_async.api.registry import WORKFLOWS, resolve
 from mas_async.launch.local_policies import LocalPolicies
+from mas_async.launch.split_problems import first_problems
 from mas_async.machine_paths import ROOT, shown_path
 
 if TYPE_CHECKING:
@@ -54,16 +53,7 @@ def play_episodes(config: Config, count: int, split: str, policies: LocalPolicie
     from mas_async import sandbox
     from mas_async.rollout.nodes import build_nodes
 
-    if config.workflow.program is not None:
-        raise ConfigError(
-            f"workflow.program={config.workflow.program!r} plays through the OpenAI API; `mas-async episodes` plays "
-            "a workflow of nodes"
-        )
-    if count < 1:
-        raise ConfigError(f"--n={count}: play at least one problem")
-    env_cls = resolve(config.env.name, ENVS, "env")
-    train, test = run_problems(env_cls, config.env.train_size, config.env.test_size, config.env.options)
-    problems = train if split == "train" else test
+    env_cls, problems, split_size = first_problems(config, count, split, "episodes")
     sandbox.configure(config.sandbox.unsafe_no_isolation, config.sandbox.cgroup_root)
     if env_cls.runs_code:
         sandbox.require_isolation()  # as an env worker: no silent fallback to running programs unconfined
@@ -73,14 +63,14 @@ def play_episodes(config: Config, count: int, split: str, policies: LocalPolicie
     async def play_all() -> list[dict[str, Any]]:  # one after another, on one event loop
         return [
             await _play(config, env_cls, workflow, policies, split, index, problem)
-            for index, problem in enumerate(problems[:count])
+            for index, problem in enumerate(problems)
         ]
 
     episodes = asyncio.run(play_all())
     record = {
         "run": config.run.name,
         "split": split,
-        "problems": len(problems),
+        "problems": split_size,
         "greedy": config.eval.greedy,
         "weights": dict(policies.sources),
         "version": policies.version,

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mas_async.api.registry import ENVS, resolve
-from mas_async.config import ConfigError
-from mas_async.held_out import run_problems
+from mas_async.launch.split_problems import first_problems
 from mas_async.rollout.chat_prompt import chat_prompt_ids, chat_prompt_text
 from mas_async.rollout.nodes import build_nodes
 
@@ -27,16 +25,7 @@ def prompt_lines(config: Config, count: int, split: str) -> list[str]:
     from mas_async.launch.launcher import model_cache_dir
     from mas_async.model_source import resolve_model
 
-    if config.workflow.program is not None:
-        raise ConfigError(
-            f"workflow.program={config.workflow.program!r} writes its own prompts (OpenAI API calls); "
-            "`mas-async prompts` shows the prompts of a workflow's nodes"
-        )
-    if count < 1:
-        raise ConfigError(f"--n={count}: show at least one problem")
-    env_cls = resolve(config.env.name, ENVS, "env")
-    train, test = run_problems(env_cls, config.env.train_size, config.env.test_size, config.env.options)
-    problems = (train if split == "train" else test)[:count]
+    env_cls, problems, env_count = first_problems(config, count, split, "prompts")
     nodes = build_nodes(config)
     tokenizers = {
         policy: AutoTokenizer.from_pretrained(
@@ -55,6 +44,5 @@ def prompt_lines(config: Config, count: int, split: str) -> list[str]:
             tokens = len(chat_prompt_ids(tokenizers[policy], messages, kwargs))
             title = f"{split} problem {index} (seed {problem.get('seed', '-')}), agent {agent}, policy {policy}"
             lines += [f"=== {title}: {tokens} tokens", chat_prompt_text(tokenizers[policy], messages, kwargs)]
-    env_count = len(train if split == "train" else test)
     lines.append(f"=== {len(problems)} of the run's {env_count} {split} problems, {len(nodes)} agents each")
     return lines

@@ -157,7 +157,7 @@ def test_what_it_cannot_play_gets_a_sentence(tmp_path, capsys) -> None:
     err = capsys.readouterr().err
     assert "not a run directory (no checkpoints/ in it)" in err and "eval.weights.<policy>=FOLDER" in err
     assert main(["episodes", str(ROOT / "configs/examples/openai_movers.yaml")]) == 2  # nothing loaded first
-    assert "plays a workflow of nodes" in capsys.readouterr().err
+    assert "`mas-async episodes` works on a workflow of nodes" in capsys.readouterr().err
 
 
 def test_machine_paths_in_env_text_are_hidden() -> None:

@@ -14,13 +14,20 @@ checkpoint). Every `--sample-s` seconds it records each process's RSS, open file
 
 It prints, after the warm-up (`--warmup-min`, the first 10 minutes by default):
 - each role's growth per hour: RSS in MB/h and %/h, fds and threads per hour, the median and the worst over
-  the role's processes (a replacement's own first `--settle-s` seconds left out: it is still loading);
+  the role's processes, each fitted only on its samples past its own first `--own-warmup-min` minutes (10 by
+  default): a process's first minutes are its warm-up, caches filling to their bound (an env worker's
+  tokenizers keep up to 10,000 pre-tokenized words each, ~28 MB on the demo, full after ~10 minutes), which a
+  line through a replacement killed at minute 5 reads as growth for ever. Each figure says how many processes
+  and process-minutes it rests on; a role with none (its processes all killed young) gets no figure, never 0.0;
+- for every role, each process's RSS at the same own age (`--age-s`) against when it started: whether later
+  replacements start bigger (a leak inherited from the fork server or kept by a peer), the one figure a role
+  killed young still gets;
 - the run directory's growth per iteration, by part (bytes a training iteration adds);
 - the run's own checks: every iteration's row once, every `version_mismatch` 0, and no episode lost without
   being counted (each training row's episodes + dropped = `rollout.batch_size`); and its end: asked to stop
   at its next checkpoint (as a SLURM job's signal asks, stop_request.py), the run exits by itself, status 0.
 `--json FILE` writes the samples, the figures and the checks. Growth is a least-squares slope over a process's
-samples; a process that lived less than `--min-span-s` after the warm-up gives none.
+samples; a process sampled less than `--min-span-s` past both warm-ups gives none.
 """
 
 from __future__ import annotations
@@ -49,6 +56,9 @@ KILLED = ("env_worker", "inference")
 ONCE = ("trainer", "router")
 PARTS = ("checkpoints", "logs", "metrics.jsonl", "tensorboard")
 MB = 1e6
+RATES = ("rss_mb_per_h", "rss_pct_per_h", "fds_per_h", "threads_per_h")
+WHICH = ("median", "worst")
+RANGES = ("fds_range", "threads_range")
 
 
 @dataclass
@@ -101,13 +111,18 @@ def sample(run: Run, series: dict[tuple[str, int], Series], t: float) -> None:
         series.setdefault((name, pid), Series(role_of(name), name, pid)).samples.append(point)
 
 
-def growth(series: list[Series], warmup_s: float, settle_s: float, min_span_s: float) -> dict[str, Any]:
-    """Each role's growth per hour after the warm-up (module docstring)."""
+def growth(
+    series: list[Series], warmup_s: float, own_warmup_s: float, min_span_s: float, age_s: float
+) -> dict[str, Any]:
+    """Each role's growth per hour (module docstring), with what it rests on: the processes fitted and their
+    minutes of samples. A role none of whose processes lived long enough gets `processes` 0 and no figure (None),
+    never 0.0: a figure that rests on nothing is not a flat one."""
     out: dict[str, Any] = {}
     for role in sorted({s.role for s in series}):
+        mine = [s for s in series if s.role == role]
         per: list[dict[str, float]] = []
-        for s in (s for s in series if s.role == role):
-            start = max(warmup_s, s.samples[0][0] + settle_s)
+        for s in mine:
+            start = max(warmup_s, s.samples[0][0] + own_warmup_s)
             kept = [p for p in s.samples if p[0] >= start]
             if len(kept) < 3 or kept[-1][0] - kept[0][0] < min_span_s:
                 continue
@@ -121,15 +136,41 @@ def growth(series: list[Series], warmup_s: float, settle_s: float, min_span_s: f
                 "fds_range": [min(p[2] for p in kept), max(p[2] for p in kept)],
                 "threads_range": [min(p[3] for p in kept), max(p[3] for p in kept)],
             })  # fmt: skip
+        figures: dict[str, Any] = dict.fromkeys([*(f"{k}_{w}" for k in RATES for w in WHICH), *RANGES])
         if per:
-            out[role] = {
-                "processes": len(per),
-                **{f"{k}_median": statistics.median(p[k] for p in per) for k in per[0] if k.endswith("_h")},
-                **{f"{k}_worst": max(p[k] for p in per) for k in per[0] if k.endswith("_h")},
+            figures = {
+                **{f"{k}_median": statistics.median(p[k] for p in per) for k in RATES},
+                **{f"{k}_worst": max(p[k] for p in per) for k in RATES},
                 "fds_range": [min(p["fds_range"][0] for p in per), max(p["fds_range"][1] for p in per)],
                 "threads_range": [min(p["threads_range"][0] for p in per), max(p["threads_range"][1] for p in per)],
             }
+        out[role] = {
+            "processes": len(per),
+            "process_minutes": sum(p["span_s"] for p in per) / 60,
+            "processes_seen": len(mine),
+            **figures,
+            **rss_at_age(mine, age_s),
+        }
     return out
+
+
+def rss_at_age(series: list[Series], age_s: float) -> dict[str, Any]:
+    """Whether a role's processes start bigger the later they start: each process's RSS at its own age `age_s`
+    against when it started, as MB per hour of the soak. The one figure for a role whose processes are killed
+    before their own warm-up ends (a leak a replacement inherits, from the fork server or a peer, shows here)."""
+    points = []
+    for s in series:
+        at_age = [rss for t, rss, _, _ in s.samples if t >= s.samples[0][0] + age_s]
+        if at_age:
+            points.append((s.samples[0][0], at_age[0] / MB))
+    points.sort()
+    spread = len(points) >= 3 and points[-1][0] - points[0][0] > 0
+    return {
+        "rss_at_age_s": age_s,
+        "rss_at_age_processes": len(points),
+        "rss_at_age_mb_per_h": slope_per_hour(points) if spread else None,
+        "rss_at_age_range_mb": [min(v for _, v in points), max(v for _, v in points)] if points else None,
+    }
 
 
 def dir_growth(points: list[tuple[float, int, dict[str, int]]], warmup_s: float) -> dict[str, float]:
@@ -224,8 +265,10 @@ def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "minutes": args.minutes,
         "kill_every_s": args.kill_every,
         "warmup_min": args.warmup_min,
+        "min_span_s": args.min_span_s,
         "kills": kills,
-        "growth": growth(list(series.values()), warmup, args.settle_s, args.min_span_s),
+        "own_warmup_min": args.own_warmup_min,
+        "growth": growth(list(series.values()), warmup, 60 * args.own_warmup_min, args.min_span_s, args.age_s),
         "dir_bytes_per_iteration": dir_growth(dir_points, warmup),
         "dir_bytes_at_end": dir_points[-1][2] if dir_points else {},
         "checks": {**checks(rows, config.rollout.batch_size), **finished},
@@ -250,15 +293,25 @@ def finish(run: Run, timeout_s: float) -> dict[str, Any]:
 def report(result: dict[str, Any]) -> list[str]:
     lines = [
         f"soak of {result['config']} {' '.join(result['overrides'])}: {result['minutes']:g} min, a kill every "
-        f"{result['kill_every_s']:g} s ({len(result['kills'])} kills), figures after the first {result['warmup_min']:g} min",
-        "role        procs  RSS MB/h (median, worst)  RSS %/h (median, worst)  fds/h (worst)  threads/h (worst)  fds  threads",
+        f"{result['kill_every_s']:g} s ({len(result['kills'])} kills), figures after the first {result['warmup_min']:g} min "
+        f"and each process's own first {result['own_warmup_min']:g} min",
+        "role        procs (minutes)  RSS MB/h (median, worst)  RSS %/h (median, worst)  fds/h (worst)  threads/h "
+        "(worst)  fds  threads  | RSS at own age (procs, MB/h of start time, range)",
     ]
     for role, g in result["growth"].items():
+        at_age = _at_age(g)
+        if not g["processes"]:
+            lines.append(
+                f"{role:<11} {0:>5} {0:>9}  no figure: none of its {g['processes_seen']} processes was sampled "
+                f"{result['min_span_s']:g} s past its own first {result['own_warmup_min']:g} min and the soak's"
+                f"  | {at_age}"
+            )
+            continue
         lines.append(
-            f"{role:<11} {g['processes']:>5}  {g['rss_mb_per_h_median']:>+8.2f} {g['rss_mb_per_h_worst']:>+8.2f}        "
-            f"{g['rss_pct_per_h_median']:>+7.2f} {g['rss_pct_per_h_worst']:>+7.2f}         {g['fds_per_h_worst']:>+7.1f}"
-            f"        {g['threads_per_h_worst']:>+7.1f}       {g['fds_range'][0]}-{g['fds_range'][1]}  "
-            f"{g['threads_range'][0]}-{g['threads_range'][1]}"
+            f"{role:<11} {g['processes']:>5} {g['process_minutes']:>9.1f}  {g['rss_mb_per_h_median']:>+8.2f} "
+            f"{g['rss_mb_per_h_worst']:>+8.2f}        {g['rss_pct_per_h_median']:>+7.2f} {g['rss_pct_per_h_worst']:>+7.2f}"
+            f"         {g['fds_per_h_worst']:>+7.1f}        {g['threads_per_h_worst']:>+7.1f}       "
+            f"{g['fds_range'][0]}-{g['fds_range'][1]}  {g['threads_range'][0]}-{g['threads_range'][1]}  | {at_age}"
         )
     per_iteration = result["dir_bytes_per_iteration"]
     if per_iteration:
@@ -275,6 +328,14 @@ def report(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _at_age(g: dict[str, Any]) -> str:
+    slope = g["rss_at_age_mb_per_h"]
+    text = f"{g['rss_at_age_s']:g} s: {g['rss_at_age_processes']} procs, "
+    text += f"{slope:+.2f} MB/h" if slope is not None else "no slope"
+    low_high = g["rss_at_age_range_mb"]
+    return text + (f", {low_high[0]:.0f}-{low_high[1]:.0f} MB" if low_high else "")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("config", help="the run's config (e.g. configs/plan_path_tiny.yaml)")
@@ -283,8 +344,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kill-every", type=float, default=60.0, help="seconds between kills of an env worker or replica")
     p.add_argument("--warmup-min", type=float, default=10.0, help="minutes left out of the growth figures")
     p.add_argument("--sample-s", type=float, default=10.0)
-    p.add_argument("--settle-s", type=float, default=120.0, help="a (replacement) process's own first seconds left out")
-    p.add_argument("--min-span-s", type=float, default=300.0, help="the least a process is sampled after the warm-up")
+    p.add_argument(
+        "--own-warmup-min", type=float, default=10.0, help="each process's own first minutes left out of its growth"
+    )
+    p.add_argument("--min-span-s", type=float, default=300.0, help="the least a process is sampled after the warm-ups")
+    p.add_argument("--age-s", type=float, default=120.0, help="the own age at which processes' RSS is compared")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--finish-timeout-s", type=float, default=600.0, help="the most the run may take to stop at its checkpoint"
@@ -295,7 +359,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_intermixed_args(argv)  # (overrides may follow the options, as the docstring's commands do)
     if args.smoke:
         args.minutes, args.kill_every, args.warmup_min, args.sample_s = 2.0, 20.0, 0.5, 2.0
-        args.settle_s, args.min_span_s = 10.0, 20.0
+        args.own_warmup_min, args.min_span_s, args.age_s = 10 / 60, 20.0, 10.0
         args.overrides = ["rollout.batch_size=4", "algorithm.k=4", "trainer.checkpoint_every=2", *args.overrides]
     return args
 

@@ -100,7 +100,24 @@ def load_tokenizer(path: str):
         cls = None
     if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedTokenizerBase)):
         cls = transformers.AutoTokenizer
-    return cls.from_pretrained(path)
+    tokenizer = cls.from_pretrained(path)
+    no_whole_text_cache(tokenizer)
+    return tokenizer
+
+
+def no_whole_text_cache(tokenizer) -> None:
+    """Turn off the word cache of a fast BPE tokenizer that has no pre-tokenizer (the built-in tiny-char one).
+
+    A fast BPE tokenizer keeps every word it has split, up to 10,000 words of under 256 characters, for the
+    process's life. After a pre-tokenizer a word is a word: a few hundred bytes each, hit often. Without one,
+    all the text between two special tokens is one "word" (a prompt's observation: ~32 bytes a character,
+    hardly ever seen twice), so an env worker's memory grows for its first ~10 minutes by ~15 MB a policy on
+    the demo, up to ~85 MB a policy on longer observations, and then stays there (docs/faults.md)."""
+    from tokenizers.models import BPE
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)  # (a slow tokenizer has none, and no such cache)
+    if backend is not None and backend.pre_tokenizer is None and isinstance(backend.model, BPE):
+        backend.model._resize_cache(0)  # (a capacity of 0 keeps nothing; tokenizers has no public setter)
 
 
 def stop_token_ids(tokenizer) -> list[int]:

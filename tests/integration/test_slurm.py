@@ -232,7 +232,9 @@ GPU_PROBE = """
 import os, sys, time
 out = sys.argv[1]
 seen = os.environ.get("CUDA_VISIBLE_DEVICES") or "-"
-open(out + ".ready", "w").write(os.environ["SLURMD_NODENAME"] + " " + seen)
+with open(out + ".ready.part", "w") as f:  # renamed whole: the test never reads a half-written file
+    f.write(os.environ["SLURMD_NODENAME"] + " " + seen)
+os.replace(out + ".ready.part", out + ".ready")
 deadline = time.monotonic() + 120
 while not os.path.exists(os.path.join(os.path.dirname(out), "release")) and time.monotonic() < deadline:
     time.sleep(0.05)

@@ -15,9 +15,9 @@ checkpoint). Every `--sample-s` seconds it records each process's RSS, open file
 It prints, after the warm-up (`--warmup-min`, the first 10 minutes by default):
 - each role's growth per hour: RSS in MB/h and %/h, fds and threads per hour, the median and the worst over
   the role's processes, each fitted only on its samples past its own first `--own-warmup-min` minutes (10 by
-  default): a process's first minutes are its warm-up, caches filling to their bound (an env worker's
-  tokenizers keep up to 10,000 pre-tokenized words each, ~28 MB on the demo, full after ~10 minutes), which a
-  line through a replacement killed at minute 5 reads as growth for ever. Each figure says how many processes
+  default): a process's first minutes are its warm-up, caches filling to their bound (as the env workers'
+  tokenizer word caches did, ~15 MB a policy over ~10 minutes, before they were turned off: docs/faults.md),
+  which a line through a replacement killed at minute 5 reads as growth for ever. Each figure says how many processes
   and process-minutes it rests on; a role with none (its processes all killed young) gets no figure, never 0.0;
 - for every role, each process's RSS at the same own age (`--age-s`) against when it started: whether later
   replacements start bigger (a leak inherited from the fork server or kept by a peer), the one figure a role

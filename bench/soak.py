@@ -3,7 +3,7 @@ directory grow faster than its iterations?
 
     python bench/soak.py configs/plan_path_tiny.yaml --minutes 60 --kill-every 60
     python bench/soak.py configs/plan_path_tiny.yaml --minutes 60 --kill-every 60 cluster.leases=true
-    python bench/soak.py configs/plan_path_tiny.yaml --smoke       # 2 minutes, run by the tests
+    python bench/soak.py configs/plan_path_tiny.yaml --smoke       # 1 minute, run by the tests
 
 The config trains under the local engine for `--minutes` (its iterations made endless), while the bench
 SIGKILLs a random env worker or inference replica every `--kill-every` seconds, and once each, at random times
@@ -108,6 +108,8 @@ def sample(run: Run, series: dict[tuple[str, int], Series], t: float) -> None:
                 point = (t, proc.memory_info().rss, proc.num_fds(), proc.num_threads())
         except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
             continue
+        if point[1] == 0 or point[2] == 0:
+            continue  # a process killed mid-exit: its memory and files already released, not yet a zombie
         series.setdefault((name, pid), Series(role_of(name), name, pid)).samples.append(point)
 
 
@@ -355,11 +357,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--json", type=Path)
     p.add_argument("--keep", type=Path, help="a new folder for the run (kept; default a temporary one, removed)")
-    p.add_argument("--smoke", action="store_true", help="2 minutes, a kill every 20 s: the tests' run")
+    p.add_argument("--smoke", action="store_true", help="1 minute, a kill every 12 s: the tests' run")
     args = p.parse_intermixed_args(argv)  # (overrides may follow the options, as the docstring's commands do)
     if args.smoke:
-        args.minutes, args.kill_every, args.warmup_min, args.sample_s = 2.0, 20.0, 0.5, 2.0
-        args.own_warmup_min, args.min_span_s, args.age_s = 10 / 60, 20.0, 10.0
+        args.minutes, args.kill_every, args.warmup_min, args.sample_s = 1.0, 12.0, 0.25, 1.5
+        args.own_warmup_min, args.min_span_s, args.age_s = 5 / 60, 10.0, 5.0
         args.overrides = ["rollout.batch_size=4", "algorithm.k=4", "trainer.checkpoint_every=2", *args.overrides]
     return args
 

@@ -68,3 +68,37 @@ def test_a_leak_past_the_warm_up_is_still_seen() -> None:
     g = growth([s], warmup_s=10 * MIN, own_warmup_s=10 * MIN, min_span_s=5 * MIN, age_s=2 * MIN)["router"]
     assert g["processes"] == 1 and g["process_minutes"] == pytest.approx(50, abs=0.5)
     assert g["rss_mb_per_h_worst"] == pytest.approx(30, rel=0.01)
+
+
+def test_a_process_caught_mid_exit_is_not_sampled(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A killed process releases its memory and files before it becomes a zombie: read in that window it shows
+    # 0 fds and 0 RSS, which is not a sample of it (a fresh-clone CI run failed on an env worker's "0 fds").
+    import os
+    import types
+
+    import bench.soak as soak
+
+    real = soak.psutil.Process
+
+    class Exiting:
+        def __init__(self, pid: int) -> None:
+            self.pid = pid
+
+        def oneshot(self):  # noqa: ANN202
+            return real(os.getpid()).oneshot()
+
+        def memory_info(self):  # noqa: ANN202
+            return types.SimpleNamespace(rss=0)
+
+        def num_fds(self) -> int:
+            return 0
+
+        def num_threads(self) -> int:
+            return 1
+
+    run = types.SimpleNamespace(proc=types.SimpleNamespace(pid=os.getpid()), pids=lambda: {"env_worker/0": 424242})
+    monkeypatch.setattr(soak.psutil, "Process", lambda pid: real(pid) if pid == os.getpid() else Exiting(pid))
+    series: dict[tuple[str, int], Series] = {}
+    soak.sample(run, series, 1.0)
+    assert list(series) == [("launcher", os.getpid())]
+    assert series[("launcher", os.getpid())].samples[0][2] > 0

@@ -536,10 +536,11 @@ def _restarting(
     budget = RestartBudget(config.cluster.max_restarts, config.cluster.restart_window_s)
     run_restarts = RunRestarts(run_dir, config.cluster.max_run_restarts)
     env: dict[str, str] = {}
+    progress = Progress(config, run_dir, start_version)
     try:
         while True:
             try:
-                return _run(config, run_dir, start_version, training, weights, engine, budget, env, roles)
+                return _run(config, run_dir, start_version, training, weights, engine, budget, env, progress, roles)
             except RunLost as lost:
                 start_version = latest_complete(run_dir, list(config.policies)) or 0
                 refusal = run_restarts.refusal(start_version)
@@ -552,6 +553,7 @@ def _restarting(
                     )
                     return 1
                 run_restarts.record(lost.role, lost.died_at, start_version)
+                progress.restarted(start_version)
                 env = {RUN_RESTART_ENV: json.dumps({"role": lost.role, "died_at": lost.died_at})}
                 print(
                     f"\nmas-async: {lost}; restarting the run from its checkpoint of version {start_version} "
@@ -572,10 +574,10 @@ def _run(
     engine: Engine,
     budget: RestartBudget,
     env: dict[str, str],
+    progress: Progress,
     roles: str = DEFAULT_ROLES,
 ) -> int:
     deployment = prepare_deployment(config, run_dir, start_version, training, weights, engine)
-    progress = Progress(config, run_dir)
     launches = process_launches(config, run_dir, training, roles=roles, env=env)
     forget_restarts(run_dir)
     children = [launch.start(engine) for launch in launches]

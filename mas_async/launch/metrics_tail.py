@@ -28,10 +28,11 @@ class MetricsTail:
         self.inode: int | None = None
         """The inode of the file read last (None before the first read that found it)."""
 
-    def read(self) -> tuple[bool, list[dict[str, Any]]]:
-        """(rewritten, rows): the complete rows after the offset. `rewritten` is True when the file was replaced
-        or truncated since the previous read; `rows` then start at its first line. A complete line that is not
-        JSON is skipped, as `mas_async.metrics.read_metrics` does."""
+    def read(self, max_rows: int | None = None) -> tuple[bool, list[dict[str, Any]]]:
+        """(rewritten, rows): the complete rows after the offset, at most `max_rows` of them (the rest are
+        for the next read: a long file read again from its start costs a bounded batch at a time). `rewritten`
+        is True when the file was replaced or truncated since the previous read; `rows` then start at its
+        first line. A complete line that is not JSON is skipped, as `mas_async.metrics.read_metrics` does."""
         try:
             file = self.path.open("rb")
         except FileNotFoundError:
@@ -45,6 +46,8 @@ class MetricsTail:
             file.seek(self.offset)
             rows = []
             for line in file:
+                if max_rows is not None and len(rows) >= max_rows:
+                    break
                 if not line.endswith(b"\n"):  # still being written: read again next time, whole
                     break
                 self.offset += len(line)

@@ -32,6 +32,9 @@ from mas_async.untrained import due_to_say, untrained_policies
 
 ETA_WINDOW = 10
 """Rows (iterations) over which the time per iteration of the ETA is averaged."""
+READ_ROWS = 64
+"""Rows parsed per read of the file: a long file read again from its start (a resumed run, a whole-run
+restart) is parsed a batch at a time, each dropped once taken, so the launcher's memory does not grow with it."""
 
 
 def _fmt(value: Any, spec: str = ".3f") -> str:
@@ -61,6 +64,10 @@ def eta_seconds(rows: list[dict[str, Any]], iterations: int) -> float | None:
     timed = [r for r in rows if _timed(r)]
     if not timed:
         return None
+    for index in range(len(timed) - 1, 0, -1):  # a resumed run's clock starts again: only its own rows count
+        if float(timed[index][Keys.ELAPSED_S]) < float(timed[index - 1][Keys.ELAPSED_S]):
+            timed = timed[index:]
+            break
     last = timed[-1]
     remaining = iterations - 1 - int(last[Keys.ITERATION])
     if remaining <= 0:
@@ -77,11 +84,16 @@ def eta_seconds(rows: list[dict[str, Any]], iterations: int) -> float | None:
 
 
 class Progress:
-    def __init__(self, config: Config, run_dir: Path) -> None:
+    """One for the launcher's whole run, its whole-run restarts included (`restarted`)."""
+
+    def __init__(self, config: Config, run_dir: Path, start_version: int = 0) -> None:
         self.cfg = config
         self.tail = MetricsTail(run_dir / "metrics.jsonl")
         self.read = 0
         """Rows read from the current file (a rewritten file starts again at 0)."""
+        self.print_from = start_version
+        """Rows of earlier iterations are taken, not printed: a resumed run's were printed by the run it
+        resumes, and so were those a whole-run restart keeps."""
         self.latest: dict[str, Any] = {}
         """The last row read."""
         self.recent: deque[dict[str, Any]] = deque(maxlen=ETA_WINDOW + 1)
@@ -103,29 +115,42 @@ class Progress:
             self.live = Live(self._table(), console=self.console, refresh_per_second=4)
             self.live.start()
 
+    def restarted(self, start_version: int) -> None:
+        """A whole-run restart from the checkpoint of `start_version`: the router rewrites the file with the
+        rows before it, and the iterations from it on are run (and printed) again."""
+        self.print_from = start_version
+        if self.live is None and self.console.is_terminal:
+            self.live = Live(self._table(), console=self.console, refresh_per_second=4)
+            self.live.start()
+
     def update(self) -> None:
-        """Take the rows written since the last poll (plain output: print a line for each). After a whole-run
-        restart rewrote the file, what was read of the old one is forgotten and the new one read from its
-        start; its rows that were shown already (as many as the old file had) are not printed again."""
-        rewritten, rows = self.tail.read()
-        shown = 0
-        if rewritten:
-            shown, self.read = self.read, 0
-            self._forget()
-        for row in rows:
-            index, self.read = self.read, self.read + 1
-            self._take(row)
-            if self.live is None and index >= shown:
-                print(self._line(row, list(self.recent)), flush=True)
-                for policy, why in untrained_policies(row, list(self.cfg.policies)).items():
-                    if due_to_say(row, policy):
-                        streak = row.get(f"policy/{policy}/untrained_iterations")
-                        times = f" ({streak} iterations in a row)" if isinstance(streak, int) and streak > 1 else ""
-                        print(f"  policy {policy} trained nothing{times}: {why}", flush=True)
-                if Keys.baselines(row):
-                    print(f"  baselines, held-out team success: {baselines_line(row)}", flush=True)
+        """Take the rows written since the last poll, `READ_ROWS` at a time (plain output: print a line for
+        each). After a whole-run restart rewrote the file, what was read of the old one is forgotten and the
+        new one read from its start."""
+        while True:
+            rewritten, rows = self.tail.read(READ_ROWS)
+            if rewritten:
+                self.read = 0
+                self._forget()
+            for row in rows:
+                self.read += 1
+                self._take(row)
+                if self.live is None and row.get(Keys.ITERATION, self.print_from) >= self.print_from:
+                    self._print(row)
+            if len(rows) < READ_ROWS:
+                break
         if self.live is not None:
             self.live.update(self._table())
+
+    def _print(self, row: dict[str, Any]) -> None:
+        print(self._line(row, list(self.recent)), flush=True)
+        for policy, why in untrained_policies(row, list(self.cfg.policies)).items():
+            if due_to_say(row, policy):
+                streak = row.get(f"policy/{policy}/untrained_iterations")
+                times = f" ({streak} iterations in a row)" if isinstance(streak, int) and streak > 1 else ""
+                print(f"  policy {policy} trained nothing{times}: {why}", flush=True)
+        if Keys.baselines(row):
+            print(f"  baselines, held-out team success: {baselines_line(row)}", flush=True)
 
     def _take(self, row: dict[str, Any]) -> None:
         """Keep of `row` what the display and the summary read."""

@@ -250,6 +250,9 @@ def _run_restarted_after(tmp_path: Path, name: str, watched: str, pattern: str, 
     version = int(restarted[1])
     rows = _rows(run_dir)
     _check_every_iteration_once(rows, iterations, batch)
+    # The launcher's lines: each iteration before the checkpoint printed once (not again after the restart).
+    printed = [int(i) for i in re.findall(r"^iter +(\d+)/", out, re.MULTILINE)]
+    assert set(printed) == set(range(iterations + 1)) and all(printed.count(i) == 1 for i in range(version)), out
     role = name.split("/")[0]
     expected = [0] * (iterations + 1)
     expected[version] = 1  # in the first row after the restart

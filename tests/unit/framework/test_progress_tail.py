@@ -95,7 +95,8 @@ def test_a_half_written_last_line_waits_for_its_end(tmp_path, capsys) -> None:
 
 @pytest.mark.parametrize("how", ["replaced", "truncated"])
 def test_a_file_rewritten_shorter_is_read_again_from_its_start(tmp_path, capsys, how) -> None:
-    """A whole-run restart resumes at iteration 20: the router rewrites metrics.jsonl with the rows before it
+    """A whole-run restart resumes at iteration 20 (the one Progress told so): the router rewrites metrics.jsonl
+    with the rows before it
     (a new file renamed over the old, as `keep_rows_before` does; or, `truncated`, the same file cut short),
     then writes iterations 20.. again. The rows kept are not printed again, the new ones once each, and what
     the display holds comes from the rewritten file alone (no row counted twice, nothing of a dropped row)."""
@@ -107,6 +108,7 @@ def test_a_file_rewritten_shorter_is_read_again_from_its_start(tmp_path, capsys,
     _append(path, rows)
     progress.update()
     assert _printed_iterations(capsys.readouterr().out) == list(range(30))
+    progress.restarted(20)  # as the launcher does before it starts the run again
     if how == "replaced":
         keep_rows_before(path, 20)
     else:
@@ -171,3 +173,36 @@ def test_what_is_printed_is_what_reading_the_whole_file_printed(tmp_path, capsys
     assert any(line.startswith("  baselines, held-out team success:") for line in printed)
     assert any(line.startswith("  policy horizontal trained nothing") for line in printed)
     assert any(line.startswith("policy (iteration 95)") for line in printed)
+
+
+def _real_sized_row(iteration: int, elapsed_s: float) -> dict[str, Any]:
+    """A row about the size of the soak's (4 KB): a training row and 80 more per-policy figures."""
+    row = _train_row(iteration) | {"time/elapsed_s": elapsed_s}
+    return row | {f"policy/vertical/extra_{k}": iteration + k / 7 for k in range(80)}
+
+
+def test_a_resumed_run_reads_a_long_file_in_bounded_memory_and_prints_only_its_own_rows(tmp_path, capsys) -> None:
+    """A launcher that resumes a run at iteration 3,000 (by hand, or in a whole-run restart) reads its 12 MB
+    metrics.jsonl from the start: it parses it a batch at a time (its peak does not grow with the file, which a
+    single read of every row did: the launcher's +4 MB per restart in the soak), prints only the iterations
+    from 3,000 on, and its ETA comes from the resumed run's clock alone (that clock starts again at 0)."""
+    path = tmp_path / "metrics.jsonl"
+    _append(path, [_real_sized_row(i, 10.0 + 2.0 * i) for i in range(3000)])
+    assert path.stat().st_size > 10e6
+    config = load_config(ROOT / "configs/plan_path_tiny.yaml", [f"run.output_dir={tmp_path}", "run.iterations=3010"])
+    progress = Progress(config, tmp_path, start_version=3000)
+    capsys.readouterr()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        progress.update()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 3e6, peak  # (the whole file parsed at once: 39 MB)
+    assert progress.read == 3000 and capsys.readouterr().out == ""
+    _append(path, [_real_sized_row(3000 + i, 5.0 + 3.0 * i) for i in range(3)])
+    progress.update()
+    printed = capsys.readouterr().out.splitlines()
+    assert _printed_iterations("\n".join(printed)) == [3000, 3001, 3002]
+    assert printed[-1].endswith("eta 21s")  # 7 iterations to go at 3 s each (not the old run's 2 s, nor negative)

@@ -21,7 +21,7 @@ config (`--toolplan-config configs/plan_path_qwen3_1.7b.yaml`).
 
     python bench/ablation.py                      # 3 seeds x 200 iterations (about 40 min on 2 cores)
     python bench/ablation.py --seeds 0 --iterations 20 --out /tmp/ablation   # a quick look
-    python bench/ablation.py --smoke              # 2 iterations per row: checks the plumbing only
+    python bench/ablation.py --smoke              # 1 iteration per row: checks the plumbing only
     python bench/ablation.py --variants at-grpo-agent-std --iterations 100   # one row (ids: --help)
     python bench/ablation.py --team toolplan --smoke                         # the tool + plan probes
 
@@ -190,7 +190,7 @@ def main() -> None:
     parser.add_argument(
         "--baseline-draws", type=int, default=20, help="episodes of each reference policy per held-out problem"
     )
-    parser.add_argument("--smoke", action="store_true", help="2 iterations, 1 seed, tiny batches")
+    parser.add_argument("--smoke", action="store_true", help="1 iteration, 1 seed, tiny batches")
     parser.add_argument("--team", choices=["movers", "toolplan"], default="movers", help="whose ablation to run")
     parser.add_argument(
         "--toolplan-config",
@@ -206,7 +206,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.smoke:
-        args.seeds, args.iterations, args.eval_size, args.baseline_draws = [0], 2, 4, 2
+        args.seeds, args.iterations, args.eval_size, args.baseline_draws = [0], 1, 4, 2
     args.out.mkdir(parents=True, exist_ok=True)
     table = toolplan_probes(args) if args.team == "toolplan" else movers(args)
     model = args.toolplan_config if args.team == "toolplan" else "tiny model"

@@ -6,7 +6,8 @@ adapters only: bytes and seconds per version, trainer to one hf inference backen
 
     python bench/trainer_scaling.py                    # tiny model, 64 samples, 4 timed steps, 3 repeats
     python bench/trainer_scaling.py --samples 128 --steps 8 --repeats 5
-    python bench/trainer_scaling.py --smoke            # 1 step, 1 repeat: the plumbing only
+    python bench/trainer_scaling.py --smoke            # 1 rank and LoRA, 1 step, 1 repeat: the plumbing only
+                                                       # (its 2 ranks and ZeRO: bench/gpu_check.py --smoke)
 
 Each setting runs in fresh processes (torch.multiprocessing), each rank with cores / ranks torch threads,
 so 2 ranks use the same cores as 1. A rank trains on its share of the batch (whole groups of 4, dealt
@@ -36,6 +37,8 @@ CONFIG = "configs/plan_path_tiny.yaml"
 SETTINGS = {"1 rank": (1, False, False), "2 ranks": (2, False, False), "2 ranks + ZeRO": (2, True, False),
             "1 rank + LoRA": (1, False, True)}  # fmt: skip
 """name: (ranks, ZeRO, LoRA)."""
+SMOKE_SETTINGS = ("1 rank", "1 rank + LoRA")
+"""--smoke's: `measure` with 2 ranks and with ZeRO runs in `bench/gpu_check.py --smoke`, which the tests run too."""
 LORA = "{r: 8, alpha: 16}"
 """`policies.vertical.lora` of the LoRA setting: rank 8 on every linear layer."""
 GROUP = 4
@@ -196,7 +199,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--syncs", type=int, default=20, help="timed weight syncs, full and LoRA")
     parser.add_argument("--sync-only", action="store_true", help="only the weight syncs (e.g. for a larger --model)")
-    parser.add_argument("--smoke", action="store_true", help="1 step, 1 repeat, 16 samples")
+    parser.add_argument("--smoke", action="store_true", help="1 rank and LoRA, 1 step, 1 repeat, 16 samples")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     if args.smoke:
@@ -210,6 +213,7 @@ def main() -> None:
 
     model = str(resolve_model(args.model, model_cache_dir()))
     settings = {} if args.sync_only else SETTINGS
+    settings = {name: settings[name] for name in SMOKE_SETTINGS if name in settings} if args.smoke else settings
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in settings}
     for repeat in range(args.repeats if settings else 0):
         for name, (world, zero, lora) in settings.items():

@@ -100,7 +100,9 @@ def test_gpu_check_smoke(tmp_path: Path) -> None:
     ranks = figures["ranks"]["settings"]  # over gloo here; rank r on cuda:r over NCCL on a 2-GPU machine
     assert set(ranks) == {"1 rank", "2 ranks", "2 ranks + ZeRO"} and all(r["samples_per_s"] > 0 for r in ranks.values())
     assert max(r["parameter_norm_drift"] for r in ranks.values()) < 1e-6
-    assert ranks["2 ranks + ZeRO"]["optimizer_state_mb"] < 0.6 * ranks["2 ranks"]["optimizer_state_mb"]
+    full = ranks["2 ranks"]["optimizer_state_mb"]
+    assert full == ranks["1 rank"]["optimizer_state_mb"]  # plain data parallel: the whole state on each rank
+    assert 0.4 * full < ranks["2 ranks + ZeRO"]["optimizer_state_mb"] < 0.6 * full  # ZeRO over 2: about half each
     demo = figures["demo"]
     assert demo["iterations"] == 2 and demo["returncode"] == 0 and demo["wall_s"] > 0
     assert demo["weight_backends"] == {"vertical": "gloo", "horizontal": "gloo"} and demo["version_mismatch_max"] == 0
@@ -224,16 +226,15 @@ def test_faults_smoke(tmp_path: Path) -> None:
 
 
 def test_trainer_scaling_smoke(tmp_path: Path) -> None:
-    """1 rank, 2 ranks, 2 ranks with ZeRO and 1 rank with LoRA on the same batch: a rate each, ZeRO's
-    optimiser state per rank about half of one rank's, LoRA's a fraction; a LoRA sync sends a fraction
-    of the full model's bytes."""
+    """1 rank and 1 rank with LoRA on the same batch (the smoke's; 2 ranks and ZeRO through the same `measure`:
+    test_gpu_check_smoke): a rate each, LoRA's optimiser state a fraction of the full model's; a LoRA sync sends
+    a fraction of the full model's bytes."""
     stdout, figures = _run("trainer_scaling.py", tmp_path)
     settings = figures["settings"]
-    assert set(settings) == {"1 rank", "2 ranks", "2 ranks + ZeRO", "1 rank + LoRA"} and "| 2 ranks + ZeRO |" in stdout
+    assert set(settings) == {"1 rank", "1 rank + LoRA"} and "| 1 rank + LoRA |" in stdout
     assert all(s["samples_per_s"][0] > 0 and s["vs_1_rank"][0] > 0 for s in settings.values())
     assert settings["1 rank"]["vs_1_rank"] == [1.0]
-    one, zero = settings["1 rank"]["optimizer_state_mb"], settings["2 ranks + ZeRO"]["optimizer_state_mb"]
-    assert 0.4 * one < zero < 0.6 * one and settings["2 ranks"]["optimizer_state_mb"] == one
+    one = settings["1 rank"]["optimizer_state_mb"]
     assert 0 < settings["1 rank + LoRA"]["optimizer_state_mb"] < 0.5 * one
     full, lora = figures["sync"].values()
     assert full["fraction"] == 1.0 and 0 < lora["fraction"] < 0.5 and lora["bytes"] < full["bytes"]
@@ -407,7 +408,7 @@ def test_router_refill_smoke(tmp_path: Path) -> None:
 
 
 def test_soak_smoke(tmp_path: Path) -> None:
-    """Two minutes of the demo under kills (env workers and replicas every 20 s, a trainer and the router once):
+    """A minute of the demo under kills (env workers and replicas every 12 s, a trainer and the router once):
     each role's growth figures, the run directory's by part, and the run's own checks, all passing; then the run,
     asked to stop at a checkpoint, ends by itself."""
     stdout, figures = _run("soak.py", tmp_path, str(ROOT / "configs/plan_path_tiny.yaml"))

@@ -83,9 +83,9 @@ def test_ablation_smoke_runs_the_tool_plan_probes(tmp_path):
     # the combined team plays with the alone runs' weights; the swapped one with the joint run's, crossed
     combined = json.loads((tmp_path / "toolplan-combined-seed0/deployment.json").read_text())["weights_paths"]
     assert combined == {
-        p: str(tmp_path / f"toolplan-{p}-alone-seed0/checkpoints/{p}/v000002") for p in ("tool", "plan")
+        p: str(tmp_path / f"toolplan-{p}-alone-seed0/checkpoints/{p}/v000001") for p in ("tool", "plan")
     }
     swapped = json.loads((tmp_path / "toolplan-swapped-seed0/deployment.json").read_text())["weights_paths"]
-    assert swapped == {"tool": str(tmp_path / "toolplan-joint-seed0/checkpoints/plan/v000002"),
-                       "plan": str(tmp_path / "toolplan-joint-seed0/checkpoints/tool/v000002")}  # fmt: skip
+    assert swapped == {"tool": str(tmp_path / "toolplan-joint-seed0/checkpoints/plan/v000001"),
+                       "plan": str(tmp_path / "toolplan-joint-seed0/checkpoints/tool/v000001")}  # fmt: skip
     assert "| tool + plan, each trained alone, then combined |" in result.stdout

@@ -373,11 +373,10 @@ LORA = "{r: 8, alpha: 16, target_modules: [q_proj, v_proj, up_proj, down_proj]}"
 RUNS = {
     # name: (rollout.max_staleness, the policies vLLM serves (hf the others), LoRA, iterations)
     "strict": (0, ("vertical", "horizontal"), False, 2),
-    # k=1 serves one policy with vLLM: one vLLM engine start less in CI
-    "stale": (1, ("vertical",), False, 3),
-    # LoRA on both policies: adapters merged by vLLM (vertical), applied by peft on hf (horizontal); three
-    # iterations, so that a merge into base weights the previous reload had changed would show
-    "lora": (0, ("vertical",), True, 3),
+    # k=1 and LoRA on both policies in one run (one launcher and vLLM engine start less in CI), vLLM serving
+    # one: adapters merged by vLLM (vertical), applied by peft on hf (horizontal); three iterations, so that a
+    # merge into base weights the previous reload had changed would show
+    "stale+lora": (1, ("vertical",), True, 3),
 }
 
 

@@ -23,7 +23,11 @@ demo: install
 	$(PYTHON) -m mas_async train configs/plan_path_tiny.yaml
 
 test: install
-	$(PYTHON) -m pytest -q --durations=25
+	@# Unit tests two at a time (pytest-xdist), except those that assert wall-clock bounds (marked `timing`):
+	@# they, then the integration tests, run one at a time.
+	$(PYTHON) -m pytest -q -n 2 -m "not timing" tests/unit
+	$(PYTHON) -m pytest -q -m timing tests/unit --durations=10
+	$(PYTHON) -m pytest -q tests/integration --durations=60
 	@# The sandbox's tests again as an unprivileged user: isolation must not depend on root.
 	PYTHON=$(PYTHON) bash .ci/sandbox_as_user.sh
 

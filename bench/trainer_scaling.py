@@ -31,6 +31,8 @@ import numpy as np
 import torch
 import torch.multiprocessing as mp
 
+from mas_async import preloaded_processes
+
 ROOT = Path(__file__).resolve().parents[1]
 
 CONFIG = "configs/plan_path_tiny.yaml"
@@ -149,7 +151,7 @@ def measure_sync(model: str, lora: bool, versions: int) -> dict[str, Any]:
     """Bytes, share of the full model and seconds of each version's send (the first, which also sends
     the manifest, left out)."""
     out = mp.Manager().dict()
-    mp.spawn(_sync_rank, args=(lora, _free_port(), model, versions + 1, out), nprocs=2)
+    preloaded_processes.spawn(_sync_rank, (lora, _free_port(), model, versions + 1, out), nprocs=2)
     return dict(out)
 
 
@@ -162,7 +164,7 @@ def _free_port() -> int:
 def spawn_bounded(fn: Any, args: tuple, nprocs: int, timeout_s: float, what: str) -> None:
     """`torch.multiprocessing.spawn(fn, args, nprocs)`, waited for at most `timeout_s`: past it the processes
     are killed and TimeoutError names `what`; a process that fails raises as in spawn."""
-    context = mp.spawn(fn, args=args, nprocs=nprocs, join=False)
+    context = preloaded_processes.spawn(fn, args, nprocs, join=False)
     deadline = time.monotonic() + timeout_s
     while not context.join(timeout=max(0.1, deadline - time.monotonic())):  # True once every process has ended
         if time.monotonic() > deadline:

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from mas_async import preloaded_processes
 from mas_async.tiny_model import materialise
 from tests.unit.framework.test_micro_batches import batch, stepped
 
@@ -57,7 +58,9 @@ def _rank(rank: int, world: int, port: int, model_path: str, shares: list, overr
 def two_ranks(model_path: str, shares: list, *overrides: str) -> dict:
     manager = mp.Manager()
     out = manager.dict()
-    mp.spawn(_rank, args=(len(shares), _port(), model_path, shares, list(overrides), out), nprocs=len(shares))
+    preloaded_processes.spawn(
+        _rank, (len(shares), _port(), model_path, shares, list(overrides), out), nprocs=len(shares)
+    )
     return dict(out)
 
 
@@ -146,7 +149,7 @@ def test_zero_checkpoint_resumes_every_rank(model_path, tmp_path):
     samples = batch(model_path, count=16)
     shares = [samples[:8], samples[8:]]
     out = mp.Manager().dict()
-    mp.spawn(_resume_rank, args=(2, _port(), model_path, shares, str(tmp_path), out), nprocs=2)
+    preloaded_processes.spawn(_resume_rank, (2, _port(), model_path, shares, str(tmp_path), out), nprocs=2)
     assert out["diff"] < 1e-6
 
 

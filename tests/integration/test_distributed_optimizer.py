@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from mas_async import preloaded_processes
 from tests.integration.test_data_parallel import _leave, _port
 from tests.unit.framework.test_micro_batches import batch
 
@@ -62,7 +63,7 @@ def _rank(rank: int, world: int, port: int, model_path: str, shares: list, overr
 
 def _spawn(target, world: int, *args) -> dict:
     out = mp.Manager().dict()
-    mp.spawn(target, args=(world, _port(), *args, out), nprocs=world)
+    preloaded_processes.spawn(target, (world, _port(), *args, out), nprocs=world)
     return dict(out)
 
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from mas_async import preloaded_processes
 from tests.integration.test_data_parallel import _leave, _port
 from tests.unit.framework.test_streaming import CASES, episodes, grads, orders, params
 
@@ -70,7 +71,7 @@ def test_two_ranks_stream_the_update_of_one(model_path, case, extra, split):
     start = params(batch)
     expected = batch.step([s for _, _, samples in delivered for s in samples], 0)
     out = mp.Manager().dict()
-    mp.spawn(_rank, args=(2, _port(), model_path, shares, overrides, lr, out), nprocs=2)
+    preloaded_processes.spawn(_rank, (2, _port(), model_path, shares, overrides, lr, out), nprocs=2)
     for x, y in zip(out["grads"], grads(batch), strict=True):
         assert float((x - y).abs().max()) <= 1e-5 * float(y.abs().max())
     pa, pb, p0 = (torch.cat([p.flatten() for p in ps]) for ps in (out["params"], params(batch), start))
@@ -95,6 +96,6 @@ def test_two_streamed_steps_in_a_row_with_one_rank_idle_until_the_end(model_path
     batch.step([s for _, _, samples in delivered for s in samples], 0)
     batch.step([s for _, _, samples in delivered for s in samples], 1)
     out = mp.Manager().dict()
-    mp.spawn(_rank, args=(2, _port(), model_path, shares, overrides, 1e-4, out, second), nprocs=2)
+    preloaded_processes.spawn(_rank, (2, _port(), model_path, shares, overrides, 1e-4, out, second), nprocs=2)
     pa, pb = (torch.cat([p.flatten() for p in ps]) for ps in (out["params"], params(batch)))
     assert float((pa - pb).norm()) <= 1e-6 * float(pb.norm())

@@ -7,7 +7,6 @@ every wait has a bound, so a failure never hangs the suite.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import queue
 import signal
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 
+from mas_async import preloaded_processes
 from mas_async.weights.group import (
     POLL_S,
     GroupRetired,
@@ -81,7 +81,7 @@ class _Receivers:
 
     def __init__(self, port: int) -> None:
         self.port = port
-        self.ctx = mp.get_context("spawn")
+        self.ctx = preloaded_processes.context()
         self.procs: dict[int, Any] = {}
         self.commands: dict[int, Any] = {}
         self.outs: dict[int, Any] = {}

@@ -6,7 +6,6 @@ alive by pid in a `finally`, and every wait has a timeout, so a failure never ha
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import queue
 import socket
 import time
@@ -16,6 +15,7 @@ import pytest
 import torch
 from torch import nn
 
+from mas_async import preloaded_processes
 from mas_async.inference.backends.base import ThreadedBackend
 from mas_async.weights.flat_params import adopt_parameters, flatten_parameters
 from mas_async.weights.group import ManifestMismatch, dtype_name, open_weight_group
@@ -146,7 +146,7 @@ def _run(
     receivers: dict[int, Any] | None = None,
 ) -> list[tuple]:
     """Run one sender and two receivers to completion; return every report (sender's last)."""
-    ctx = mp.get_context("spawn")
+    ctx = preloaded_processes.context()
     out = ctx.Queue()
     port = _free_port()
     receivers = receivers or {}

@@ -20,6 +20,8 @@ from nodes import code as code_nodes  # a test module may not hold a class named
 from nodes.code import Coder, CodeWorkflow
 from tests.support.chat_fakes import ScriptedGenerate, make_episode
 
+pytestmark = pytest.mark.timing  # asserts wall-clock bounds: run one at a time (make test)
+
 FULL = "```python\ndef sum_of_squares(n):\n    return sum(i * i for i in range(1, n + 1))\n```"
 # Passes 3 of the 4 hidden tests (n = 3, 0, -2; not n = 10).
 PARTIAL = "```python\ndef sum_of_squares(n):\n    return sum(i * i for i in range(1, n + 1)) if n < 5 else 0\n```"

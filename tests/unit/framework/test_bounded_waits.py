@@ -26,6 +26,8 @@ from mas_async.runtime.actor import Peer, PeerDead
 from mas_async.wire.messages import PROTOCOL_VERSION, Welcome, decode, encode
 from tests.support.paths import ROOT
 
+pytestmark = pytest.mark.timing  # asserts wall-clock bounds: run one at a time (make test)
+
 
 def _deployment(port: int, model: str = "") -> Deployment:
     return Deployment(

@@ -10,6 +10,8 @@ import pytest
 
 from mas_async.training.data_parallel import DataParallel, RankGroupError, merge_metrics
 
+pytestmark = pytest.mark.timing  # asserts wall-clock bounds: run one at a time (make test)
+
 
 def test_a_rank_whose_peers_never_come_gets_a_named_error():
     with socket.socket() as s:

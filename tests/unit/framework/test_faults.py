@@ -21,6 +21,8 @@ from mas_async.router.lost_peers import LostPeers, record_lost_peer
 from mas_async.wire.messages import PROTOCOL_VERSION, EpisodeDone, Hello, RunEpisode, Trained, decode
 from tests.support.paths import ROOT
 
+pytestmark = pytest.mark.timing  # asserts wall-clock bounds: run one at a time (make test)
+
 
 def test_the_budget_allows_max_restarts_per_role_within_the_window():
     now = [0.0]

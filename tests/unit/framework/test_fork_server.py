@@ -26,6 +26,8 @@ from mas_async.launch.launcher import prepare_deployment, prepare_run_dir
 from mas_async.runtime.actor import PARENT_PID_ENV
 from tests.support.paths import ROOT
 
+pytestmark = pytest.mark.timing  # asserts wall-clock bounds: run one at a time (make test)
+
 ROLES = "tests.support.fork_roles:ROLES"
 TIMEOUT_S = 120.0
 
@@ -205,7 +207,8 @@ def test_signals_to_a_child_on_a_prefixed_node_go_through_its_server(run_dir, mo
     from mas_async.launch.engines.local import ForkedChild
 
     server = ForkServer.spawn("far", ["env"], {}, run_dir / "logs" / "fork-server-far.log", TIMEOUT_S)
-    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    # (it outlives the test on a loaded machine too, where the server alone can take a minute to start; killed below)
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(900)"], start_new_session=True)
     try:
         assert not server.local
         pid, log = start(server, run_dir, "sleeper")

@@ -18,6 +18,8 @@ from mas_async.placement import PlacementError, check_group_gpus
 from mas_async.weights.group import open_weight_group
 from mas_async.weights.sync import open_receiver, open_sender
 
+pytestmark = pytest.mark.timing  # asserts wall-clock bounds: run one at a time (make test)
+
 
 def _ranks(target, gpus: list[str]) -> dict[int, object]:
     """Run target(rank, gpu) for every rank in its own thread; rank -> what it returned or raised."""

@@ -11,6 +11,8 @@ import pytest
 from mas_async.metrics import Keys
 from mas_async.router.loop_lag import OVER_MS, LoopLag, pooled_percentile
 
+pytestmark = pytest.mark.timing  # asserts wall-clock bounds: run one at a time (make test)
+
 
 def test_a_blocked_loop_shows_in_the_lag_and_each_take_starts_afresh():
     async def scenario() -> tuple[dict, dict, dict]:

@@ -9,6 +9,8 @@ import pytest
 
 from bench.machine_cpu import CpuTimeline, cpu_seconds
 
+pytestmark = pytest.mark.timing  # asserts wall-clock bounds: run one at a time (make test)
+
 
 def test_rows_are_timed_as_they_appear_and_cpu_is_read_between_them(tmp_path: Path) -> None:
     rows = tmp_path / "metrics.jsonl"

@@ -12,6 +12,8 @@ import pytest
 from mas_async.inference.backends.mock import DEFAULT_VOCAB, MockEngine, MockSpeed, vocab_size
 from mas_async.inference.request import GenerationRequest
 
+pytestmark = pytest.mark.timing  # asserts wall-clock bounds: run one at a time (make test)
+
 
 def _model_dir(tmp_path: Path, vocab: int) -> Path:
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": vocab}))

@@ -14,6 +14,8 @@ import torch
 
 from mas_async.weights.group import POLL_S, GroupRetired, WeightGroup, WeightSyncError
 
+pytestmark = pytest.mark.timing  # asserts wall-clock bounds: run one at a time (make test)
+
 
 class TimedWaitCalled(AssertionError):
     """What `WorkNCCL::wait(timeout)` would have done to a real group: abort it."""

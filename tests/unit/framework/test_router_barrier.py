@@ -31,6 +31,8 @@ from mas_async.wire.messages import (
 )
 from tests.support.paths import ROOT
 
+pytestmark = pytest.mark.timing  # asserts wall-clock bounds: run one at a time (make test)
+
 WORKERS = (b"env_worker/0", b"env_worker/1")
 TRAINERS = (b"trainer/vertical", b"trainer/horizontal")
 REPLICAS = (b"inference/vertical/0", b"inference/horizontal/0")

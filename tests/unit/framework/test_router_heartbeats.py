@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from mas_async.config import load_config
 from mas_async.deployment import Deployment
 from mas_async.router.hub import HEARTBEAT_SLICES, Router
 from mas_async.wire.messages import PROTOCOL_VERSION, Heartbeat, Hello, Kind
 from tests.support.paths import ROOT
 from tests.unit.framework.test_router_refusals import _frames, _generate, _Sent
+
+pytestmark = pytest.mark.timing  # asserts wall-clock bounds: run one at a time (make test)
 
 WORKERS = 40
 WORKER_NAMES = [f"env_worker/{i}".encode() for i in range(WORKERS)]

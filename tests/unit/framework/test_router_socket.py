@@ -12,6 +12,8 @@ import zmq
 
 from mas_async.runtime.router_socket import RouterSocket
 
+pytestmark = pytest.mark.timing  # asserts wall-clock bounds: run one at a time (make test)
+
 WAIT_S = 10.0
 
 

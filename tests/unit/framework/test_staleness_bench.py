@@ -14,6 +14,8 @@ import pytest
 from bench.lockstep import HANG, BurningScriptedEngine, ScriptedEngine, coder_answer
 from bench.staleness import median_side, overlap_bound, training_figures
 
+pytestmark = pytest.mark.timing  # asserts wall-clock bounds: run one at a time (make test)
+
 POLICY = "shared"
 
 

@@ -19,6 +19,8 @@ from mas_async.router.hub import Router
 from mas_async.runtime.actor import PeerDead
 from tests.support.paths import ROOT
 
+pytestmark = pytest.mark.timing  # asserts wall-clock bounds: run one at a time (make test)
+
 GiB = 1 << 30
 
 

@@ -6,7 +6,11 @@ import asyncio
 import time
 from types import SimpleNamespace
 
+import pytest
+
 from mas_async.inference.server import WaveGather
+
+pytestmark = pytest.mark.timing  # asserts wall-clock bounds: run one at a time (make test)
 
 
 def _gather(gather: WaveGather, schedule: list[tuple[float, int]], n: int = 1) -> tuple[int, float]:

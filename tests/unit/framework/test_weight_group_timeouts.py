@@ -32,6 +32,8 @@ from mas_async.weights.group import (
 )
 from tests.support.paths import ROOT
 
+pytestmark = pytest.mark.timing  # asserts wall-clock bounds: run one at a time (make test)
+
 
 class FakeWork:
     def __init__(self, done: threading.Event) -> None:

@@ -31,6 +31,8 @@ from nodes.tool_plan import (
 from tests.support.chat_fakes import ScriptedGenerate, make_episode
 from tests.unit.envs.test_macro_actions import DETOUR, PUSH, SOLVE
 
+pytestmark = pytest.mark.timing  # asserts wall-clock bounds: run one at a time (make test)
+
 AGENTS = ("tool", "plan")
 SHORT = Limits(timeout_s=1.0, cpu_s=1)
 

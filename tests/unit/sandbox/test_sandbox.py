@@ -23,7 +23,7 @@ import pytest
 from mas_async.sandbox import Limits, SandboxResult, bwrap, run_python, run_python_sync
 from tests.support.paths import ROOT
 
-pytestmark = pytest.mark.skipif(bwrap.unavailable() is not None, reason=str(bwrap.unavailable()))
+pytestmark = [pytest.mark.timing, pytest.mark.skipif(bwrap.unavailable() is not None, reason=str(bwrap.unavailable()))]
 
 
 def _sandbox_processes() -> set[int]:

@@ -22,7 +22,7 @@ from mas_async.sandbox import Limits, SandboxResult, bwrap, run_python, run_pyth
 from mas_async.sandbox import zygote_client as zygote_client
 from mas_async.sandbox.runner import environment, request
 
-pytestmark = pytest.mark.skipif(bwrap.unavailable() is not None, reason=str(bwrap.unavailable()))
+pytestmark = [pytest.mark.timing, pytest.mark.skipif(bwrap.unavailable() is not None, reason=str(bwrap.unavailable()))]
 
 
 def _wait_until(check, timeout_s: float = 10.0) -> bool:

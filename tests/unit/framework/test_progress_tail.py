@@ -199,7 +199,9 @@ def test_a_resumed_run_reads_a_long_file_in_bounded_memory_and_prints_only_its_o
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert peak < 3e6, peak  # (the whole file parsed at once: 39 MB)
+    # 8 rows at a time: 0.27 MB (the whole file parsed at once: 39 MB; 64 rows at a time: 1.7 MB, which the soak saw
+    # stay in the launcher's RSS after its first whole-run restart, the interpreter keeping its high-water mark)
+    assert peak < 0.5e6, peak
     assert progress.read == 3000 and capsys.readouterr().out == ""
     _append(path, [_real_sized_row(3000 + i, 5.0 + 3.0 * i) for i in range(3)])
     progress.update()

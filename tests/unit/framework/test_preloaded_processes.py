@@ -12,6 +12,7 @@ import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessRaisedException
 
 from mas_async import preloaded_processes
+from tests.support.paths import ROOT
 
 
 def _report(rank: int, caller: int, out: dict) -> None:
@@ -39,3 +40,25 @@ def test_children_start_with_the_preload_imported_and_are_forks_of_the_server() 
 def test_a_failing_child_raises_in_the_caller() -> None:
     with pytest.raises(ProcessRaisedException, match="rank 1 failed on purpose"):
         preloaded_processes.spawn(_fail, nprocs=2)
+
+
+def test_the_preload_queries_no_cuda() -> None:
+    """A process forked after a CUDA query cannot use CUDA (torch's `_cuda_getDeviceCount` poisons fork, as
+    tests/unit/framework/test_vllm_fork_safety.py fakes): importing the preload, as the server does, makes none.
+    Checked in a fresh interpreter, where nothing is imported yet, with the query recorded instead of made."""
+    import subprocess
+
+    probe = (
+        "import sys, torch\n"
+        "calls = []\n"
+        "torch._C._cuda_getDeviceCount = lambda: calls.append(1) or 0\n"
+        "import importlib\n"
+        "from mas_async import preloaded_processes\n"
+        "for name in preloaded_processes.PRELOAD:\n"
+        "    importlib.import_module(name)\n"
+        "assert not torch.cuda.is_initialized()\n"
+        "print(len(calls))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "0"

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import multiprocessing as mp
 import os
 import signal
 import threading
@@ -23,6 +22,7 @@ from typing import Any
 
 import torch
 
+from mas_async import preloaded_processes
 from mas_async.deployment import free_ports
 from mas_async.training.publisher import WeightPublisher
 from mas_async.weights.group import WeightGroupSpec
@@ -154,8 +154,7 @@ async def _replacements(spec: WeightGroupSpec, ctx: Any, replicas: list[_Replica
 def test_replacing_a_replica_again_and_again_leaves_the_trainer_what_it_held() -> None:
     """After the first send and after each of 8 replacements (half of the replicas lost under a send; a leak of one file a replacement fails by the second), the
     trainer's process holds the same file descriptors and threads: no generation is left open."""
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "mas_async.weights.sync"])
+    ctx = preloaded_processes.context()
     spec = WeightGroupSpec("pi", "gloo", "127.0.0.1", free_ports("127.0.0.1", 1)[0], 2, timeout_s=WAIT_S,
                            first_join_timeout_s=WAIT_S)  # fmt: skip
     replicas: list[_Replica] = []

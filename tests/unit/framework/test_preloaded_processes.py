@@ -5,6 +5,7 @@ caller, and a child that fails raises in the caller as in torch's spawn."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
 import pytest
@@ -46,8 +47,6 @@ def test_the_preload_queries_no_cuda() -> None:
     """A process forked after a CUDA query cannot use CUDA (torch's `_cuda_getDeviceCount` poisons fork, as
     tests/unit/framework/test_vllm_fork_safety.py fakes): importing the preload, as the server does, makes none.
     Checked in a fresh interpreter, where nothing is imported yet, with the query recorded instead of made."""
-    import subprocess
-
     probe = (
         "import sys, torch\n"
         "calls = []\n"

@@ -10,7 +10,9 @@ SIGKILLs a random env worker or inference replica every `--kill-every` seconds, 
 in the middle of the run, a trainer rank and the router (the whole run then restarts from its last
 checkpoint). Every `--sample-s` seconds it records each process's RSS, open file descriptors and threads
 (psutil; by role: router, env_worker, inference, trainer, launcher) and the run directory's size by part
-(checkpoints, logs, metrics.jsonl, tensorboard, the rest).
+(checkpoints, logs, metrics.jsonl, tensorboard, the rest). For the roles of `--parts-roles` (the trainers, the
+router and the launcher by default) it also splits RSS by where it lies (bench/memory_parts.py: glibc's main heap,
+its per-thread arenas, other anonymous mappings, files), and prints each part's growth the same way.
 
 It prints, after the warm-up (`--warmup-min`, the first 10 minutes by default):
 - each role's growth per hour: RSS in MB/h and %/h, fds and threads per hour, the median and the worst over
@@ -48,6 +50,8 @@ from typing import Any
 import psutil
 
 from bench.faults import Run
+from bench.memory_parts import PARTS as MEMORY_PARTS
+from bench.memory_parts import memory_parts
 from mas_async.machine_paths import shown_path
 
 SETTINGS = ["eval.every=0", "cluster.max_restarts=1000", "trainer.keep_best=false"]
@@ -69,6 +73,8 @@ class Series:
     name: str
     pid: int
     samples: list[tuple[float, int, int, int]] = field(default_factory=list)
+    parts: list[tuple[float, dict[str, int]]] = field(default_factory=list)
+    """(seconds, resident bytes by memory part), for the roles whose RSS the soak splits."""
 
 
 def role_of(name: str) -> str:
@@ -99,18 +105,22 @@ def dir_parts(run_dir: Path) -> dict[str, int]:
     return sizes
 
 
-def sample(run: Run, series: dict[tuple[str, int], Series], t: float) -> None:
-    """Each live process of the run (and the launcher) now."""
+def sample(run: Run, series: dict[tuple[str, int], Series], t: float, parts_roles: tuple[str, ...] = ()) -> None:
+    """Each live process of the run (and the launcher) now; split by memory part for the roles `parts_roles`."""
     for name, pid in [("launcher", run.proc.pid), *run.pids().items()]:
         try:
             proc = psutil.Process(pid)
             with proc.oneshot():
                 point = (t, proc.memory_info().rss, proc.num_fds(), proc.num_threads())
+            parts = memory_parts(pid) if role_of(name) in parts_roles else None
         except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
             continue
         if point[1] == 0 or point[2] == 0:
             continue  # a process killed mid-exit: its memory and files already released, not yet a zombie
-        series.setdefault((name, pid), Series(role_of(name), name, pid)).samples.append(point)
+        s = series.setdefault((name, pid), Series(role_of(name), name, pid))
+        s.samples.append(point)
+        if parts is not None:
+            s.parts.append((t, parts))
 
 
 def growth(
@@ -129,7 +139,10 @@ def growth(
             if len(kept) < 3 or kept[-1][0] - kept[0][0] < min_span_s:
                 continue
             rss_mb_h = slope_per_hour([(t, rss / MB) for t, rss, _, _ in kept])
+            kept_parts = [(t, p) for t, p in s.parts if t >= start]
             per.append({
+                "parts": {k: slope_per_hour([(t, p[k] / MB) for t, p in kept_parts]) for k in MEMORY_PARTS}
+                if len(kept_parts) >= 3 else None,
                 "rss_mb_per_h": rss_mb_h,
                 "rss_pct_per_h": 100 * rss_mb_h / (statistics.mean(rss for _, rss, _, _ in kept) / MB),
                 "fds_per_h": slope_per_hour([(t, fds) for t, _, fds, _ in kept]),
@@ -145,6 +158,12 @@ def growth(
                 **{f"{k}_worst": max(p[k] for p in per) for k in RATES},
                 "fds_range": [min(p["fds_range"][0] for p in per), max(p["fds_range"][1] for p in per)],
                 "threads_range": [min(p["threads_range"][0] for p in per), max(p["threads_range"][1] for p in per)],
+            }
+        split = [p["parts"] for p in per if p["parts"] is not None]
+        if split:
+            figures["rss_parts_mb_per_h"] = {
+                k: {"median": statistics.median(p[k] for p in split), "worst": max(p[k] for p in split)}
+                for k in MEMORY_PARTS
             }
         out[role] = {
             "processes": len(per),
@@ -238,7 +257,7 @@ def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 tail = "\n".join(Path(run.log.name).read_text(errors="replace").splitlines()[-40:])
                 raise RuntimeError(f"the run stopped (status {run.proc.returncode}); its output ends:\n{tail}")
             if now >= next_sample:
-                sample(run, series, now - start)
+                sample(run, series, now - start, args.parts_roles)
                 dir_points.append((now - start, len(run.rows()), dir_parts(run.dir)))
                 next_sample += args.sample_s
             due = [kind for kind, at in once.items() if now - start >= at]
@@ -274,7 +293,16 @@ def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "dir_bytes_per_iteration": dir_growth(dir_points, warmup),
         "dir_bytes_at_end": dir_points[-1][2] if dir_points else {},
         "checks": {**checks(rows, config.rollout.batch_size), **finished},
-        "samples": [{"role": s.role, "name": s.name, "pid": s.pid, "samples": s.samples} for s in series.values()],
+        "samples": [
+            {
+                "role": s.role,
+                "name": s.name,
+                "pid": s.pid,
+                "samples": s.samples,
+                **({"parts": s.parts} if s.parts else {}),
+            }
+            for s in series.values()
+        ],
     }
 
 
@@ -315,6 +343,11 @@ def report(result: dict[str, Any]) -> list[str]:
             f"         {g['fds_per_h_worst']:>+7.1f}        {g['threads_per_h_worst']:>+7.1f}       "
             f"{g['fds_range'][0]}-{g['fds_range'][1]}  {g['threads_range'][0]}-{g['threads_range'][1]}  | {at_age}"
         )
+        if g.get("rss_parts_mb_per_h"):
+            lines.append(
+                f"{'':<11} RSS MB/h by part (median, worst): "
+                + ", ".join(f"{k} {v['median']:+.2f}, {v['worst']:+.2f}" for k, v in g["rss_parts_mb_per_h"].items())
+            )
     per_iteration = result["dir_bytes_per_iteration"]
     if per_iteration:
         lines.append(
@@ -351,6 +384,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--min-span-s", type=float, default=300.0, help="the least a process is sampled after the warm-ups")
     p.add_argument("--age-s", type=float, default=120.0, help="the own age at which processes' RSS is compared")
+    p.add_argument(
+        "--parts-roles",
+        type=lambda v: tuple(r for r in v.split(",") if r),
+        default=("trainer", "router", "launcher"),
+        help="roles whose RSS is split by memory part (comma-separated; empty for none)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--finish-timeout-s", type=float, default=600.0, help="the most the run may take to stop at its checkpoint"

@@ -418,6 +418,14 @@ def test_soak_smoke(tmp_path: Path) -> None:
     assert {"router", "env_worker", "inference", "trainer"} <= set(figures["growth"]), figures["growth"]
     for role, growth in figures["growth"].items():
         assert growth["processes"] >= 1 and growth["fds_range"][0] > 0, role
+    # The trainers' RSS split by where it lies, each sample's parts within its RSS (shared file pages are counted
+    # in both), the heap and the file mappings never empty in a live python process.
+    assert set(figures["growth"]["trainer"]["rss_parts_mb_per_h"]) == {"heap", "arenas", "anon", "file"}
+    trainer = next(s for s in figures["samples"] if s["role"] == "trainer")
+    for (t, rss, _, _), (t_parts, parts) in zip(trainer["samples"], trainer["parts"], strict=True):
+        assert t == t_parts and parts["heap"] > 0 and parts["file"] > 0, parts
+        assert 0.9 * rss <= sum(parts.values()) <= 1.1 * rss, (rss, parts)
+    assert all("parts" not in s for s in figures["samples"] if s["role"] == "env_worker")
     assert {"checkpoints", "logs", "metrics.jsonl"} <= set(figures["dir_bytes_per_iteration"])
     checks = figures["checks"]
     assert checks["every_iteration_once"] and checks["version_mismatch_zero"] and checks["no_episode_uncounted"]

@@ -102,3 +102,17 @@ def test_a_process_caught_mid_exit_is_not_sampled(monkeypatch: pytest.MonkeyPatc
     soak.sample(run, series, 1.0)
     assert list(series) == [("launcher", os.getpid())]
     assert series[("launcher", os.getpid())].samples[0][2] > 0
+
+
+def test_the_growth_is_split_by_memory_part() -> None:
+    # A trainer whose thread arenas grow 12 MB/h while its heap is flat: the split says where the growth lies.
+    s = _warming("trainer", "trainer/p", 1, 0, 60 * MIN)
+    s.parts = [(t, {"heap": 200 * 2**20, "arenas": int((20 + 12 * t / 3600) * MB), "anon": 90 * 2**20, "file": 0})
+               for t, *_ in s.samples]  # fmt: skip
+    plain = _warming("router", "router", 2, 0, 60 * MIN)  # a role the soak does not split
+    figures = growth([s, plain], warmup_s=10 * MIN, own_warmup_s=10 * MIN, min_span_s=5 * MIN, age_s=2 * MIN)
+    parts = figures["trainer"]["rss_parts_mb_per_h"]
+    assert parts["arenas"]["median"] == pytest.approx(12, rel=0.01)
+    assert parts["heap"]["worst"] == pytest.approx(0, abs=1e-6)
+    assert parts["anon"]["median"] == pytest.approx(0, abs=1e-6)
+    assert "rss_parts_mb_per_h" not in figures["router"]

@@ -48,6 +48,9 @@ def inference(config: Config, deployment: Deployment, run_dir: Path, *, index: i
 
 
 def trainer(config: Config, deployment: Deployment, run_dir: Path, *, index: int, policy: str) -> Any:
+    from mas_async.malloc_arenas import TRAINER_ARENAS, cap_malloc_arenas
+
+    cap_malloc_arenas(TRAINER_ARENAS)  # before its threads start (mas_async/malloc_arenas.py)
     seed_torch(config)
     from mas_async.training.trainer import Trainer
 

@@ -1,10 +1,10 @@
 """A bound on glibc's malloc arenas in a process whose threads come and go: the trainer's.
 
-glibc gives a thread that allocates while another holds an arena's lock an arena of its own, up to 8 a core,
-and keeps every arena's freed memory for reuse by the threads that later land on it. Each re-formed weight
-group starts new gloo threads, so a trainer that outlives many replicas spreads its allocations over more and
-more arenas: the soak measured it (docs/faults.md, bench/memory_parts.py). Two arenas (the main one and one
-for every other thread) keep freed memory where the next thread reuses it.
+glibc gives each new thread an arena of its own at its first allocation, while fewer than 8 a core exist and
+none is free, and keeps each arena's freed memory for the threads that later use it. Each re-formed weight
+group starts gloo threads of its own, so a trainer that outlives many replicas spreads its allocations over more
+and more arenas: the soak measured it (docs/faults.md, bench/memory_parts.py). Bounded to two, every thread
+reuses the memory the ones before it freed.
 """
 
 from __future__ import annotations
